@@ -1,0 +1,58 @@
+"""phalanx: distributed training with Ray Train's API, on local processes or a Ray cluster.
+
+``import phalanx as train`` gives what ``from ray import train`` gave.
+"""
+
+from __future__ import annotations
+
+from phalanx.backend import Backend, BackendConfig
+from phalanx.callbacks import Callback, TrainRunContext, UserCallback
+from phalanx.checkpoint import Checkpoint
+from phalanx.config import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+from phalanx.context import TrainContext
+from phalanx.errors import (
+    ConfigError,
+    ControllerError,
+    ReportMismatchError,
+    SessionMisuseError,
+    StorageError,
+    TrainingFailedError,
+    WorkerFailure,
+    WorkerGroupError,
+)
+from phalanx.result import Result
+from phalanx.session import get_checkpoint, get_context, get_dataset_shard, report
+from phalanx.trainer import BaseTrainer, DataParallelTrainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "BackendConfig",
+    "BaseTrainer",
+    "Callback",
+    "Checkpoint",
+    "CheckpointConfig",
+    "ConfigError",
+    "ControllerError",
+    "DataConfig",
+    "DataParallelTrainer",
+    "FailureConfig",
+    "ReportMismatchError",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
+    "SessionMisuseError",
+    "StorageError",
+    "TrainContext",
+    "TrainRunContext",
+    "TrainingFailedError",
+    "UserCallback",
+    "WorkerFailure",
+    "WorkerGroupError",
+    "__version__",
+    "get_checkpoint",
+    "get_context",
+    "get_dataset_shard",
+    "report",
+]

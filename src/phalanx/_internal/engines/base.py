@@ -1,0 +1,86 @@
+"""The Engine contract: launch workers, run callables in them, watch and kill them.
+
+An engine delivers every worker message that is not a call's return value into the ``events``
+queue it is given, as ``(worker_index, message)``. Messages are tuples whose first item names
+them: ``("report", round, metrics, checkpoint_dir_name, time)``, ``("exited", returncode)``
+(negative: killed by that signal), ``("done", future)`` when a training call resolves.
+"""
+
+from __future__ import annotations
+
+import queue
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from phalanx.config import ScalingConfig
+
+
+@dataclass(frozen=True)
+class WorkerGroupSpec:
+    """The blueprint of a worker group: what to start, not what was started."""
+
+    num_workers: int
+    scaling_config: ScalingConfig
+    run_name: str
+    log_dir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    start_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class WorkerMetadata:
+    """What a started worker says about itself."""
+
+    host: str
+    node_id: str
+    pid: int | None
+    gpu_ids: tuple[int, ...] = ()
+
+
+class WorkerHandle(ABC):
+    """One started worker. ``index`` is its launch order; ranks are assigned later."""
+
+    index: int
+    metadata: WorkerMetadata
+
+    @abstractmethod
+    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        """Run ``fn(*args, **kwargs)`` in the worker; the future holds its return value."""
+
+    @abstractmethod
+    def kill(self, force: bool = True) -> None:
+        """SIGKILL the worker (``force``) or ask it to stop with SIGTERM."""
+
+    @abstractmethod
+    def is_alive(self) -> bool: ...
+
+    def set_rank(self, rank: int) -> None:
+        """Told once ranks are assigned (used to label the worker's output)."""
+
+    def dump_stacks(self) -> None:
+        """Ask the worker to print every thread's Python stack to its stderr, if supported."""
+
+
+class Engine(ABC):
+    """A substrate for workers: local processes, Ray actors, or threads (tests)."""
+
+    name: str = "engine"
+
+    def check(self, scaling_config: ScalingConfig) -> None:
+        """Raise ConfigError now if this engine can never satisfy ``scaling_config``."""
+
+    @abstractmethod
+    def launch(
+        self, spec: WorkerGroupSpec, events: queue.Queue[tuple[int, tuple[Any, ...]]]
+    ) -> list[WorkerHandle]:
+        """Start ``spec.num_workers`` workers and wait until each has said hello."""
+
+    @abstractmethod
+    def shutdown(self, handles: list[WorkerHandle], grace_s: float) -> None:
+        """Stop the given workers: ask nicely, then kill after ``grace_s``; wait until gone."""
+
+    def close(self) -> None:
+        """Release everything the engine holds (called once, at the end of fit())."""

@@ -1,0 +1,210 @@
+"""A fork server: a single-threaded copy of the driver that forks workers on request.
+
+The server is forked from the driver at the start of ``fit()``, so it already holds every module
+the driver imported (torch, numpy, ...): a worker forked from it runs its first line in
+milliseconds instead of re-importing for a second or more. Because the server is
+single-threaded, forking it is safe even when the driver runs threads.
+
+Life and death:
+- the server dies with the driver: it gets SIGKILL when the driver dies (parent-death signal),
+  and it also notices EOF on its socket to the driver;
+- when the server ends for any reason it SIGKILLs every worker's process group; workers
+  also carry a parent-death signal, so none can outlive it;
+- each worker is the leader of its own process group, so a terminal's Ctrl-C reaches only the
+  driver, and killing a worker's group also kills what the worker started (data loaders, ...).
+
+Protocol on a SOCK_SEQPACKET socket pair (message boundaries kept, file descriptors passed with
+SCM_RIGHTS): driver -> server ``("spawn", index, env)`` + 3 fds (control socket, stdout, stderr)
+and ``("stop",)``; server -> driver ``("exited", pid, returncode)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+
+_MAX_MESSAGE = 1 << 16
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - non-glibc systems
+        pass
+
+
+class ForkServer:
+    """Driver-side handle of the fork server. ``on_exit(pid, returncode)`` is called from a thread."""
+
+    def __init__(self, on_exit: Callable[[int, int], None]) -> None:
+        self._on_exit = on_exit
+        self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()  # or the children would print the driver's pending output again
+            except (OSError, ValueError):
+                pass
+        pid = os.fork()
+        if pid == 0:  # the server
+            code = 0
+            try:
+                self._sock.close()
+                _serve(child)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        child.close()
+        self.pid = pid
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, name="phalanx-forkserver", daemon=True)
+        self._reader.start()
+
+    def spawn(self, index: int, fds: list[int], env: dict[str, str]) -> None:
+        data = pickle.dumps(("spawn", index, env))
+        with self._lock:
+            socket.send_fds(self._sock, [data], fds)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(_MAX_MESSAGE)
+            except OSError:
+                return
+            if not data:
+                return
+            kind, pid, returncode = pickle.loads(data)
+            if kind == "exited":
+                self._on_exit(pid, returncode)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the server (it kills any worker still running) and reap it."""
+        try:
+            with self._lock:
+                self._sock.send(pickle.dumps(("stop",)))
+        except OSError:
+            pass
+        _wait_pid(self.pid, timeout_s)
+        self._sock.close()
+        self._reader.join(timeout=timeout_s)
+
+
+def _wait_pid(pid: int, timeout_s: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return
+        time.sleep(0.005)
+
+
+# --- the server process ----------------------------------------------------------------------
+
+
+def _serve(sock: socket.socket) -> None:
+    set_parent_death_signal()
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: set[int] = set()
+    try:
+        while True:
+            ready, _, _ = select.select([sock, wake_r], [], [], 1.0)
+            if wake_r in ready:
+                os.read(wake_r, 4096)
+            _reap(sock, children)
+            if sock in ready and not _handle_request(sock, children, (wake_r, wake_w)):
+                return
+    finally:
+        for pid in children:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in list(children):
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        try:
+            sock.send(pickle.dumps(("exited", pid, os.waitstatus_to_exitcode(status))))
+        except OSError:
+            pass
+
+
+def _handle_request(sock: socket.socket, children: set[int], wake: tuple[int, int]) -> bool:
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 8)
+    except OSError:
+        return False
+    if not data:  # the driver is gone
+        return False
+    message = pickle.loads(data)
+    if message[0] == "stop":
+        return False
+    _, index, env = message
+    pid = os.fork()
+    if pid == 0:
+        sock.close()
+        for fd in wake:
+            os.close(fd)
+        _become_worker(fds, env)
+    for fd in fds:
+        os.close(fd)
+    children.add(pid)
+    return True
+
+
+def _become_worker(fds: list[int], env: dict[str, str]) -> None:
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        set_parent_death_signal()
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from phalanx._internal.worker.process_main import worker_main
+
+        code = worker_main(fds[0], fds[1], fds[2], env)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)

@@ -1,0 +1,209 @@
+"""LocalProcessEngine: workers are processes on this machine, forked from a fork server.
+
+One driver thread (the pump) watches every worker's control socket and output pipes: it resolves
+call futures, forwards reports to the events queue, and writes each output line, prefixed with
+the rank, to the driver's stdout/stderr and the rank's log file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import queue
+import signal
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+
+from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
+from phalanx._internal.engines.forkserver import ForkServer
+from phalanx._internal.engines.output_pump import OutputPump
+from phalanx._internal.engines.resources import check_local_resources, local_gpu_ids
+from phalanx._internal.worker.runtime import RemoteCallError, RemoteException
+from phalanx.config import ScalingConfig
+from phalanx.errors import ControllerError
+
+Events = queue.Queue[tuple[int, tuple[Any, ...]]]
+
+
+class LocalWorkerHandle(WorkerHandle):
+    def __init__(self, index: int, conn: Connection, events: Events) -> None:
+        self.index = index
+        self.metadata = WorkerMetadata(host="", node_id="local", pid=None)
+        self.rank = index
+        self._conn = conn
+        self._events = events
+        self._calls: dict[int, Future[Any]] = {}
+        self._ids = itertools.count()
+        self.returncode: int | None = None
+        self.hello = Future[tuple[int, str]]()
+
+    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        call_id = next(self._ids)
+        self._calls[call_id] = future
+        payload = cloudpickle.dumps((fn, args, kwargs))
+        try:
+            self._conn.send_bytes(pickle.dumps(("call", call_id, payload)))
+        except OSError as exc:
+            self._calls.pop(call_id, None)
+            future.set_exception(ConnectionError(f"worker {self.index} is gone: {exc}"))
+        return future
+
+    def on_message(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "ret":
+            _, call_id, ok, value = message
+            future = self._calls.pop(call_id)
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(RemoteCallError(value))
+        elif kind == "hello":
+            self.hello.set_result((message[1], message[2]))
+        else:
+            self._events.put((self.index, message))
+
+    def on_disconnect(self) -> None:
+        error = ConnectionError(f"worker {self.index} (pid {self.metadata.pid}) disconnected")
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(error)
+        self._calls.clear()
+        if not self.hello.done():
+            self.hello.set_exception(error)
+
+    def on_exit(self, returncode: int) -> None:
+        self.returncode = returncode
+        self._events.put((self.index, ("exited", returncode)))
+
+    def send_exit(self) -> None:
+        try:
+            self._conn.send_bytes(pickle.dumps(("exit",)))
+        except OSError:
+            pass
+
+    def kill(self, force: bool = True) -> None:
+        self._signal(signal.SIGKILL if force else signal.SIGTERM)
+
+    def dump_stacks(self) -> None:
+        self._signal(signal.SIGUSR1)
+
+    def _signal(self, sig: int) -> None:
+        pid = self.metadata.pid
+        if pid is None or self.returncode is not None:
+            return
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def is_alive(self) -> bool:
+        return self.metadata.pid is not None and self.returncode is None
+
+    def set_rank(self, rank: int) -> None:
+        self.rank = rank
+
+
+class LocalProcessEngine(Engine):
+    """Workers as local processes. The fork server lives from the first launch to close()."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self._server: ForkServer | None = None
+        self._pump: OutputPump | None = None
+        self._by_pid: dict[int, LocalWorkerHandle] = {}
+        self._early_exits: dict[int, int] = {}
+
+    def check(self, scaling_config: ScalingConfig) -> None:
+        check_local_resources(scaling_config)
+
+    def launch(self, spec: WorkerGroupSpec, events: Events) -> list[WorkerHandle]:
+        if self._server is None:
+            self._server = ForkServer(on_exit=self._on_exit)
+            self._pump = OutputPump()
+        assert self._pump is not None
+        gpu_ids = local_gpu_ids(spec.scaling_config)
+        handles: list[LocalWorkerHandle] = []
+        for index in range(spec.num_workers):
+            handles.append(self._spawn(index, spec, events, gpu_ids[index]))
+        self._await_hellos(handles, spec, gpu_ids)
+        return list(handles)
+
+    def _spawn(
+        self, index: int, spec: WorkerGroupSpec, events: Events, gpu_ids: tuple[int, ...]
+    ) -> LocalWorkerHandle:
+        assert self._server is not None and self._pump is not None
+        driver_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        handle = LocalWorkerHandle(index, Connection(driver_end.detach()), events)
+        env = dict(spec.env)
+        if spec.scaling_config.use_gpu:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+        self._server.spawn(index, [worker_end.fileno(), out_w, err_w], env)
+        worker_end.close()
+        os.close(out_w)
+        os.close(err_w)
+        self._pump.add_worker(handle, out_r, err_r, spec.log_dir)
+        return handle
+
+    def _await_hellos(
+        self, handles: list[LocalWorkerHandle], spec: WorkerGroupSpec, gpu_ids: list[tuple[int, ...]]
+    ) -> None:
+        deadline = time.monotonic() + spec.start_timeout_s
+        for handle in handles:
+            try:
+                pid, host = handle.hello.result(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception as exc:
+                raise ControllerError(
+                    f"Worker {handle.index} did not start within {spec.start_timeout_s:.0f} s "
+                    f"({exc!r})."
+                ) from exc
+            handle.metadata = WorkerMetadata(host, "local", pid, gpu_ids[handle.index])
+            self._by_pid[pid] = handle
+            if pid in self._early_exits:
+                handle.on_exit(self._early_exits.pop(pid))
+
+    def _on_exit(self, pid: int, returncode: int) -> None:
+        handle = self._by_pid.get(pid)
+        if handle is None:
+            self._early_exits[pid] = returncode
+        else:
+            handle.on_exit(returncode)
+
+    def shutdown(self, handles: list[WorkerHandle], grace_s: float) -> None:
+        local = [h for h in handles if isinstance(h, LocalWorkerHandle)]
+        for handle in local:
+            handle.send_exit() if grace_s > 0 else handle.kill(force=False)
+        deadline = time.monotonic() + max(grace_s, 0.2)
+        while time.monotonic() < deadline and any(h.is_alive() for h in local):
+            time.sleep(0.002)
+        for handle in local:
+            handle.kill(force=True)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(h.is_alive() for h in local):
+            time.sleep(0.002)
+        assert self._pump is not None
+        for handle in local:
+            self._pump.remove_worker(handle)
+            if handle.metadata.pid is not None:
+                self._by_pid.pop(handle.metadata.pid, None)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._pump is not None:
+            self._pump.stop()
+            self._pump = None
+
+
+__all__ = ["LocalProcessEngine", "RemoteException"]

@@ -1,0 +1,177 @@
+"""One driver thread that reads every local worker's control socket and output pipes."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from phalanx._internal.engines.local import LocalWorkerHandle
+
+
+class RankOutput:
+    """Writes a worker's lines, prefixed with its rank, to the driver and to ``rank_<r>.log``."""
+
+    def __init__(self, handle: LocalWorkerHandle, log_dir: str | None) -> None:
+        self.handle = handle
+        self.log_dir = log_dir
+        self._files: dict[int, IO[str]] = {}
+
+    def write(self, line: str, stream: IO[str]) -> None:
+        rank = self.handle.rank
+        stream.write(f"[rank{rank}]: {line}\n")
+        log = self._log(rank)
+        if log is not None:
+            log.write(line + "\n")
+
+    def _log(self, rank: int) -> IO[str] | None:
+        if self.log_dir is None:
+            return None
+        if rank not in self._files:
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._files[rank] = open(  # noqa: SIM115 - closed in close()
+                os.path.join(self.log_dir, f"rank_{rank}.log"), "a", buffering=1
+            )
+        return self._files[rank]
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+
+
+class OutputPump:
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._lock = threading.Lock()
+        self._pending: list[Callable[[], None]] = []
+        self._open: dict[int, set[int]] = {}  # worker index -> fds still open
+        self._conn_fds: dict[int, int] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="phalanx-pump", daemon=True)
+        self._thread.start()
+
+    # -- called from the controller's thread ----------------------------------------------------
+
+    def add_worker(
+        self, handle: LocalWorkerHandle, out_fd: int, err_fd: int, log_dir: str | None
+    ) -> None:
+        output = RankOutput(handle, log_dir)
+        conn_fd = handle._conn.fileno()
+        self._open[handle.index] = {conn_fd, out_fd, err_fd}
+        self._conn_fds[handle.index] = conn_fd
+
+        def register() -> None:
+            self._selector.register(conn_fd, selectors.EVENT_READ, ("conn", handle, output))
+            for fd, stream in ((out_fd, "stdout"), (err_fd, "stderr")):
+                self._selector.register(fd, selectors.EVENT_READ, (stream, handle, [b"", output]))
+
+        self._call_soon(register)
+
+    def remove_worker(self, handle: LocalWorkerHandle, timeout_s: float = 1.0) -> None:
+        """Wait (bounded) until the worker's pipes are drained, then forget it."""
+        deadline = time.monotonic() + timeout_s
+        while self._open.get(handle.index) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        leftover = self._open.pop(handle.index, set())
+        conn, conn_fd = handle._conn, self._conn_fds.pop(handle.index, -1)
+
+        def unregister() -> None:
+            for fd in leftover:
+                if fd != conn_fd:
+                    self._close_fd(fd)
+                elif not conn.closed:
+                    self._selector.unregister(fd)
+                    conn.close()
+
+        self._call_soon(unregister)
+
+    def stop(self) -> None:
+        self._stopping = True
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=5)
+        self._selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _call_soon(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending.append(fn)
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass
+
+    # -- the pump thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            for key, _ in self._selector.select(timeout=1.0):
+                if key.data is None:
+                    os.read(self._wake_r, 4096)
+                    continue
+                kind, handle, state = key.data
+                if kind == "conn":
+                    self._read_conn(key.fd, handle, state)
+                else:
+                    self._read_output(key.fd, kind, handle, state)
+            with self._lock:
+                pending, self._pending = self._pending, []
+            for fn in pending:
+                fn()
+
+    def _read_conn(self, fd: int, handle: LocalWorkerHandle, output: RankOutput) -> None:
+        try:
+            message: Any = pickle.loads(handle._conn.recv_bytes())
+        except (EOFError, OSError):
+            handle.on_disconnect()
+            self._selector.unregister(fd)
+            handle._conn.close()
+            self._mark_closed(handle.index, fd)
+            return
+        handle.on_message(message)
+
+    def _read_output(
+        self, fd: int, kind: str, handle: LocalWorkerHandle, state: list[Any]
+    ) -> None:
+        stream = sys.stdout if kind == "stdout" else sys.stderr
+        chunk = os.read(fd, 1 << 16)
+        data = state[0] + chunk
+        if chunk:
+            lines = data.split(b"\n")
+            state[0] = lines.pop()
+        else:  # EOF: whatever is left is the last line
+            lines, state[0] = ([data] if data else []), b""
+        output: RankOutput = state[1]
+        for line in lines:
+            output.write(line.decode("utf-8", "backslashreplace"), stream)
+        if lines:
+            stream.flush()
+        if not chunk:
+            self._close_fd(fd)
+            self._mark_closed(handle.index, fd)
+            if not self._open.get(handle.index):
+                output.close()
+
+    def _close_fd(self, fd: int) -> None:
+        try:
+            self._selector.unregister(fd)
+        except (KeyError, ValueError):
+            return
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    def _mark_closed(self, index: int, fd: int) -> None:
+        fds = self._open.get(index)
+        if fds is not None:
+            fds.discard(fd)

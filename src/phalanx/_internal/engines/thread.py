@@ -1,0 +1,89 @@
+"""ThreadEngine: workers are threads in the driver. For fast tests of the controller's logic.
+
+Threads cannot be killed: ``kill`` marks the worker dead and reports it as exited (-9); its thread
+keeps running until its current call returns, and its later messages are dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
+from phalanx._internal.worker.runtime import RemoteCallError, capture_exception, set_outbox
+
+Events = queue.Queue[tuple[int, tuple[Any, ...]]]
+
+
+class _ThreadOutbox:
+    def __init__(self, handle: ThreadWorkerHandle, events: Events) -> None:
+        self._handle = handle
+        self._events = events
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        if message[0] == "report":  # snapshot the metrics, as pickling does for processes
+            message = (*message[:2], dict(message[2]), *message[3:])
+        if self._handle.alive:
+            self._events.put((self._handle.index, message))
+
+
+class ThreadWorkerHandle(WorkerHandle):
+    def __init__(self, index: int, events: Events) -> None:
+        self.index = index
+        self.metadata = WorkerMetadata(socket.gethostname(), "local", os.getpid())
+        self.alive = True
+        self._events = events
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._run, name=f"phalanx-worker-{index}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        set_outbox(_ThreadOutbox(self, self._events), thread_local=True)
+        while (item := self._calls.get()) is not None:
+            call, future = item
+            try:
+                future.set_result(call())
+            except BaseException as exc:
+                future.set_exception(RemoteCallError(capture_exception(exc)))
+
+    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        if not self.alive:
+            future.set_exception(ConnectionError(f"worker {self.index} is gone"))
+        else:
+            self._calls.put((lambda: fn(*args, **kwargs), future))
+        return future
+
+    def kill(self, force: bool = True) -> None:
+        if self.alive:
+            self.alive = False
+            self._calls.put(None)
+            self._events.put((self.index, ("exited", -9)))
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def stop(self) -> None:
+        if self.alive:
+            self.alive = False
+            self._calls.put(None)
+            self._events.put((self.index, ("exited", 0)))
+
+
+class ThreadEngine(Engine):
+    name = "thread"
+
+    def launch(self, spec: WorkerGroupSpec, events: Events) -> list[WorkerHandle]:
+        return [ThreadWorkerHandle(i, events) for i in range(spec.num_workers)]
+
+    def shutdown(self, handles: list[WorkerHandle], grace_s: float) -> None:
+        for handle in handles:
+            if isinstance(handle, ThreadWorkerHandle):
+                handle.stop()

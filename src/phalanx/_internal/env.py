@@ -1,0 +1,26 @@
+"""Every environment variable phalanx reads, in one place."""
+
+from __future__ import annotations
+
+import os
+
+
+def cuda_visible_devices() -> str | None:
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def ray_address() -> str | None:
+    return os.environ.get("RAY_ADDRESS") or None
+
+
+def default_storage_path() -> str:
+    return os.environ.get("PHALANX_STORAGE_PATH") or os.path.expanduser("~/phalanx_results")
+
+
+def engine_override() -> str | None:
+    """``PHALANX_ENGINE=local|ray|thread`` forces an engine when ScalingConfig.engine is None."""
+    return os.environ.get("PHALANX_ENGINE") or None
+
+
+def worker_start_timeout_s() -> float:
+    return float(os.environ.get("PHALANX_WORKER_START_TIMEOUT_S", "60"))

@@ -1,0 +1,152 @@
+"""CheckpointManager: which checkpoints are committed, which to keep, and the run's snapshot."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from phalanx._internal.storage.history import encode_json
+from phalanx._internal.storage.run_storage import SNAPSHOT_FILE, RunStorage
+from phalanx.checkpoint import Checkpoint
+from phalanx.config import CheckpointConfig
+from phalanx.errors import ConfigError, StorageError
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TrackedCheckpoint:
+    dir_name: str
+    metrics: dict[str, Any]
+    round: int
+
+
+@dataclass
+class CheckpointManager:
+    """Registers committed checkpoints, applies retention and writes the snapshot.
+
+    The snapshot is written *before* evicted checkpoints are deleted, so a crash can never leave
+    it pointing at a deleted directory.
+    """
+
+    storage: RunStorage
+    config: CheckpointConfig
+    checkpoints: list[TrackedCheckpoint] = field(default_factory=list)
+    latest: TrackedCheckpoint | None = None
+    next_round: int = 0
+    attempts: int = 0
+
+    def load(self) -> bool:
+        """Load an existing snapshot (the run is being resumed). Returns whether one existed."""
+        raw = self.storage.read(SNAPSHOT_FILE)
+        if raw is None:
+            return False
+        try:
+            state = json.loads(raw)
+            self.checkpoints = [TrackedCheckpoint(**c) for c in state["checkpoints"]]
+            latest = state.get("latest")
+            self.latest = next((c for c in self.checkpoints if c.dir_name == latest), None)
+            self.next_round = int(state["next_round"])
+            self.attempts = int(state.get("attempts", 0))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StorageError(
+                f"The snapshot {self.storage.path(SNAPSHOT_FILE)!r} is unreadable: {exc}.\n"
+                "HINT: use a new RunConfig(name=...) or remove the damaged run directory."
+            ) from exc
+        return True
+
+    def checkpoint(self, tracked: TrackedCheckpoint | None) -> Checkpoint | None:
+        if tracked is None:
+            return None
+        return Checkpoint(self.storage.checkpoint_path(tracked.dir_name), self.storage.filesystem)
+
+    @property
+    def latest_checkpoint(self) -> Checkpoint | None:
+        return self.checkpoint(self.latest)
+
+    def best_checkpoints(self) -> list[tuple[Checkpoint, dict[str, Any]]]:
+        """Retained checkpoints, worst first (Ray Train's order)."""
+        ranked = sorted(self.checkpoints, key=self._sort_key)
+        return [(self.checkpoint(c), c.metrics) for c in ranked]  # type: ignore[misc]
+
+    def register(self, tracked: TrackedCheckpoint) -> None:
+        """Record a committed checkpoint, write the snapshot, then delete evicted ones.
+
+        Raises ConfigError (after keeping the checkpoint) if the score attribute is missing.
+        """
+        missing = self._missing_score(tracked.metrics)
+        self.checkpoints.append(tracked)
+        self.latest = tracked
+        evicted = self._apply_retention()
+        self.save()
+        for gone in evicted:
+            self.storage.delete_checkpoint(gone.dir_name)
+        if missing:
+            raise ConfigError(
+                f"CheckpointConfig(checkpoint_score_attribute={missing!r}) is invalid: the "
+                f"report with checkpoint {tracked.dir_name!r} has no metric {missing!r} (it has "
+                f"{sorted(_flatten(tracked.metrics))}).\nHINT: report that metric with every "
+                "checkpoint, or change checkpoint_score_attribute."
+            )
+
+    def save(self) -> None:
+        state = {
+            "version": SNAPSHOT_VERSION,
+            "checkpoints": [vars(c) for c in self.checkpoints],
+            "latest": self.latest.dir_name if self.latest else None,
+            "next_round": self.next_round,
+            "attempts": self.attempts,
+        }
+        self.storage.write_atomic(SNAPSHOT_FILE, encode_json(state).encode())
+
+    def _missing_score(self, metrics: dict[str, Any]) -> str | None:
+        attr = self.config.checkpoint_score_attribute
+        return attr if attr is not None and attr not in _flatten(metrics) else None
+
+    def _score(self, tracked: TrackedCheckpoint) -> float:
+        attr = self.config.checkpoint_score_attribute
+        if attr is None:
+            return float(tracked.round)
+        value = _flatten(tracked.metrics).get(attr)
+        if value is None:
+            return -math.inf
+        try:
+            score = float(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"Metric {attr!r} = {value!r} is not a number, so it cannot rank checkpoints."
+            ) from exc
+        if math.isnan(score):
+            return -math.inf
+        return -score if self.config.checkpoint_score_order == "min" else score
+
+    def _sort_key(self, tracked: TrackedCheckpoint) -> tuple[float, int]:
+        return (self._score(tracked), tracked.round)
+
+    def _apply_retention(self) -> list[TrackedCheckpoint]:
+        keep = self.config.num_to_keep
+        if keep is None or len(self.checkpoints) <= keep:
+            return []
+        ranked = sorted(self.checkpoints, key=self._sort_key, reverse=True)
+        kept = {c.dir_name for c in ranked[:keep]}
+        if self.latest is not None:
+            kept.add(self.latest.dir_name)
+        evicted = [c for c in self.checkpoints if c.dir_name not in kept]
+        self.checkpoints = [c for c in self.checkpoints if c.dir_name in kept]
+        return evicted
+
+
+def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}/"))
+        else:
+            flat[name] = value
+    return flat

@@ -1,0 +1,177 @@
+"""The layout of one run in storage, and the two steps of a checkpoint: stage a part, commit.
+
+::
+
+    <storage_path>/<name>/
+      checkpoint_manager_snapshot.json   committed checkpoints and their metrics (source of truth)
+      metrics.jsonl                      every round: rank 0's metrics (+ training_iteration, ...)
+      metrics_all_ranks.jsonl            every report of every rank
+      checkpoint_000004/                 committed checkpoints (or a user checkpoint_dir_name)
+      .staging/<dir_name>.<attempt>/     parts being written; renamed into place on commit
+      logs/rank_<r>.log                  each rank's stdout and stderr
+      error.txt, error.pkl               the failure, if the run failed
+
+A part is staged by the rank that owns the files; the driver commits once every participating
+rank's part is durable. On a local filesystem the commit is one rename, so a reader never sees a
+partial checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx._internal.storage.filesystem import (
+    copy_tree,
+    is_local,
+    move_tree_contents,
+    resolve_filesystem,
+)
+from phalanx.errors import StorageError
+
+SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
+HISTORY_FILE = "metrics.jsonl"
+ALL_RANKS_HISTORY_FILE = "metrics_all_ranks.jsonl"
+STAGING_DIR = ".staging"
+LOG_DIR = "logs"
+ERROR_TEXT_FILE = "error.txt"
+ERROR_PICKLE_FILE = "error.pkl"
+MARKER_FILE = ".phalanx_run"
+
+
+@dataclass(frozen=True)
+class RunStorage:
+    """Where one run lives. Picklable: workers get a copy to stage their checkpoint parts."""
+
+    filesystem: Any
+    storage_path: str
+    name: str
+
+    @classmethod
+    def create(cls, storage_path: str, name: str, filesystem: Any = None) -> RunStorage:
+        fs, root = resolve_filesystem(storage_path, filesystem)
+        return cls(fs, root.rstrip("/") or "/", name)
+
+    @property
+    def run_path(self) -> str:
+        return f"{self.storage_path}/{self.name}"
+
+    @property
+    def local(self) -> bool:
+        return is_local(self.filesystem)
+
+    def path(self, *parts: str) -> str:
+        return "/".join((self.run_path, *parts))
+
+    def checkpoint_path(self, dir_name: str) -> str:
+        return self.path(dir_name)
+
+    def staging_path(self, dir_name: str, attempt: int) -> str:
+        return self.path(STAGING_DIR, f"{dir_name}.{attempt}")
+
+    def local_log_dir(self) -> str:
+        """Where per-rank logs are written (the run directory when storage is local)."""
+        if self.local:
+            return self.path(LOG_DIR)
+        import tempfile
+
+        return os.path.join(tempfile.gettempdir(), "phalanx_logs", self.name)
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Create the run directory and prove it is writable; drop leftovers of cut-off commits."""
+        fs = self.filesystem
+        try:
+            fs.makedirs(self.run_path, exist_ok=True)
+            with fs.open(self.path(MARKER_FILE), "w") as f:
+                f.write("phalanx run directory\n")
+        except OSError as exc:
+            raise StorageError(
+                f"Cannot write to the run directory {self.run_path!r}: {exc}.\n"
+                "HINT: pick a storage_path you can write to (RunConfig(storage_path=...))."
+            ) from exc
+        staging = self.path(STAGING_DIR)
+        if fs.exists(staging):
+            fs.rm(staging, recursive=True)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def stage_part(self, source: Any, dir_name: str, attempt: int) -> None:
+        """Put one rank's checkpoint files into the staging directory of ``dir_name``.
+
+        ``source`` is a :class:`~phalanx.Checkpoint`. A local directory on the same filesystem is
+        moved entry by entry (rename, no copy); anything else is copied.
+        """
+        target = self.staging_path(dir_name, attempt)
+        try:
+            if self.local and is_local(source.filesystem):
+                move_tree_contents(source.path, target)
+            else:
+                copy_tree(source.filesystem, source.path, self.filesystem, target)
+        except OSError as exc:
+            raise StorageError(
+                f"Could not save checkpoint {dir_name!r} to {target!r}: {exc}"
+            ) from exc
+
+    def commit(self, dir_name: str, attempt: int, metadata: dict[str, Any] | None) -> str:
+        """Make a staged checkpoint visible under its final name; returns the final path."""
+        fs = self.filesystem
+        staged, final = self.staging_path(dir_name, attempt), self.checkpoint_path(dir_name)
+        if not fs.exists(staged):
+            fs.makedirs(staged, exist_ok=True)
+        if metadata:
+            _merge_metadata(fs, staged, metadata)
+        if fs.exists(final):
+            raise StorageError(
+                f"Checkpoint directory {final!r} already exists.\n"
+                "HINT: checkpoint_dir_name must be unique within a run."
+            )
+        if self.local:
+            os.rename(staged, final)
+        else:
+            fs.mv(staged, final, recursive=True)
+        return final
+
+    def delete_checkpoint(self, dir_name: str) -> None:
+        path = self.checkpoint_path(dir_name)
+        if self.local:
+            shutil.rmtree(path, ignore_errors=True)
+        elif self.filesystem.exists(path):
+            self.filesystem.rm(path, recursive=True)
+
+    # -- small files ----------------------------------------------------------------------------
+
+    def write_atomic(self, relative: str, data: bytes) -> None:
+        """Write a small file so that readers see the old or the new content, never a mix."""
+        final = self.path(relative)
+        if self.local:
+            tmp = f"{final}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            return
+        with self.filesystem.open(final, "wb") as f:
+            f.write(data)
+
+    def read(self, relative: str) -> bytes | None:
+        path = self.path(relative)
+        if not self.filesystem.exists(path):
+            return None
+        with self.filesystem.open(path, "rb") as f:
+            return bytes(f.read())
+
+
+def _merge_metadata(fs: Any, directory: str, metadata: dict[str, Any]) -> None:
+    path = f"{directory}/.metadata.json"
+    merged = dict(metadata)
+    if fs.exists(path):
+        with fs.open(path, "r") as f:
+            merged.update(json.load(f))
+    with fs.open(path, "w") as f:
+        json.dump(merged, f)

@@ -1,0 +1,125 @@
+"""The worker-side session behind ``report``, ``get_context``, ``get_checkpoint``.
+
+The driver calls :func:`init_session` on every worker before training, then
+:func:`run_train_fn`. ``report()`` stages a checkpoint part (a rename on the same filesystem)
+and queues the metrics to the driver; it never waits for the driver.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from phalanx._internal.storage.run_storage import RunStorage
+from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
+from phalanx.checkpoint import Checkpoint
+from phalanx.context import TrainContext
+from phalanx.errors import SessionMisuseError
+
+_process_session: Session | None = None
+_local = threading.local()
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What one worker needs to start a session (sent by the driver, one per rank)."""
+
+    context: TrainContext
+    storage: RunStorage
+    checkpoint: Checkpoint | None
+    start_round: int
+    attempt: int
+    dataset_shards: dict[str, Any] = field(default_factory=dict)
+
+
+class Session:
+    def __init__(self, spec: SessionSpec, outbox: Outbox) -> None:
+        self.context = spec.context
+        self.storage = spec.storage
+        self.attempt = spec.attempt
+        self.next_round = spec.start_round
+        self.latest_checkpoint = spec.checkpoint
+        self.dataset_shards = spec.dataset_shards
+        self._outbox = outbox
+
+    def report(
+        self,
+        metrics: dict[str, Any],
+        checkpoint: Checkpoint | None = None,
+        checkpoint_dir_name: str | None = None,
+    ) -> None:
+        _check_metrics(metrics)
+        index = self.next_round
+        self.next_round += 1
+        dir_name = None
+        if checkpoint is not None:
+            if not isinstance(checkpoint, Checkpoint):
+                raise TypeError(
+                    f"report(checkpoint=...) takes a phalanx.Checkpoint, got "
+                    f"{type(checkpoint).__name__}. HINT: Checkpoint.from_directory(path)."
+                )
+            dir_name = checkpoint_dir_name or f"checkpoint_{index:06d}"
+            self.storage.stage_part(checkpoint, dir_name, self.attempt)
+            self.latest_checkpoint = Checkpoint(
+                self.storage.checkpoint_path(dir_name), self.storage.filesystem
+            )
+        self._outbox.send(("report", index, metrics, dir_name, time.time()))
+
+
+def _check_metrics(metrics: Any) -> None:
+    if not isinstance(metrics, dict):
+        raise TypeError(f"report() takes a dict of metrics, got {type(metrics).__name__}.")
+    for key, value in metrics.items():
+        if type(value).__module__.startswith("torch"):
+            raise TypeError(
+                f"Metric {key!r} is a {type(value).__name__}; metrics must be plain values.\n"
+                "HINT: report value.item() (or value.tolist()) instead of the tensor."
+            )
+
+
+def init_session(spec: SessionSpec) -> None:
+    global _process_session
+    outbox = current_outbox()
+    if outbox is None:  # pragma: no cover - the engines always install one
+        raise RuntimeError("phalanx worker has no channel to the driver")
+    session = Session(spec, outbox)
+    if outbox_is_thread_local():
+        _local.session = session
+    else:
+        _process_session = session
+
+
+def get_session() -> Session | None:
+    return getattr(_local, "session", None) or _process_session
+
+
+def require_session(api: str) -> Session:
+    session = get_session()
+    if session is None:
+        raise SessionMisuseError(
+            f"phalanx.{api}() can only be called inside a training function run by a Trainer.\n"
+            "HINT: call it from the train_loop_per_worker function you pass to the Trainer."
+        )
+    return session
+
+
+def run_train_fn(payload: bytes, config: dict[str, Any] | None, context_factory: Any) -> Any:
+    """Run the user's training function; only rank 0's return value is sent back."""
+    fn = cloudpickle.loads(payload)
+    with context_factory():
+        value = fn(config) if _takes_config(fn) else fn()
+    session = get_session()
+    return value if session is not None and session.context.world_rank == 0 else None
+
+
+def _takes_config(fn: Any) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind not in (p.VAR_KEYWORD,) for p in params)

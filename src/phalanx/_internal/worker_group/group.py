@@ -1,0 +1,123 @@
+"""WorkerGroup: started workers in rank order, over an Engine. What Backend hooks receive."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
+from phalanx._internal.worker.runtime import RemoteCallError
+from phalanx._internal.worker_group.ranks import RankInfo, assign_ranks
+from phalanx.errors import WorkerFailure, WorkerGroupError
+
+
+@dataclass(frozen=True)
+class Worker:
+    handle: WorkerHandle
+    ranks: RankInfo
+
+    @property
+    def metadata(self) -> WorkerMetadata:
+        return self.handle.metadata
+
+    @property
+    def world_rank(self) -> int:
+        return self.ranks.world_rank
+
+
+class WorkerGroup:
+    """Workers of one attempt, indexed by world rank.
+
+    Backends use ``execute`` (every rank, results in rank order), ``execute_async``,
+    ``execute_single`` and ``len()``.
+    """
+
+    def __init__(self, engine: Engine, spec: WorkerGroupSpec) -> None:
+        self.engine = engine
+        self.spec = spec
+        self.events: queue.Queue[tuple[int, tuple[Any, ...]]] = queue.Queue()
+        self.workers: list[Worker] = []
+        self._rank_of_index: dict[int, int] = {}
+
+    def start(self) -> None:
+        handles = self.engine.launch(self.spec, self.events)
+        ranks = assign_ranks([h.metadata for h in handles])
+        workers = sorted(
+            (Worker(h, r) for h, r in zip(handles, ranks, strict=True)),
+            key=lambda w: w.world_rank,
+        )
+        for worker in workers:
+            worker.handle.set_rank(worker.world_rank)
+            self._rank_of_index[worker.handle.index] = worker.world_rank
+        self.workers = workers
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def rank_of(self, worker_index: int) -> int:
+        return self._rank_of_index[worker_index]
+
+    def get_resources_per_worker(self) -> dict[str, float]:
+        return self.spec.scaling_config._resources_per_worker_not_none
+
+    def execute_async(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Future[Any]]:
+        return [w.handle.execute(fn, *args, **kwargs) for w in self.workers]
+
+    def execute(
+        self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """Run ``fn`` on every rank; raise WorkerGroupError naming the ranks that failed."""
+        return self.gather(self.execute_async(fn, *args, **kwargs), timeout_s)
+
+    def execute_single(self, rank: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self.workers[rank].handle.execute(fn, *args, **kwargs).result()
+
+    def execute_per_rank(self, fn: Callable[..., Any], args_per_rank: list[tuple[Any, ...]]) -> list[Any]:
+        futures = [w.handle.execute(fn, *args) for w, args in zip(self.workers, args_per_rank, strict=True)]
+        return self.gather(futures)
+
+    def gather(self, futures: list[Future[Any]], timeout_s: float | None = None) -> list[Any]:
+        done, pending = wait_futures(futures, timeout=timeout_s)
+        failures = {
+            rank: self.failure(rank, f.exception())
+            for rank, f in enumerate(futures)
+            if f in done and f.exception() is not None
+        }
+        for rank, f in enumerate(futures):
+            if f in pending:
+                failures[rank] = WorkerFailure(
+                    rank, "hang", "TimeoutError", f"no answer within {timeout_s} s",
+                    pid=self.workers[rank].metadata.pid, time=time.time(),
+                )
+        if failures:
+            raise WorkerGroupError(failures)
+        return [f.result() for f in futures]
+
+    def failure(self, rank: int, exc: BaseException | None, returncode: int | None = None) -> WorkerFailure:
+        """Describe what happened to ``rank`` from a call's exception or an exit code."""
+        meta = self.workers[rank].metadata
+        common: dict[str, Any] = {"pid": meta.pid, "host": meta.host, "time": time.time()}
+        if isinstance(exc, RemoteCallError):
+            r = exc.remote
+            return WorkerFailure(rank, "exception", r.type_name, r.message, r.traceback,
+                                 exception=r.exception, **common)
+        if returncode is not None and returncode < 0:
+            return WorkerFailure(rank, "signal", "WorkerKilled", f"signal {-returncode}",
+                                 signal=-returncode, **common)
+        if returncode is not None:
+            return WorkerFailure(rank, "exit", "WorkerExited", f"exit code {returncode}",
+                                 exit_code=returncode, **common)
+        return WorkerFailure(rank, "exit", type(exc).__name__, str(exc), **common)
+
+    def shutdown(self, graceful: bool, grace_s: float = 2.0) -> None:
+        """Stop every worker: ``graceful`` lets them exit on their own first."""
+        self.engine.shutdown([w.handle for w in self.workers], grace_s if graceful else 0.0)
+
+    def dump_stacks(self) -> None:
+        for worker in self.workers:
+            worker.handle.dump_stacks()

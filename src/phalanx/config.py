@@ -1,0 +1,236 @@
+"""User configuration: ScalingConfig, RunConfig, FailureConfig, CheckpointConfig, DataConfig.
+
+Names, fields and meaning follow Ray Train. Every config is a frozen dataclass validated at
+construction: a bad value raises :class:`~phalanx.errors.ConfigError` naming the field, the value
+and what is allowed, long before any worker starts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from phalanx.errors import ConfigError
+
+if TYPE_CHECKING:
+    from phalanx.callbacks import Callback
+
+__all__ = ["CheckpointConfig", "DataConfig", "FailureConfig", "RunConfig", "ScalingConfig"]
+
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+ENGINES = ("local", "ray", "thread")
+
+
+def _fail(cls: str, name: str, value: Any, allowed: str, hint: str = "") -> ConfigError:
+    message = f"{cls}({name}={value!r}) is invalid: {name} must be {allowed}."
+    return ConfigError(message + (f"\nHINT: {hint}" if hint else ""))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """How many workers to start and what each one gets.
+
+    Example::
+
+        ScalingConfig(num_workers=4, use_gpu=True, resources_per_worker={"CPU": 2, "GPU": 1})
+
+    ``engine`` picks where workers run: ``"local"`` (processes on this machine), ``"ray"`` (Ray
+    actors) or ``"thread"`` (threads in the driver, for tests). ``None`` picks Ray when Ray is
+    initialised or ``RAY_ADDRESS`` is set, local processes otherwise.
+    """
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] | None = None
+    placement_strategy: str = "PACK"
+    trainer_resources: dict[str, float] | None = None
+    accelerator_type: str | None = None
+    engine: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.num_workers) or self.num_workers < 1:
+            raise _fail("ScalingConfig", "num_workers", self.num_workers, "an integer >= 1")
+        if not isinstance(self.use_gpu, bool):
+            raise _fail("ScalingConfig", "use_gpu", self.use_gpu, "True or False")
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise _fail(
+                "ScalingConfig", "placement_strategy", self.placement_strategy,
+                f"one of {', '.join(PLACEMENT_STRATEGIES)}",
+            )
+        if self.engine is not None and self.engine not in ENGINES:
+            raise _fail("ScalingConfig", "engine", self.engine, f"None or one of {ENGINES}")
+        self._validate_resources()
+
+    def _validate_resources(self) -> None:
+        resources = self.resources_per_worker
+        if resources is None:
+            return
+        if not isinstance(resources, dict):
+            raise _fail("ScalingConfig", "resources_per_worker", resources, "a dict")
+        for key, amount in resources.items():
+            if not isinstance(key, str) or not isinstance(amount, int | float) or amount < 0:
+                raise _fail(
+                    "ScalingConfig", "resources_per_worker", resources,
+                    "a dict of resource name to a number >= 0",
+                )
+            if isinstance(amount, float) and math.isnan(amount):
+                raise _fail("ScalingConfig", "resources_per_worker", resources, "free of NaN")
+        gpus = resources.get("GPU", 0)
+        if gpus > 0 and not self.use_gpu:
+            raise _fail(
+                "ScalingConfig", "resources_per_worker", resources, "without GPU when use_gpu=False",
+                "set use_gpu=True to request GPUs.",
+            )
+        if self.use_gpu and "GPU" in resources and gpus == 0:
+            raise _fail(
+                "ScalingConfig", "resources_per_worker", resources, "with GPU > 0 when use_gpu=True"
+            )
+
+    @property
+    def _resources_per_worker_not_none(self) -> dict[str, float]:
+        if self.resources_per_worker is None:
+            return {"GPU": 1} if self.use_gpu else {"CPU": 1}
+        resources = {k: v for k, v in self.resources_per_worker.items() if v != 0}
+        if self.use_gpu:
+            resources.setdefault("GPU", 1)
+        return resources
+
+    @property
+    def num_cpus_per_worker(self) -> float:
+        return float(self._resources_per_worker_not_none.get("CPU", 0))
+
+    @property
+    def num_gpus_per_worker(self) -> float:
+        return float(self._resources_per_worker_not_none.get("GPU", 0))
+
+    @property
+    def additional_resources_per_worker(self) -> dict[str, float]:
+        return {
+            k: v for k, v in self._resources_per_worker_not_none.items() if k not in ("CPU", "GPU")
+        }
+
+    @property
+    def total_resources(self) -> dict[str, float]:
+        return {k: v * self.num_workers for k, v in self._resources_per_worker_not_none.items()}
+
+
+@dataclass(frozen=True)
+class FailureConfig:
+    """How many times a failed attempt is retried from the latest checkpoint (-1: forever)."""
+
+    max_failures: int = 0
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_failures) or self.max_failures < -1:
+            raise _fail("FailureConfig", "max_failures", self.max_failures, "an integer >= -1")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Which checkpoints to keep.
+
+    With ``checkpoint_score_attribute`` the ``num_to_keep`` best by that metric are kept (the
+    latest is always kept until a newer one commits); without it, the newest ``num_to_keep``.
+    ``checkpoint_frequency``/``checkpoint_at_end`` apply to trainers that own the loop (GBDT).
+    """
+
+    num_to_keep: int | None = None
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: Literal["max", "min"] = "max"
+    checkpoint_frequency: int = 0
+    checkpoint_at_end: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_to_keep is not None and (not _is_int(self.num_to_keep) or self.num_to_keep < 1):
+            raise _fail(
+                "CheckpointConfig", "num_to_keep", self.num_to_keep, "None or an integer >= 1"
+            )
+        if self.checkpoint_score_order not in ("max", "min"):
+            raise _fail(
+                "CheckpointConfig", "checkpoint_score_order", self.checkpoint_score_order,
+                "'max' or 'min'",
+            )
+        attr = self.checkpoint_score_attribute
+        if attr is not None and (not isinstance(attr, str) or not attr):
+            raise _fail(
+                "CheckpointConfig", "checkpoint_score_attribute", attr, "None or a metric name"
+            )
+        if not _is_int(self.checkpoint_frequency) or self.checkpoint_frequency < 0:
+            raise _fail(
+                "CheckpointConfig", "checkpoint_frequency", self.checkpoint_frequency,
+                "an integer >= 0",
+            )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which datasets are split across ranks (``"all"`` or a list of names); others go whole."""
+
+    datasets_to_split: Literal["all"] | list[str] = "all"
+
+    def __post_init__(self) -> None:
+        split = self.datasets_to_split
+        if split != "all" and not (
+            isinstance(split, list | tuple) and all(isinstance(s, str) for s in split)
+        ):
+            raise _fail("DataConfig", "datasets_to_split", split, "'all' or a list of names")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where a run lives and how it behaves.
+
+    ``(storage_path, name)`` identifies a run: running again with the same pair resumes it from
+    its latest checkpoint. ``storage_path`` defaults to ``$PHALANX_STORAGE_PATH`` or
+    ``~/phalanx_results``; ``name`` to ``phalanx_run-<date>_<time>``.
+
+    Example::
+
+        RunConfig(name="exp", storage_path="/mnt/runs",
+                  checkpoint_config=CheckpointConfig(num_to_keep=2))
+    """
+
+    name: str | None = None
+    storage_path: str | None = None
+    storage_filesystem: Any = None
+    failure_config: FailureConfig = field(default_factory=FailureConfig)
+    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
+    callbacks: list[Callback] = field(default_factory=list)
+    verbose: int = 1
+
+    def __post_init__(self) -> None:
+        if self.name is not None and (
+            not isinstance(self.name, str) or not self.name or "/" in self.name
+        ):
+            raise _fail("RunConfig", "name", self.name, "a non-empty string without '/'")
+        if self.storage_path is not None and not isinstance(self.storage_path, str | os.PathLike):
+            raise _fail("RunConfig", "storage_path", self.storage_path, "a path or URI string")
+        if self.failure_config is None:
+            object.__setattr__(self, "failure_config", FailureConfig())
+        if self.checkpoint_config is None:
+            object.__setattr__(self, "checkpoint_config", CheckpointConfig())
+        if not isinstance(self.failure_config, FailureConfig):
+            raise _fail("RunConfig", "failure_config", self.failure_config, "a FailureConfig")
+        if not isinstance(self.checkpoint_config, CheckpointConfig):
+            raise _fail(
+                "RunConfig", "checkpoint_config", self.checkpoint_config, "a CheckpointConfig"
+            )
+        self._validate_callbacks()
+
+    def _validate_callbacks(self) -> None:
+        from phalanx.callbacks import Callback
+
+        callbacks = self.callbacks if self.callbacks is not None else []
+        object.__setattr__(self, "callbacks", list(callbacks))
+        for callback in self.callbacks:
+            if not isinstance(callback, Callback):
+                raise _fail(
+                    "RunConfig", "callbacks", self.callbacks, "a list of phalanx.Callback objects",
+                    f"{type(callback).__name__} is not a phalanx.Callback; subclass it.",
+                )

@@ -1,0 +1,68 @@
+"""TrainContext: what a training worker knows about itself and its run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["TrainContext"]
+
+
+@dataclass(frozen=True)
+class TrainContext:
+    """Returned by :func:`phalanx.get_context` inside a training function.
+
+    Ranks follow torchrun: ``world_rank`` is global, ``local_rank`` counts workers on the same
+    node, ``node_rank`` counts nodes in the order their first worker appears.
+
+    Example::
+
+        ctx = phalanx.get_context()
+        if ctx.get_world_rank() == 0:
+            print("training on", ctx.get_world_size(), "workers")
+    """
+
+    world_rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    experiment_name: str
+    storage: Any = field(default=None, repr=False)
+    metadata: dict[str, Any] = field(default_factory=dict, repr=False)
+    gpu_ids: tuple[int, ...] = ()
+    attempt: int = 0
+
+    def get_world_rank(self) -> int:
+        return self.world_rank
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+    def get_local_rank(self) -> int:
+        return self.local_rank
+
+    def get_local_world_size(self) -> int:
+        return self.local_world_size
+
+    def get_node_rank(self) -> int:
+        return self.node_rank
+
+    def get_experiment_name(self) -> str:
+        return self.experiment_name
+
+    def get_storage(self) -> Any:
+        """The run's storage: ``.filesystem``, ``.run_path`` (the experiment directory), ..."""
+        return self.storage
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The ``metadata`` dict given to the trainer."""
+        return dict(self.metadata)
+
+    def get_accelerator_ids(self) -> list[int]:
+        """Physical GPU ids assigned to this worker (empty without GPUs)."""
+        return list(self.gpu_ids)
+
+    def get_attempt(self) -> int:
+        """0 for the first attempt of the run, 1 after the first retry, ..."""
+        return self.attempt

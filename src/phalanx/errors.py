@@ -1,0 +1,155 @@
+"""Every public exception phalanx raises.
+
+The tree::
+
+    Exception
+    ├── ValueError
+    │   └── ConfigError                  bad configuration, raised as early as possible
+    ├── RuntimeError
+    │   ├── SessionMisuseError           a worker-only API called outside a worker
+    │   ├── StorageError                 storage_path unreachable, not writable, or a commit failed
+    │   └── TrainingFailedError          fit() failed; ``.result`` holds what was saved
+    │       ├── WorkerGroupError         one or more ranks raised, died or hung
+    │       │   └── ReportMismatchError  ranks called report() a different number of times
+    │       └── ControllerError          the driver side failed (a callback raised, ...)
+    └── (never wrapped) KeyboardInterrupt from the driver
+
+Errors that cross process boundaries (``WorkerFailure``) pickle cleanly: they carry strings, not
+live objects.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from phalanx.result import Result
+
+__all__ = [
+    "ConfigError",
+    "ControllerError",
+    "ReportMismatchError",
+    "SessionMisuseError",
+    "StorageError",
+    "TrainingFailedError",
+    "WorkerFailure",
+    "WorkerGroupError",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. The message names the field, the value and what is allowed."""
+
+
+class SessionMisuseError(RuntimeError):
+    """A worker-side API (``report``, ``get_context``, ...) was called outside a training worker."""
+
+
+class StorageError(RuntimeError):
+    """The run's storage could not be used: not reachable, not writable, or a write failed."""
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """What went wrong on one rank, in a form that pickles across processes.
+
+    ``kind`` is ``"exception"`` (user code raised), ``"signal"`` (killed by a signal),
+    ``"exit"`` (the process exited without finishing) or ``"hang"`` (no progress).
+    """
+
+    rank: int
+    kind: str
+    type_name: str
+    message: str
+    traceback: str = ""
+    pid: int | None = None
+    host: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    exception: BaseException | None = field(default=None, compare=False)
+    time: float = 0.0
+
+    def summary(self) -> str:
+        where = f"pid={self.pid}" if self.pid is not None else ""
+        if self.kind == "signal":
+            return f"killed by signal {self.signal} ({_signal_name(self.signal)}) {where}".strip()
+        if self.kind == "exit":
+            return f"worker process exited with code {self.exit_code} {where}".strip()
+        return f"{self.type_name}: {self.message}"
+
+
+def _signal_name(signum: int | None) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name if signum is not None else "?"
+    except ValueError:
+        return "?"
+
+
+class TrainingFailedError(RuntimeError):
+    """``fit()`` failed. ``.result`` is the Result of what was committed before the failure."""
+
+    def __init__(self, message: str, result: Result | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.result))
+
+
+class WorkerGroupError(TrainingFailedError):
+    """One or more ranks failed. ``worker_failures`` maps rank to its :class:`WorkerFailure`.
+
+    The message groups ranks that failed the same way (``[rank 0, 2] ValueError: ...``) and names
+    the earliest failure as the root cause; its traceback follows.
+    """
+
+    def __init__(
+        self,
+        worker_failures: dict[int, WorkerFailure],
+        result: Result | None = None,
+        message: str | None = None,
+    ) -> None:
+        self.worker_failures = dict(sorted(worker_failures.items()))
+        super().__init__(message or format_failures(self.worker_failures), result)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.worker_failures, self.result, str(self)))
+
+
+class ReportMismatchError(WorkerGroupError):
+    """Ranks called ``report()`` a different number of times."""
+
+
+class ControllerError(TrainingFailedError):
+    """The driver side of the run failed (for example a callback raised)."""
+
+
+def _normalise(text: str) -> str:
+    return re.sub(r"\d+", "N", text)
+
+
+def format_failures(failures: dict[int, WorkerFailure], limit: int = 4000) -> str:
+    """Group identical failures across ranks; the earliest failure's traceback comes first."""
+    if not failures:
+        return "Training failed."
+    groups: dict[str, list[int]] = {}
+    for rank, failure in failures.items():
+        groups.setdefault(_normalise(failure.summary()), []).append(rank)
+    root = min(failures.values(), key=lambda f: (f.time or float("inf"), f.rank))
+    lines = [f"Training failed on {len(failures)} rank(s):"]
+    for ranks in groups.values():
+        label = ", ".join(str(r) for r in ranks)
+        lines.append(f"  [rank {label}] {failures[ranks[0]].summary()}")
+    lines.append(f"Root cause (earliest failure), rank {root.rank}:")
+    lines.append(root.traceback.rstrip() or f"  {root.summary()}")
+    if root.kind == "signal":
+        lines.append(
+            "HINT: a signal usually means the process was killed from outside, often by the "
+            "out-of-memory killer (check `dmesg`); set FailureConfig(max_failures=...) to retry."
+        )
+    text = "\n".join(lines)
+    return text if len(text) <= limit else text[: limit - 20] + "\n... (truncated)"

@@ -1,0 +1,115 @@
+"""Result: what a run produced, in memory or reloaded from storage."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from phalanx._internal.storage.checkpoint_manager import CheckpointManager
+from phalanx._internal.storage.history import read_history
+from phalanx._internal.storage.run_storage import ERROR_PICKLE_FILE, RunStorage
+from phalanx.checkpoint import Checkpoint
+from phalanx.config import CheckpointConfig
+from phalanx.errors import StorageError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Result"]
+
+
+@dataclass
+class Result:
+    """The outcome of ``fit()``.
+
+    ``metrics`` are rank 0's last reported metrics, ``checkpoint`` the latest committed one,
+    ``best_checkpoints`` the retained ``(checkpoint, metrics)`` pairs (worst first),
+    ``metrics_dataframe`` every round of the run (rank 0), ``path`` the run directory,
+    ``return_value`` what rank 0's training function returned, ``error`` the failure if any.
+
+    Example::
+
+        result = trainer.fit()
+        print(result.metrics["loss"], result.checkpoint)
+        same = Result.from_path(result.path)
+    """
+
+    metrics: dict[str, Any] | None
+    checkpoint: Checkpoint | None
+    error: BaseException | None = None
+    path: str | None = None
+    best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = field(default_factory=list)
+    return_value: Any = None
+    attempts: int = 1
+    _storage: RunStorage | None = field(default=None, repr=False)
+
+    @property
+    def filesystem(self) -> Any:
+        return self._storage.filesystem if self._storage else None
+
+    @property
+    def metrics_dataframe(self) -> pd.DataFrame:
+        """Every round's rank-0 metrics, oldest first (with ``training_iteration``, ``timestamp``,
+        ``checkpoint_dir_name``)."""
+        import pandas as pd
+
+        rows = read_history(self._storage) if self._storage else []
+        return pd.DataFrame(rows)
+
+    @property
+    def all_ranks_metrics_dataframe(self) -> pd.DataFrame:
+        """Every report of every rank, with a ``rank`` column."""
+        import pandas as pd
+
+        rows = read_history(self._storage, all_ranks=True) if self._storage else []
+        return pd.DataFrame(rows)
+
+    def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
+        """The retained checkpoint with the best ``metric`` (``mode`` is ``"max"`` or ``"min"``)."""
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+        scored = [(c, m[metric]) for c, m in self.best_checkpoints if metric in m]
+        if not scored:
+            return None
+        pick = max if mode == "max" else min
+        return pick(scored, key=lambda pair: pair[1])[0]
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike[str], storage_filesystem: Any = None) -> Result:
+        """Reload the Result of a run from its directory (local path or URI)."""
+        path = os.fspath(path).rstrip("/")
+        parent, name = path.rsplit("/", 1) if "/" in path else (".", path)
+        storage = RunStorage.create(parent, name, storage_filesystem)
+        manager = CheckpointManager(storage, CheckpointConfig())
+        if not manager.load():
+            raise StorageError(
+                f"{path!r} is not a phalanx run directory (no checkpoint_manager_snapshot.json).\n"
+                "HINT: pass result.path, i.e. <storage_path>/<name>."
+            )
+        history = read_history(storage)
+        error = None
+        raw = storage.read(ERROR_PICKLE_FILE)
+        if raw is not None:
+            try:
+                error = pickle.loads(raw)
+            except Exception:
+                error = None
+        metrics = _user_metrics(history[-1]) if history else None
+        return cls(
+            metrics=metrics,
+            checkpoint=manager.latest_checkpoint,
+            error=error,
+            path=storage.run_path,
+            best_checkpoints=manager.best_checkpoints(),
+            attempts=max(manager.attempts, 1),
+            _storage=storage,
+        )
+
+
+AUTO_FILLED = ("training_iteration", "timestamp", "checkpoint_dir_name")
+
+
+def _user_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in AUTO_FILLED}

@@ -1,0 +1,159 @@
+"""DataParallelTrainer: run one training function on every worker and return a Result."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from phalanx._internal import env
+from phalanx._internal.controller.controller import Controller, RunSpec
+from phalanx._internal.engines.select import resolve_engine
+from phalanx._internal.storage.checkpoint_manager import CheckpointManager
+from phalanx._internal.storage.run_storage import RunStorage
+from phalanx.backend import BackendConfig
+from phalanx.checkpoint import Checkpoint
+from phalanx.config import DataConfig, RunConfig, ScalingConfig
+from phalanx.errors import ConfigError
+from phalanx.result import Result
+
+__all__ = ["BaseTrainer", "DataParallelTrainer"]
+
+
+class BaseTrainer:
+    """Shared by every trainer: configuration checks at construction, ``fit()``."""
+
+    def fit(self) -> Result:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class DataParallelTrainer(BaseTrainer):
+    """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` workers.
+
+    Configuration is checked here, at construction; ``fit()`` starts the workers, streams their
+    reports and checkpoints into storage, and returns a :class:`~phalanx.Result` (or raises
+    :class:`~phalanx.TrainingFailedError`, whose ``.result`` holds what was saved).
+
+    Example::
+
+        def train_func(config):
+            for step in range(config["steps"]):
+                phalanx.report({"step": step})
+
+        result = DataParallelTrainer(
+            train_func, train_loop_config={"steps": 10},
+            scaling_config=ScalingConfig(num_workers=2),
+        ).fit()
+    """
+
+    _default_backend_config: Callable[[], BackendConfig] = BackendConfig
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        backend_config: BackendConfig | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        datasets: dict[str, Any] | None = None,
+        dataset_config: DataConfig | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.backend_config = backend_config or self._default_backend_config()
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.run_config = run_config or RunConfig()
+        self.datasets = dict(datasets or {})
+        self.dataset_config = dataset_config or DataConfig()
+        self.resume_from_checkpoint = resume_from_checkpoint
+        self.metadata = dict(metadata or {})
+        self._validate()
+        self._payload = _pickle_train_fn(train_loop_per_worker)
+
+    def _validate(self) -> None:
+        _check_type("scaling_config", self.scaling_config, ScalingConfig)
+        _check_type("run_config", self.run_config, RunConfig)
+        _check_type("backend_config", self.backend_config, BackendConfig)
+        _check_type("dataset_config", self.dataset_config, DataConfig)
+        if self.resume_from_checkpoint is not None:
+            _check_type("resume_from_checkpoint", self.resume_from_checkpoint, Checkpoint)
+        if self.train_loop_config is not None and not isinstance(self.train_loop_config, dict):
+            raise ConfigError(
+                f"train_loop_config={self.train_loop_config!r} is invalid: it must be a dict "
+                "(or None)."
+            )
+        _check_train_fn(self.train_loop_per_worker)
+        if self.datasets:
+            raise ConfigError(
+                "datasets= is not supported by this version of phalanx yet.\n"
+                "HINT: load your data inside the training function for now."
+            )
+
+    def fit(self) -> Result:
+        run_config = self.run_config
+        name = run_config.name or time.strftime("phalanx_run-%Y-%m-%d_%H-%M-%S")
+        engine = resolve_engine(self.scaling_config)
+        engine.check(self.scaling_config)
+        storage = RunStorage.create(
+            run_config.storage_path or env.default_storage_path(), name,
+            run_config.storage_filesystem,
+        )
+        storage.prepare()
+        manager = CheckpointManager(storage, run_config.checkpoint_config)
+        manager.load()
+        spec = RunSpec(
+            train_fn_payload=self._payload,
+            train_loop_config=self.train_loop_config,
+            backend_config=self.backend_config,
+            scaling_config=self.scaling_config,
+            run_config=run_config,
+            run_name=name,
+            metadata=self.metadata,
+            resume_from_checkpoint=self.resume_from_checkpoint,
+            start_timeout_s=env.worker_start_timeout_s(),
+        )
+        return Controller(spec, engine, storage, manager).run()
+
+
+def _check_type(field: str, value: Any, expected: type) -> None:
+    if not isinstance(value, expected):
+        raise ConfigError(
+            f"{field}={value!r} is invalid: it must be a phalanx.{expected.__name__}.\n"
+            f"HINT: import {expected.__name__} from phalanx (not from ray.train)."
+        )
+
+
+def _check_train_fn(fn: Any) -> None:
+    if not callable(fn):
+        raise ConfigError(f"train_loop_per_worker={fn!r} is invalid: it must be a function.")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return
+    required = [
+        p for p in params
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(required) > 1:
+        raise ConfigError(
+            f"train_loop_per_worker takes {len(required)} required arguments "
+            f"({', '.join(p.name for p in required)}); it must take none or one (the config dict)."
+        )
+
+
+def _pickle_train_fn(fn: Callable[..., Any]) -> bytes:
+    try:
+        return bytes(cloudpickle.dumps(fn))
+    except Exception as exc:
+        raise ConfigError(
+            f"train_loop_per_worker cannot be pickled to send it to the workers: "
+            f"{type(exc).__name__}: {exc}.\nHINT: the function (or something it uses from an "
+            "enclosing scope, e.g. a lock, an open file or a model on a GPU) must be picklable; "
+            "create such objects inside the training function instead."
+        ) from exc
