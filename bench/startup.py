@@ -200,13 +200,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _import_system(system: str, phalanx_trainer: str) -> None:
+def _import_system(system: str, phalanx_trainer: str, extra: list[str]) -> None:
     """The imports a user's driver script does; timed as import_s."""
     import torch
     import torch.distributed
     import torch.nn.parallel
 
     torch.set_num_threads(1)
+    for name in extra:
+        importlib.import_module(name)
     if system == "phalanx":
         import phalanx
 
@@ -348,7 +350,7 @@ def run_one(args: argparse.Namespace) -> Record:
         os.environ.setdefault(k, v)
     system, workload = args.one
     t0 = time.perf_counter()
-    _import_system(system, args.phalanx_trainer)
+    _import_system(system, args.phalanx_trainer, _csv_free(args.driver_imports))
     import_s = time.perf_counter() - t0
     ready = time.time()
     tmp = Path(tempfile.mkdtemp(prefix=f"phxbench-{system}-{workload}-"))
@@ -465,6 +467,8 @@ def launch(system: str, workload: str, rep: int, args: argparse.Namespace, logs:
         str(args.ray_report_steps),
         "--phalanx-trainer",
         args.phalanx_trainer,
+        "--driver-imports",
+        args.driver_imports,
         "--launched-at",
         repr(time.time()),
     ]
@@ -705,6 +709,7 @@ def _header(
     m, v = meta["machine"], meta["versions"]
     load = f"load avg {m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end"
     ray_init = _fmt(_median(_all(runs, "raytrain", "ray_init_s")))
+    extra = f" and {', '.join(meta['driver_imports'])}" if meta["driver_imports"] else ""
     phx_trainer = "TorchTrainer" if meta["phalanx_trainer"] == "torch" else "DataParallelTrainer"
     lines = [
         "# phalanx benchmarks B1 (startup) and B3 (report cost)",
@@ -717,7 +722,8 @@ def _header(
         f"- command: `{meta['command']}`",
         f"- {meta['reps']} reps per system, interleaved ({' '.join(systems)}) in each rep; "
         "every run in a fresh Python subprocess; OMP_NUM_THREADS=MKL_NUM_THREADS=1 and "
-        "torch.set_num_threads(1) in every worker; the driver imports torch before fit().",
+        "torch.set_num_threads(1) in every worker; the driver imports torch before fit()"
+        f"{extra}.",
         "- import: the heavy imports in the subprocess (torch, torch.distributed, DDP, and the "
         "system's own modules). fit() → first line: `time.time()` just before `fit()` / "
         "`mp.spawn` in the driver to the first line of the training fn. setup: first line to "
@@ -785,6 +791,7 @@ def run_all(args: argparse.Namespace) -> None:
         "report_steps": args.report_steps,
         "ray_report_steps": args.ray_report_steps,
         "phalanx_trainer": args.phalanx_trainer,
+        "driver_imports": _csv_free(args.driver_imports),
     }
     print(json.dumps(meta["versions"]), json.dumps(meta["machine"]), flush=True)
     runs: list[Record] = []
@@ -804,6 +811,10 @@ def run_all(args: argparse.Namespace) -> None:
         else:
             shutil.rmtree(logs, ignore_errors=True)
     print(f"wrote {args.out}.md and {args.out}.json")
+
+
+def _csv_free(value: str | None) -> list[str]:
+    return [s.strip() for s in value.split(",") if s.strip()] if value else []
 
 
 def _csv(value: str | None, allowed: tuple[str, ...]) -> list[str]:
@@ -828,6 +839,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("dp", "torch"),
         default="dp",
         help="ddp workload: DataParallelTrainer + own init_process_group (dp) or TorchTrainer",
+    )
+    p.add_argument(
+        "--driver-imports",
+        default="",
+        help="extra modules every driver imports before fit(), e.g. torch._dynamo "
+        "(DDP() imports it lazily: ~1.3 s in each worker that lacks it)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="per-run limit in seconds")
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "startup"))

@@ -3,8 +3,6 @@
 ``import phalanx as train`` gives what ``from ray import train`` gave.
 """
 
-from __future__ import annotations
-
 from phalanx.backend import Backend, BackendConfig
 from phalanx.callbacks import Callback, TrainRunContext, UserCallback
 from phalanx.checkpoint import Checkpoint

@@ -60,7 +60,9 @@ class ScalingConfig:
             raise _fail("ScalingConfig", "use_gpu", self.use_gpu, "True or False")
         if self.placement_strategy not in PLACEMENT_STRATEGIES:
             raise _fail(
-                "ScalingConfig", "placement_strategy", self.placement_strategy,
+                "ScalingConfig",
+                "placement_strategy",
+                self.placement_strategy,
                 f"one of {', '.join(PLACEMENT_STRATEGIES)}",
             )
         if self.engine is not None and self.engine not in ENGINES:
@@ -76,7 +78,9 @@ class ScalingConfig:
         for key, amount in resources.items():
             if not isinstance(key, str) or not isinstance(amount, int | float) or amount < 0:
                 raise _fail(
-                    "ScalingConfig", "resources_per_worker", resources,
+                    "ScalingConfig",
+                    "resources_per_worker",
+                    resources,
                     "a dict of resource name to a number >= 0",
                 )
             if isinstance(amount, float) and math.isnan(amount):
@@ -84,7 +88,10 @@ class ScalingConfig:
         gpus = resources.get("GPU", 0)
         if gpus > 0 and not self.use_gpu:
             raise _fail(
-                "ScalingConfig", "resources_per_worker", resources, "without GPU when use_gpu=False",
+                "ScalingConfig",
+                "resources_per_worker",
+                resources,
+                "without GPU when use_gpu=False",
                 "set use_gpu=True to request GPUs.",
             )
         if self.use_gpu and "GPU" in resources and gpus == 0:
@@ -153,7 +160,9 @@ class CheckpointConfig:
             )
         if self.checkpoint_score_order not in ("max", "min"):
             raise _fail(
-                "CheckpointConfig", "checkpoint_score_order", self.checkpoint_score_order,
+                "CheckpointConfig",
+                "checkpoint_score_order",
+                self.checkpoint_score_order,
                 "'max' or 'min'",
             )
         attr = self.checkpoint_score_attribute
@@ -163,7 +172,9 @@ class CheckpointConfig:
             )
         if not _is_int(self.checkpoint_frequency) or self.checkpoint_frequency < 0:
             raise _fail(
-                "CheckpointConfig", "checkpoint_frequency", self.checkpoint_frequency,
+                "CheckpointConfig",
+                "checkpoint_frequency",
+                self.checkpoint_frequency,
                 "an integer >= 0",
             )
 
@@ -231,6 +242,9 @@ class RunConfig:
         for callback in self.callbacks:
             if not isinstance(callback, Callback):
                 raise _fail(
-                    "RunConfig", "callbacks", self.callbacks, "a list of phalanx.Callback objects",
+                    "RunConfig",
+                    "callbacks",
+                    self.callbacks,
+                    "a list of phalanx.Callback objects",
                     f"{type(callback).__name__} is not a phalanx.Callback; subclass it.",
                 )

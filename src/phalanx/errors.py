@@ -139,7 +139,7 @@ def format_failures(failures: dict[int, WorkerFailure], limit: int = 4000) -> st
     groups: dict[str, list[int]] = {}
     for rank, failure in failures.items():
         groups.setdefault(_normalise(failure.summary()), []).append(rank)
-    root = min(failures.values(), key=lambda f: (f.time or float("inf"), f.rank))
+    root = min(failures.values(), key=lambda f: (f.time, f.rank))
     lines = [f"Training failed on {len(failures)} rank(s):"]
     for ranks in groups.values():
         label = ", ".join(str(r) for r in ranks)

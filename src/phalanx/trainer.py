@@ -101,7 +101,8 @@ class DataParallelTrainer(BaseTrainer):
         engine = resolve_engine(self.scaling_config)
         engine.check(self.scaling_config)
         storage = RunStorage.create(
-            run_config.storage_path or env.default_storage_path(), name,
+            run_config.storage_path or env.default_storage_path(),
+            name,
             run_config.storage_filesystem,
         )
         storage.prepare()
@@ -137,7 +138,8 @@ def _check_train_fn(fn: Any) -> None:
     except (TypeError, ValueError):
         return
     required = [
-        p for p in params
+        p
+        for p in params
         if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     if len(required) > 1:

@@ -15,6 +15,7 @@ import logging
 import pickle
 import queue
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 POLL_TIMEOUT_S = 0.5
 EXIT_STATUS_WAIT_S = 0.5
+EXIT_DRAIN_S = 0.2
 
 
 class State(enum.Enum):
@@ -89,13 +91,18 @@ class Controller:
         self.backend = spec.backend_config.backend_cls()
         self.callbacks: list[Callback] = list(spec.run_config.callbacks)
         self.run_context = TrainRunContext(
-            spec.run_config, spec.train_loop_config, spec.scaling_config, spec.backend_config,
-            storage.run_path, spec.run_name,
+            spec.run_config,
+            spec.train_loop_config,
+            spec.scaling_config,
+            spec.backend_config,
+            storage.run_path,
+            spec.run_name,
         )
         self.group: WorkerGroup | None = None
         self.rounds: ReportRounds | None = None
         self.train_futures: list[Future[Any]] = []
         self.failures: dict[int, WorkerFailure] = {}
+        self.exited: dict[int, tuple[float, int]] = {}
         self.error: BaseException | None = None
         self.last_metrics: dict[str, Any] | None = None
         self.return_value: Any = None
@@ -121,6 +128,7 @@ class Controller:
         finally:
             self.engine.close()
             self.history.flush()
+            self.storage.remove_staging()
         return self._finish(state)
 
     # -- START ----------------------------------------------------------------------------------
@@ -130,11 +138,18 @@ class Controller:
         self.manager.attempts += 1
         self.manager.save()
         self.failures = {}
+        self.exited: dict[int, tuple[float, int]] = {}
         spec = self.spec
-        group = WorkerGroup(self.engine, WorkerGroupSpec(
-            spec.scaling_config.num_workers, spec.scaling_config, spec.run_name,
-            self.storage.local_log_dir(), start_timeout_s=spec.start_timeout_s,
-        ))
+        group = WorkerGroup(
+            self.engine,
+            WorkerGroupSpec(
+                spec.scaling_config.num_workers,
+                spec.scaling_config,
+                spec.run_name,
+                self.storage.local_log_dir(),
+                start_timeout_s=spec.start_timeout_s,
+            ),
+        )
         self.group = group
         try:
             group.start()
@@ -146,12 +161,13 @@ class Controller:
             return State.FAILED
         self.rounds = ReportRounds(len(group), self.manager.next_round)
         self.train_futures = group.execute_async(
-            run_train_fn, spec.train_fn_payload, spec.train_loop_config,
+            run_train_fn,
+            spec.train_fn_payload,
+            spec.train_loop_config,
             spec.backend_config.train_func_context,
         )
         for worker, future in zip(group.workers, self.train_futures, strict=True):
-            index = worker.handle.index
-            future.add_done_callback(lambda _f, i=index: group.events.put((i, ("done",))))
+            future.add_done_callback(_wake_on_done(group, worker.handle.index))
         return State.RUNNING
 
     def _session_specs(self, group: WorkerGroup) -> list[SessionSpec]:
@@ -160,20 +176,29 @@ class Controller:
         for worker in group.workers:
             r = worker.ranks
             context = TrainContext(
-                r.world_rank, len(group), r.local_rank, r.local_world_size, r.node_rank,
-                self.spec.run_name, self.storage, self.spec.metadata,
-                worker.metadata.gpu_ids, self.attempts - 1,
+                r.world_rank,
+                len(group),
+                r.local_rank,
+                r.local_world_size,
+                r.node_rank,
+                self.spec.run_name,
+                self.storage,
+                self.spec.metadata,
+                worker.metadata.gpu_ids,
+                self.attempts - 1,
             )
-            specs.append(SessionSpec(
-                context, self.storage, checkpoint, self.manager.next_round, self.attempts - 1
-            ))
+            specs.append(
+                SessionSpec(
+                    context, self.storage, checkpoint, self.manager.next_round, self.attempts - 1
+                )
+            )
         return specs
 
     # -- RUNNING --------------------------------------------------------------------------------
 
     def _poll(self) -> State:
         assert self.group is not None and self.rounds is not None
-        events = self._drain(self.group.events, POLL_TIMEOUT_S)
+        events = self._drain(self.group.events, self._poll_timeout())
         # A rank's reports are queued before its training call resolves: snapshot which calls
         # are done, then drain again, and every report of those ranks is in hand.
         finished = {r for r, f in enumerate(self.train_futures) if f.done()}
@@ -183,7 +208,7 @@ class Controller:
         for round_ in self.rounds.pop_complete():
             self._commit_round(round_)
         self.history.maybe_flush()
-        self._check_futures()
+        self._check_futures(finished)
         if self.failures:
             return State.FAILED
         counts = self.rounds.mismatch(finished)
@@ -221,12 +246,23 @@ class Controller:
             _, index, metrics, dir_name, at = message
             self.rounds.add(rank, Report(index, metrics, dir_name, at))
         elif kind == "exited" and not self.train_futures[rank].done():
-            self.failures[rank] = self.group.failure(rank, None, returncode=message[1])
+            # The exit status can overtake the last messages still in the worker's socket;
+            # it becomes a failure once they had time to drain (see _check_futures).
+            self.exited[rank] = (time.monotonic(), message[1])
 
-    def _check_futures(self) -> None:
+    def _poll_timeout(self) -> float:
+        return EXIT_DRAIN_S / 4 if self.exited else POLL_TIMEOUT_S
+
+    def _check_futures(self, finished: set[int]) -> None:
+        """Record failures of ranks whose call resolved before the last drain, or that exited."""
         assert self.group is not None
-        for rank, future in enumerate(self.train_futures):
-            if rank in self.failures or not future.done() or future.exception() is None:
+        now = time.monotonic()
+        for rank, (at, returncode) in self.exited.items():
+            if rank not in finished and rank not in self.failures and now - at > EXIT_DRAIN_S:
+                self.failures[rank] = self.group.failure(rank, None, returncode=returncode)
+        for rank in finished:
+            future = self.train_futures[rank]
+            if rank in self.failures or future.exception() is None:
                 continue
             exc = future.exception()
             returncode = None
@@ -284,7 +320,8 @@ class Controller:
         if self.error is None and self.policy.decide() is FailureDecision.RETRY:
             logger.warning(
                 "Attempt %d failed; retrying from the latest checkpoint (%s).",
-                self.attempts, self.manager.latest_checkpoint,
+                self.attempts,
+                self.manager.latest_checkpoint,
             )
             return State.START
         if self.error is None:
@@ -340,9 +377,13 @@ class Controller:
                 raise
             except Exception as exc:
                 raise ControllerError(
-                    f"Callback {type(callback).__name__}.{hook} raised {type(exc).__name__}: "
-                    f"{exc}"
+                    f"Callback {type(callback).__name__}.{hook} raised {type(exc).__name__}: {exc}"
                 ) from exc
+
+
+def _wake_on_done(group: WorkerGroup, index: int) -> Callable[[Future[Any]], None]:
+    """Wake the poll loop as soon as a rank's training call resolves."""
+    return lambda _future: group.events.put((index, ("done",)))
 
 
 def _root_exception(error: TrainingFailedError) -> BaseException | None:

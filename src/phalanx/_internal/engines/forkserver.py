@@ -29,6 +29,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 _MAX_MESSAGE = 1 << 16
 _PR_SET_PDEATHSIG = 1
@@ -133,7 +134,8 @@ def _serve(sock: socket.socket) -> None:
     children: set[int] = set()
     try:
         while True:
-            ready, _, _ = select.select([sock, wake_r], [], [], 1.0)
+            readers: list[Any] = [sock, wake_r]
+            ready, _, _ = select.select(readers, [], [], 1.0)
             if wake_r in ready:
                 os.read(wake_r, 4096)
             _reap(sock, children)
@@ -177,7 +179,7 @@ def _handle_request(sock: socket.socket, children: set[int], wake: tuple[int, in
     message = pickle.loads(data)
     if message[0] == "stop":
         return False
-    _, index, env = message
+    _, _index, env = message
     pid = os.fork()
     if pid == 0:
         sock.close()

@@ -156,7 +156,10 @@ class LocalProcessEngine(Engine):
         return handle
 
     def _await_hellos(
-        self, handles: list[LocalWorkerHandle], spec: WorkerGroupSpec, gpu_ids: list[tuple[int, ...]]
+        self,
+        handles: list[LocalWorkerHandle],
+        spec: WorkerGroupSpec,
+        gpu_ids: list[tuple[int, ...]],
     ) -> None:
         deadline = time.monotonic() + spec.start_timeout_s
         for handle in handles:
@@ -182,7 +185,10 @@ class LocalProcessEngine(Engine):
     def shutdown(self, handles: list[WorkerHandle], grace_s: float) -> None:
         local = [h for h in handles if isinstance(h, LocalWorkerHandle)]
         for handle in local:
-            handle.send_exit() if grace_s > 0 else handle.kill(force=False)
+            if grace_s > 0:
+                handle.send_exit()
+            else:  # SIGTERM first; ranks stuck in a collective ignore it, hence SIGKILL below
+                handle.kill(force=False)
         deadline = time.monotonic() + max(grace_s, 0.2)
         while time.monotonic() < deadline and any(h.is_alive() for h in local):
             time.sleep(0.002)

@@ -35,7 +35,7 @@ class RankOutput:
             return None
         if rank not in self._files:
             os.makedirs(self.log_dir, exist_ok=True)
-            self._files[rank] = open(  # noqa: SIM115 - closed in close()
+            self._files[rank] = open(
                 os.path.join(self.log_dir, f"rank_{rank}.log"), "a", buffering=1
             )
         return self._files[rank]
@@ -139,9 +139,7 @@ class OutputPump:
             return
         handle.on_message(message)
 
-    def _read_output(
-        self, fd: int, kind: str, handle: LocalWorkerHandle, state: list[Any]
-    ) -> None:
+    def _read_output(self, fd: int, kind: str, handle: LocalWorkerHandle, state: list[Any]) -> None:
         stream = sys.stdout if kind == "stdout" else sys.stderr
         chunk = os.read(fd, 1 << 16)
         data = state[0] + chunk

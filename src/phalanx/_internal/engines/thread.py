@@ -28,8 +28,9 @@ class _ThreadOutbox:
     def send(self, message: tuple[Any, ...]) -> None:
         if message[0] == "report":  # snapshot the metrics, as pickling does for processes
             message = (*message[:2], dict(message[2]), *message[3:])
-        if self._handle.alive:
-            self._events.put((self._handle.index, message))
+        if not self._handle.alive:  # a process would be dead by now: stop the thread's loop
+            raise SystemExit(f"worker {self._handle.index} was stopped")
+        self._events.put((self._handle.index, message))
 
 
 class ThreadWorkerHandle(WorkerHandle):
@@ -41,7 +42,9 @@ class ThreadWorkerHandle(WorkerHandle):
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
             queue.SimpleQueue()
         )
-        self._thread = threading.Thread(target=self._run, name=f"phalanx-worker-{index}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"phalanx-worker-{index}", daemon=True
+        )
         self._thread.start()
 
     def _run(self) -> None:

@@ -94,9 +94,15 @@ class RunStorage:
                 f"Cannot write to the run directory {self.run_path!r}: {exc}.\n"
                 "HINT: pick a storage_path you can write to (RunConfig(storage_path=...))."
             ) from exc
+        self.remove_staging()
+
+    def remove_staging(self) -> None:
+        """Drop staged parts that were never committed (a failed or cut-off attempt)."""
         staging = self.path(STAGING_DIR)
-        if fs.exists(staging):
-            fs.rm(staging, recursive=True)
+        if self.local:  # a worker that is being torn down may still be writing here
+            shutil.rmtree(staging, ignore_errors=True)
+        elif self.filesystem.exists(staging):
+            self.filesystem.rm(staging, recursive=True)
 
     # -- checkpoints ----------------------------------------------------------------------------
 

@@ -52,8 +52,12 @@ def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     os.close(stderr_fd)
     # The inherited sys.stdout may hold the driver's buffered text and block buffering; start
     # fresh, line-buffered, so each line reaches the driver as it is printed.
-    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    sys.stdout = open(
+        1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
+    )
+    sys.stderr = open(
+        2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
+    )
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
 

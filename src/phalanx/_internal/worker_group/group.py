@@ -77,8 +77,12 @@ class WorkerGroup:
     def execute_single(self, rank: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return self.workers[rank].handle.execute(fn, *args, **kwargs).result()
 
-    def execute_per_rank(self, fn: Callable[..., Any], args_per_rank: list[tuple[Any, ...]]) -> list[Any]:
-        futures = [w.handle.execute(fn, *args) for w, args in zip(self.workers, args_per_rank, strict=True)]
+    def execute_per_rank(
+        self, fn: Callable[..., Any], args_per_rank: list[tuple[Any, ...]]
+    ) -> list[Any]:
+        futures = [
+            w.handle.execute(fn, *args) for w, args in zip(self.workers, args_per_rank, strict=True)
+        ]
         return self.gather(futures)
 
     def gather(self, futures: list[Future[Any]], timeout_s: float | None = None) -> list[Any]:
@@ -91,27 +95,52 @@ class WorkerGroup:
         for rank, f in enumerate(futures):
             if f in pending:
                 failures[rank] = WorkerFailure(
-                    rank, "hang", "TimeoutError", f"no answer within {timeout_s} s",
-                    pid=self.workers[rank].metadata.pid, time=time.time(),
+                    rank,
+                    "hang",
+                    "TimeoutError",
+                    f"no answer within {timeout_s} s",
+                    pid=self.workers[rank].metadata.pid,
+                    time=time.time(),
                 )
         if failures:
             raise WorkerGroupError(failures)
         return [f.result() for f in futures]
 
-    def failure(self, rank: int, exc: BaseException | None, returncode: int | None = None) -> WorkerFailure:
+    def failure(
+        self, rank: int, exc: BaseException | None, returncode: int | None = None
+    ) -> WorkerFailure:
         """Describe what happened to ``rank`` from a call's exception or an exit code."""
         meta = self.workers[rank].metadata
         common: dict[str, Any] = {"pid": meta.pid, "host": meta.host, "time": time.time()}
         if isinstance(exc, RemoteCallError):
             r = exc.remote
-            return WorkerFailure(rank, "exception", r.type_name, r.message, r.traceback,
-                                 exception=r.exception, **common)
+            return WorkerFailure(
+                rank,
+                "exception",
+                r.type_name,
+                r.message,
+                r.traceback,
+                exception=r.exception,
+                **common,
+            )
         if returncode is not None and returncode < 0:
-            return WorkerFailure(rank, "signal", "WorkerKilled", f"signal {-returncode}",
-                                 signal=-returncode, **common)
+            return WorkerFailure(
+                rank,
+                "signal",
+                "WorkerKilled",
+                f"signal {-returncode}",
+                signal=-returncode,
+                **common,
+            )
         if returncode is not None:
-            return WorkerFailure(rank, "exit", "WorkerExited", f"exit code {returncode}",
-                                 exit_code=returncode, **common)
+            return WorkerFailure(
+                rank,
+                "exit",
+                "WorkerExited",
+                f"exit code {returncode}",
+                exit_code=returncode,
+                **common,
+            )
         return WorkerFailure(rank, "exit", type(exc).__name__, str(exc), **common)
 
     def shutdown(self, graceful: bool, grace_s: float = 2.0) -> None:

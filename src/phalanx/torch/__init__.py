@@ -1,0 +1,50 @@
+"""phalanx.torch: PyTorch data-parallel training; ``ray.train.torch`` with its imports changed.
+
+Example::
+
+    import phalanx as train
+    from phalanx.torch import TorchTrainer, prepare_data_loader, prepare_model
+
+    def train_func(config):
+        model = prepare_model(build_model())
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=64, shuffle=True))
+        for epoch in range(config["epochs"]):
+            for x, y in loader:
+                ...
+            train.report({"epoch": epoch, "loss": loss.item()})
+
+    TorchTrainer(train_func, train_loop_config={"epochs": 5},
+                 scaling_config=train.ScalingConfig(num_workers=2)).fit()
+"""
+
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
+    raise ModuleNotFoundError(
+        "phalanx.torch needs PyTorch, which is not installed.\n"
+        "HINT: pip install 'phalanx[torch]' (or pip install torch)."
+    ) from exc
+
+from phalanx.torch.amp import accelerate, backward, prepare_optimizer
+from phalanx.torch.checkpoint import TorchCheckpoint
+from phalanx.torch.config import TorchConfig
+from phalanx.torch.data_loader import prepare_data_loader
+from phalanx.torch.devices import get_device, get_devices
+from phalanx.torch.model import enable_reproducibility, prepare_model
+from phalanx.torch.trainer import TorchTrainer
+
+__all__ = [
+    "TorchCheckpoint",
+    "TorchConfig",
+    "TorchTrainer",
+    "accelerate",
+    "backward",
+    "enable_reproducibility",
+    "get_device",
+    "get_devices",
+    "prepare_data_loader",
+    "prepare_model",
+    "prepare_optimizer",
+]

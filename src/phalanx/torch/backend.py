@@ -1,0 +1,182 @@
+"""TorchBackend: sets up ``torch.distributed`` on the workers, and tears it down.
+
+``on_start`` runs two steps on every rank at once, each bounded in time:
+
+1. *setup*: torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ...), the shared
+   ``CUDA_VISIBLE_DEVICES``, the thread default; rank 0 also opens the store's listening socket
+   (on loopback when all workers share a node) and answers with its port;
+2. *join*: ``MASTER_ADDR``/``MASTER_PORT`` and ``init_process_group``.
+
+A rank that does not answer a step in time is named in the error as the rank that never joined.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from phalanx.backend import Backend, BackendConfig
+from phalanx.errors import ConfigError, WorkerFailure, WorkerGroupError
+from phalanx.torch.config import TorchConfig
+from phalanx.torch.environment import (
+    loopback_interface,
+    master_address,
+    shared_visible_devices,
+    torchrun_env,
+)
+from phalanx.torch.worker_setup import (
+    TorchWorkerSpec,
+    init_process_group,
+    setup_worker,
+    shutdown_worker,
+)
+
+__all__ = ["TorchBackend"]
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 30.0
+
+
+class TorchBackend(Backend):
+    share_cuda_visible_devices: bool = True
+
+    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        assert isinstance(backend_config, TorchConfig)
+        _check_engine(worker_group)
+        timeout_s = float(backend_config.timeout_s)
+        backend = resolve_backend(backend_config, worker_group.get_resources_per_worker())
+        addr = master_address(
+            [w.metadata.node_id for w in worker_group.workers],
+            worker_group.workers[0].metadata.host,
+        )
+        specs = self.worker_specs(worker_group, backend, addr, timeout_s)
+        started = time.time()
+        ports = _execute_naming_stragglers(
+            worker_group, timeout_s, started, setup_worker, specs, stage="setup"
+        )
+        # torch's own timeout fires first on the ranks that did join; the grace lets their error
+        # (which says what they waited for) arrive before the driver gives up on the others.
+        started = time.time()
+        _execute_naming_stragglers(
+            worker_group,
+            timeout_s + 2.0 + 0.05 * timeout_s,
+            started,
+            init_process_group,
+            backend,
+            backend_config.init_method,
+            addr,
+            ports[0],
+            timeout_s,
+            stage="join",
+        )
+
+    def worker_specs(
+        self, worker_group: Any, backend: str, addr: str, timeout_s: float
+    ) -> list[TorchWorkerSpec]:
+        workers = worker_group.workers
+        node_ids = [w.metadata.node_id for w in workers]
+        scaling = worker_group.spec.scaling_config
+        visible = None
+        if self.share_cuda_visible_devices and any(w.metadata.gpu_ids for w in workers):
+            visible = shared_visible_devices(node_ids, [w.metadata.gpu_ids for w in workers])
+        defaults = {}
+        if addr == "127.0.0.1":  # keep gloo's own sockets on loopback too
+            defaults["GLOO_SOCKET_IFNAME"] = loopback_interface()
+        cpus = (scaling.resources_per_worker or {}).get("CPU") or None
+        specs = []
+        for rank, worker in enumerate(workers):
+            r = worker.ranks
+            env = torchrun_env(
+                world_rank=rank,
+                local_rank=r.local_rank,
+                world_size=len(workers),
+                local_world_size=r.local_world_size,
+                node_rank=r.node_rank,
+                num_nodes=len(set(node_ids)),
+            )
+            if visible is not None:
+                env["CUDA_VISIBLE_DEVICES"] = visible[rank]
+            specs.append(
+                TorchWorkerSpec(
+                    env=env,
+                    env_defaults=defaults,
+                    cpus_per_worker=cpus,
+                    nccl=_uses_nccl(backend),
+                    open_store_on=addr if rank == 0 else None,
+                    store_timeout_s=timeout_s,
+                )
+            )
+        return specs
+
+    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        try:
+            worker_group.execute(shutdown_worker, timeout_s=SHUTDOWN_TIMEOUT_S)
+        except WorkerGroupError as exc:
+            logger.warning("Leaving the torch process group failed on some ranks:\n%s", exc)
+
+
+def resolve_backend(config: TorchConfig, resources_per_worker: dict[str, float]) -> str:
+    """The configured backend, else ``nccl`` for GPU workers and ``gloo`` for CPU workers."""
+    if config.backend is not None:
+        return config.backend
+    return "nccl" if resources_per_worker.get("GPU", 0) > 0 else "gloo"
+
+
+def _uses_nccl(backend: str) -> bool:
+    return backend == "nccl" or any(
+        item.split(":", 1)[-1] == "nccl" for item in backend.split(",") if ":" in item
+    )
+
+
+def _check_engine(worker_group: Any) -> None:
+    if getattr(worker_group.engine, "name", None) == "thread" and len(worker_group) > 1:
+        raise ConfigError(
+            "TorchTrainer cannot run several workers on the thread engine: torch.distributed "
+            "allows one process group per process.\nHINT: use the default local engine "
+            "(ScalingConfig(engine=None)) or num_workers=1."
+        )
+
+
+def _execute_naming_stragglers(
+    worker_group: Any,
+    timeout_s: float,
+    started: float,
+    fn: Any,
+    *args: Any,
+    stage: str,
+) -> list[Any]:
+    """``worker_group.execute`` that turns "no answer in time" into "rank N never joined"."""
+    try:
+        return list(worker_group.execute(fn, *args, timeout_s=timeout_s))
+    except WorkerGroupError as exc:
+        failures = exc.worker_failures
+        hung = [rank for rank, f in failures.items() if f.kind == "hang"]
+        if not hung:
+            raise
+        worker_group.dump_stacks()  # where the stragglers are stuck, printed by rank
+        explained = {
+            rank: _never_joined(f, stage, timeout_s, started) if rank in hung else f
+            for rank, f in failures.items()
+        }
+        raise WorkerGroupError(explained) from exc
+
+
+def _never_joined(
+    failure: WorkerFailure, stage: str, timeout_s: float, started: float
+) -> WorkerFailure:
+    where = (
+        "it did not answer (busy or stuck before init_process_group)"
+        if stage == "setup"
+        else "it was still inside init_process_group"
+    )
+    message = (
+        f"rank {failure.rank} never joined the torch process group within "
+        f"{timeout_s:g} s: {where}. Its stack is printed above with the prefix "
+        f"[rank{failure.rank}]. HINT: raise TorchConfig(timeout_s=...) if this rank is only slow."
+    )
+    # Dated when the wait began, so the error names this rank as the root cause rather than the
+    # ranks whose own timeouts fired because of it.
+    return dataclasses.replace(failure, type_name="TimeoutError", message=message, time=started)

@@ -1,0 +1,103 @@
+"""TorchCheckpoint: a Checkpoint holding a model's state dict (or a whole pickled model)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import warnings
+from typing import Any
+
+import torch
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+from phalanx.checkpoint import Checkpoint
+
+__all__ = ["TorchCheckpoint"]
+
+MODEL_FILENAME = "model.pt"
+PREPROCESSOR_FILENAME = "preprocessor.pkl"
+
+
+class TorchCheckpoint(Checkpoint):
+    """A :class:`~phalanx.Checkpoint` with a torch model in ``model.pt`` (Ray Train's layout).
+
+    Example::
+
+        checkpoint = TorchCheckpoint.from_state_dict(model.state_dict())
+        phalanx.report({"loss": loss}, checkpoint=checkpoint)
+        ...
+        model = TorchCheckpoint(result.checkpoint.path).get_model(MyModel())
+    """
+
+    MODEL_FILENAME = MODEL_FILENAME
+
+    @classmethod
+    def from_state_dict(
+        cls, state_dict: dict[str, Any], *, preprocessor: Any = None
+    ) -> TorchCheckpoint:
+        """A new checkpoint (in a temporary directory) holding ``state_dict``.
+
+        A ``module.`` prefix left by DistributedDataParallel is removed, so the state dict loads
+        into the plain model.
+        """
+        state = dict(state_dict)
+        consume_prefix_in_state_dict_if_present(state, "module.")  # type: ignore[arg-type]
+        return cls._save(state, preprocessor)
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, *, preprocessor: Any = None) -> TorchCheckpoint:
+        """A new checkpoint holding the whole pickled ``model``. Prefer :meth:`from_state_dict`:
+        loading a pickled model runs code from the checkpoint, so only load trusted ones."""
+        return cls._save(model, preprocessor)
+
+    @classmethod
+    def _save(cls, obj: Any, preprocessor: Any) -> TorchCheckpoint:
+        directory = tempfile.mkdtemp(prefix="phalanx_torch_checkpoint_")
+        torch.save(obj, os.path.join(directory, MODEL_FILENAME))
+        if preprocessor is not None:
+            with open(os.path.join(directory, PREPROCESSOR_FILENAME), "wb") as f:
+                pickle.dump(preprocessor, f)
+        return cls.from_directory(directory)
+
+    def get_model(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
+        """The stored model: a state dict is loaded into ``model``; a pickled model is returned
+        as is (``model`` is then ignored)."""
+        with self.as_directory() as directory:
+            path = os.path.join(directory, MODEL_FILENAME)
+            if not os.path.exists(path):
+                raise FileNotFoundError(
+                    f"{self!r} has no {MODEL_FILENAME}.\nHINT: create it with "
+                    "TorchCheckpoint.from_state_dict(...) or TorchCheckpoint.from_model(...)."
+                )
+            saved = _load(path)
+        if isinstance(saved, torch.nn.Module):
+            if model is not None:
+                warnings.warn(
+                    "This TorchCheckpoint holds a whole model; the `model` argument is ignored.",
+                    stacklevel=2,
+                )
+            return saved
+        if model is None:
+            raise ValueError(
+                "This TorchCheckpoint holds a state dict; pass the model to load it into: "
+                "checkpoint.get_model(MyModel())."
+            )
+        model.load_state_dict(saved)
+        return model
+
+    def get_preprocessor(self) -> Any:
+        """The preprocessor saved with the model, or None."""
+        with self.as_directory() as directory:
+            path = os.path.join(directory, PREPROCESSOR_FILENAME)
+            if not os.path.exists(path):
+                return None
+            with open(path, "rb") as f:
+                return pickle.load(f)
+
+
+def _load(path: str) -> Any:
+    try:  # a state dict loads without running pickled code
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # a whole model (from_model): trusted checkpoints only
+        return torch.load(path, map_location="cpu", weights_only=False)

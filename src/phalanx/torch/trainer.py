@@ -1,0 +1,80 @@
+"""TorchTrainer: data-parallel PyTorch training on phalanx workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from phalanx.checkpoint import Checkpoint
+from phalanx.config import DataConfig, RunConfig, ScalingConfig
+from phalanx.errors import ConfigError
+from phalanx.torch.config import TorchConfig
+from phalanx.trainer import DataParallelTrainer
+
+__all__ = ["TorchTrainer"]
+
+
+class TorchTrainer(DataParallelTrainer):
+    """Runs ``train_loop_per_worker`` on every worker inside a ``torch.distributed`` group.
+
+    Before the function starts, every worker has joined the default process group (gloo on CPU,
+    NCCL on GPU; see :class:`TorchConfig`), has torchrun's environment (``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
+    ``MASTER_PORT``), uses its share of the CPU cores (``OMP_NUM_THREADS``, unless you set it),
+    and sees its GPU as the current CUDA device.
+
+    Example::
+
+        import phalanx as train
+        from phalanx.torch import TorchTrainer, prepare_model
+
+        def train_func(config):
+            model = prepare_model(torch.nn.Linear(10, 1))
+            ...
+            train.report({"loss": loss.item()})
+
+        result = TorchTrainer(
+            train_func, train_loop_config={"lr": 1e-3},
+            scaling_config=train.ScalingConfig(num_workers=2),
+        ).fit()
+    """
+
+    _default_backend_config: Callable[[], TorchConfig] = TorchConfig
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        torch_config: TorchConfig | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        datasets: dict[str, Any] | None = None,
+        dataset_config: DataConfig | None = None,
+        metadata: dict[str, Any] | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
+    ) -> None:
+        if torch_config is not None and not isinstance(torch_config, TorchConfig):
+            raise ConfigError(
+                f"torch_config={torch_config!r} is invalid: it must be a "
+                "phalanx.torch.TorchConfig.\nHINT: from phalanx.torch import TorchConfig "
+                "(not from ray.train.torch)."
+            )
+        scaling = scaling_config or ScalingConfig()
+        if scaling.engine == "thread" and scaling.num_workers > 1:
+            raise ConfigError(
+                f"ScalingConfig(engine='thread', num_workers={scaling.num_workers}) cannot run "
+                "TorchTrainer: torch.distributed allows one process group per process.\n"
+                "HINT: leave engine=None (local worker processes)."
+            )
+        super().__init__(
+            train_loop_per_worker,
+            train_loop_config=train_loop_config,
+            backend_config=torch_config or TorchConfig(),
+            scaling_config=scaling_config,
+            run_config=run_config,
+            datasets=datasets,
+            dataset_config=dataset_config,
+            resume_from_checkpoint=resume_from_checkpoint,
+            metadata=metadata,
+        )

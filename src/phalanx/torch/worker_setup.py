@@ -1,0 +1,156 @@
+"""What the torch backend runs inside each worker: environment, store, process group, teardown.
+
+These functions are sent to the workers by :class:`~phalanx.torch.backend.TorchBackend`; they are
+module-level so they travel by reference. Each worker finds its own part of a plan by its rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import phalanx
+from phalanx.torch.devices import get_device
+from phalanx.torch.environment import cpu_share
+
+logger = logging.getLogger(__name__)
+
+_NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT")
+
+# Rank 0's TCPStore server: created before init_process_group (which then shares it, being
+# multi-tenant), so that it listens on the address phalanx chose, on a port nobody can take first.
+_store: Any = None
+
+
+@dataclass(frozen=True)
+class TorchWorkerSpec:
+    """One worker's part of the setup, decided on the driver."""
+
+    env: dict[str, str]
+    """Set unconditionally: torchrun's variables, shared ``CUDA_VISIBLE_DEVICES``."""
+    env_defaults: dict[str, str] = field(default_factory=dict)
+    """Set only where the user's environment does not already have them."""
+    cpus_per_worker: float | None = None
+    nccl: bool = False
+    open_store_on: str | None = None
+    """Rank 0 only: the address its store listens on."""
+    store_timeout_s: float = 1800.0
+
+
+def setup_worker(specs: list[TorchWorkerSpec]) -> int | None:
+    """Apply this rank's spec; rank 0 also starts the store and returns its port."""
+    ctx = phalanx.get_context()
+    spec = specs[ctx.get_world_rank()]
+    os.environ.update(spec.env)
+    for key, value in spec.env_defaults.items():
+        os.environ.setdefault(key, value)
+    if spec.nccl and not any(k in os.environ for k in _NCCL_ERROR_HANDLING):
+        # A failed or stuck NCCL collective then raises instead of hanging the worker forever.
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+    _set_thread_default(spec.cpus_per_worker, ctx.get_local_world_size())
+    os.environ["ACCELERATE_TORCH_DEVICE"] = str(get_device())
+    if spec.open_store_on is None:
+        return None
+    return _open_store(spec.open_store_on, ctx.get_world_size(), spec.store_timeout_s)
+
+
+def _set_thread_default(cpus_per_worker: float | None, local_world_size: int) -> None:
+    """torchrun's default: a worker uses its share of the cores, unless the user said otherwise.
+
+    torch may already be imported (workers are forked from the driver), so setting the variable
+    alone would not reach it: set torch's thread count too.
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    resources = {"CPU": cpus_per_worker} if cpus_per_worker else None
+    threads = cpu_share(resources, _usable_cpus(), local_world_size)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _open_store(address: str, world_size: int, timeout_s: float) -> int:
+    global _store
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((address, 0))
+        sock.listen(max(128, world_size))
+        port = int(sock.getsockname()[1])
+    except OSError:
+        sock.close()
+        raise
+    # The store owns (and closes) the listening descriptor from here on.
+    _store = dist.TCPStore(
+        address,
+        port,
+        world_size,
+        True,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=sock.detach(),
+        use_libuv=True,
+    )
+    return port
+
+
+def init_process_group(
+    backend: str, init_method: str, master_addr: str, master_port: int, timeout_s: float
+) -> None:
+    """Join the default process group (called on every rank at once)."""
+    ctx = phalanx.get_context()
+    os.environ["MASTER_ADDR"] = master_addr
+    os.environ["MASTER_PORT"] = str(master_port)
+    host = f"[{master_addr}]" if ":" in master_addr else master_addr
+    url = "env://" if init_method == "env" else f"tcp://{host}:{master_port}"
+    dist.init_process_group(
+        backend=backend,
+        init_method=url,
+        rank=ctx.get_world_rank(),
+        world_size=ctx.get_world_size(),
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def shutdown_worker() -> None:
+    """Leave the process group and free cached GPU memory."""
+    global _store
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _store = None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+class TrainFuncContext:
+    """Wrapped around the training function: makes the worker's GPU the current CUDA device,
+    so code that says ``"cuda"`` lands on the right GPU."""
+
+    def __enter__(self) -> None:
+        if phalanx.get_context().get_accelerator_ids() and torch.cuda.is_available():
+            device = get_device()
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return False
