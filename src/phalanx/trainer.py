@@ -90,10 +90,9 @@ class DataParallelTrainer(BaseTrainer):
             )
         _check_train_fn(self.train_loop_per_worker)
         if self.datasets:
-            raise ConfigError(
-                "datasets= is not supported by this version of phalanx yet.\n"
-                "HINT: load your data inside the training function for now."
-            )
+            from phalanx.data import validate_datasets
+
+            validate_datasets(self.datasets, self.dataset_config)
 
     def fit(self) -> Result:
         run_config = self.run_config
@@ -117,6 +116,8 @@ class DataParallelTrainer(BaseTrainer):
             run_name=name,
             metadata=self.metadata,
             resume_from_checkpoint=self.resume_from_checkpoint,
+            datasets=self.datasets,
+            dataset_config=self.dataset_config,
             start_timeout_s=env.worker_start_timeout_s(),
         )
         return Controller(spec, engine, storage, manager).run()

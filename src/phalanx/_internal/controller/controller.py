@@ -32,7 +32,7 @@ from phalanx._internal.worker_group.group import WorkerGroup
 from phalanx.backend import BackendConfig
 from phalanx.callbacks import Callback, TrainRunContext
 from phalanx.checkpoint import Checkpoint
-from phalanx.config import RunConfig, ScalingConfig
+from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.context import TrainContext
 from phalanx.errors import (
     ConfigError,
@@ -71,6 +71,8 @@ class RunSpec:
     run_name: str
     metadata: dict[str, Any] = field(default_factory=dict)
     resume_from_checkpoint: Checkpoint | None = None
+    datasets: dict[str, Any] = field(default_factory=dict)
+    dataset_config: DataConfig = field(default_factory=DataConfig)
     start_timeout_s: float = 60.0
 
 
@@ -138,7 +140,7 @@ class Controller:
         self.manager.attempts += 1
         self.manager.save()
         self.failures = {}
-        self.exited: dict[int, tuple[float, int]] = {}
+        self.exited = {}
         spec = self.spec
         group = WorkerGroup(
             self.engine,
@@ -172,6 +174,7 @@ class Controller:
 
     def _session_specs(self, group: WorkerGroup) -> list[SessionSpec]:
         checkpoint = self.manager.latest_checkpoint or self.spec.resume_from_checkpoint
+        shards = self._dataset_shards(len(group))
         specs = []
         for worker in group.workers:
             r = worker.ranks
@@ -189,10 +192,19 @@ class Controller:
             )
             specs.append(
                 SessionSpec(
-                    context, self.storage, checkpoint, self.manager.next_round, self.attempts - 1
+                    context, self.storage, checkpoint, self.manager.next_round, self.attempts - 1,
+                    shards[worker.world_rank],
                 )
             )
         return specs
+
+    def _dataset_shards(self, world_size: int) -> list[dict[str, Any]]:
+        """Each rank's dataset shards, built anew for every attempt (factories re-evaluated)."""
+        if not self.spec.datasets:
+            return [{} for _ in range(world_size)]
+        from phalanx.data import shard_datasets
+
+        return shard_datasets(self.spec.datasets, self.spec.dataset_config, world_size)
 
     # -- RUNNING --------------------------------------------------------------------------------
 
@@ -257,9 +269,9 @@ class Controller:
         """Record failures of ranks whose call resolved before the last drain, or that exited."""
         assert self.group is not None
         now = time.monotonic()
-        for rank, (at, returncode) in self.exited.items():
+        for rank, (at, code) in self.exited.items():
             if rank not in finished and rank not in self.failures and now - at > EXIT_DRAIN_S:
-                self.failures[rank] = self.group.failure(rank, None, returncode=returncode)
+                self.failures[rank] = self.group.failure(rank, None, returncode=code)
         for rank in finished:
             future = self.train_futures[rank]
             if rank in self.failures or future.exception() is None:
