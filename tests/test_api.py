@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import types
 
 import pytest
 
@@ -21,19 +22,12 @@ from phalanx import (
 
 
 def test_all_is_exact():
-    public = {n for n in dir(phalanx) if not n.startswith("_")}
-    modules = {
-        "backend",
-        "callbacks",
-        "checkpoint",
-        "config",
-        "context",
-        "errors",
-        "result",
-        "session",
-        "trainer",
+    public = {
+        name
+        for name, value in vars(phalanx).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
-    assert public - modules == set(phalanx.__all__) - {"__version__"}
+    assert public == set(phalanx.__all__) - {"__version__"}
     for name in phalanx.__all__:
         assert hasattr(phalanx, name), name
 

@@ -7,10 +7,12 @@ from phalanx.backend import Backend, BackendConfig
 from phalanx.callbacks import Callback, TrainRunContext, UserCallback
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
-from phalanx.context import TrainContext
+from phalanx.context import PreemptionInfo, TrainContext
 from phalanx.errors import (
     ConfigError,
     ControllerError,
+    HangError,
+    PreemptionError,
     ReportMismatchError,
     SessionMisuseError,
     StorageError,
@@ -19,7 +21,13 @@ from phalanx.errors import (
     WorkerGroupError,
 )
 from phalanx.result import Result
-from phalanx.session import get_checkpoint, get_context, get_dataset_shard, report
+from phalanx.session import (
+    get_checkpoint,
+    get_context,
+    get_dataset_shard,
+    get_preemption_info,
+    report,
+)
 from phalanx.trainer import BaseTrainer, DataParallelTrainer
 
 __version__ = "0.1.0"
@@ -36,6 +44,9 @@ __all__ = [
     "DataConfig",
     "DataParallelTrainer",
     "FailureConfig",
+    "HangError",
+    "PreemptionError",
+    "PreemptionInfo",
     "ReportMismatchError",
     "Result",
     "RunConfig",
@@ -52,5 +63,6 @@ __all__ = [
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",
+    "get_preemption_info",
     "report",
 ]

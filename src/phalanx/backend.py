@@ -62,6 +62,12 @@ class BackendConfig:
         return contextlib.nullcontext
 
     @property
+    def preload_modules(self) -> tuple[str, ...]:
+        """Modules the local engine's fork server imports while the first workers run, so that
+        workers restarted after a failure start with them (e.g. ``torch._dynamo``: seconds)."""
+        return ()
+
+    @property
     def framework(self) -> str | None:
         return None
 

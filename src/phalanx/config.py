@@ -129,13 +129,43 @@ class ScalingConfig:
 
 @dataclass(frozen=True)
 class FailureConfig:
-    """How many times a failed attempt is retried from the latest checkpoint (-1: forever)."""
+    """What happens when an attempt fails: retry from the latest checkpoint, or raise.
+
+    Two budgets, counted separately:
+
+    - ``max_failures``: application failures, i.e. an exception in user code, a worker that
+      died (killed by a signal, out of memory) or hung. ``-1`` retries forever.
+    - ``max_preemption_failures``: infrastructure failures, i.e. a worker told to stop by
+      SIGTERM (spot or node preemption). ``-1`` (the default) retries forever.
+
+    ``hang_timeout_s``: ranks that make no progress (no ``report()``, no return) for this long
+    are declared hung; the error names them and shows every rank's Python stack. ``None``
+    (default) turns the watchdog off. Pick it larger than your longest gap between reports.
+
+    ``preemption_grace_s``: after a preemption notice, how long the ranks get to reach the stop
+    round (and save a checkpoint) before they are killed.
+
+    Example::
+
+        FailureConfig(max_failures=2, hang_timeout_s=600)
+    """
 
     max_failures: int = 0
+    max_preemption_failures: int = -1
+    hang_timeout_s: float | None = None
+    preemption_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_failures) or self.max_failures < -1:
-            raise _fail("FailureConfig", "max_failures", self.max_failures, "an integer >= -1")
+        for name in ("max_failures", "max_preemption_failures"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < -1:
+                raise _fail("FailureConfig", name, value, "an integer >= -1 (-1: retry forever)")
+        hang = self.hang_timeout_s
+        if hang is not None and (not isinstance(hang, int | float) or not hang > 0):
+            raise _fail("FailureConfig", "hang_timeout_s", hang, "None or a number of seconds > 0")
+        grace = self.preemption_grace_s
+        if not isinstance(grace, int | float) or not grace >= 0:
+            raise _fail("FailureConfig", "preemption_grace_s", grace, "a number of seconds >= 0")
 
 
 @dataclass(frozen=True)

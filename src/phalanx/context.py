@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TrainContext"]
+__all__ = ["PreemptionInfo", "TrainContext"]
 
 
 @dataclass(frozen=True)
@@ -66,3 +66,26 @@ class TrainContext:
     def get_attempt(self) -> int:
         """0 for the first attempt of the run, 1 after the first retry, ..."""
         return self.attempt
+
+
+@dataclass(frozen=True)
+class PreemptionInfo:
+    """A stop is coming: returned by :func:`phalanx.get_preemption_info` after a preemption notice.
+
+    Every rank stops right after its ``report()`` of round ``stop_round`` (the same round on
+    every rank, so a checkpoint passed in that round is committed); the run then restarts from
+    the latest checkpoint. ``deadline`` (``time.time()``) is when the ranks are killed if they
+    have not stopped. ``preempted_ranks`` got the SIGTERM.
+
+    Example::
+
+        for step in range(start, steps):
+            ...
+            preempting = phalanx.get_preemption_info() is not None
+            checkpoint = save(model) if step % 1000 == 0 or preempting else None
+            phalanx.report({"loss": loss}, checkpoint=checkpoint)
+    """
+
+    stop_round: int
+    preempted_ranks: tuple[int, ...]
+    deadline: float

@@ -10,7 +10,9 @@ The tree::
     │   ├── StorageError                 storage_path unreachable, not writable, or a commit failed
     │   └── TrainingFailedError          fit() failed; ``.result`` holds what was saved
     │       ├── WorkerGroupError         one or more ranks raised, died or hung
-    │       │   └── ReportMismatchError  ranks called report() a different number of times
+    │       │   ├── ReportMismatchError  ranks called report() a different number of times
+    │       │   ├── HangError            ranks made no progress for hang_timeout_s
+    │       │   └── PreemptionError      workers were preempted more often than allowed
     │       └── ControllerError          the driver side failed (a callback raised, ...)
     └── (never wrapped) KeyboardInterrupt from the driver
 
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ConfigError",
     "ControllerError",
+    "HangError",
+    "PreemptionError",
     "ReportMismatchError",
     "SessionMisuseError",
     "StorageError",
@@ -56,7 +60,8 @@ class WorkerFailure:
     """What went wrong on one rank, in a form that pickles across processes.
 
     ``kind`` is ``"exception"`` (user code raised), ``"signal"`` (killed by a signal),
-    ``"exit"`` (the process exited without finishing) or ``"hang"`` (no progress).
+    ``"exit"`` (the process exited without finishing), ``"hang"`` (no progress) or
+    ``"preempted"`` (stopped by SIGTERM).
     """
 
     rank: int
@@ -77,6 +82,10 @@ class WorkerFailure:
             return f"killed by signal {self.signal} ({_signal_name(self.signal)}) {where}".strip()
         if self.kind == "exit":
             return f"worker process exited with code {self.exit_code} {where}".strip()
+        if self.kind == "hang":
+            return f"hung: {self.message}"
+        if self.kind == "preempted":
+            return f"preempted: {self.message}"
         return f"{self.type_name}: {self.message}"
 
 
@@ -122,6 +131,14 @@ class WorkerGroupError(TrainingFailedError):
 
 class ReportMismatchError(WorkerGroupError):
     """Ranks called ``report()`` a different number of times."""
+
+
+class HangError(WorkerGroupError):
+    """Ranks made no progress for ``FailureConfig.hang_timeout_s``; the message has their stacks."""
+
+
+class PreemptionError(WorkerGroupError):
+    """Workers were preempted more often than ``FailureConfig.max_preemption_failures`` allows."""
 
 
 class ControllerError(TrainingFailedError):

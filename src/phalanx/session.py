@@ -6,9 +6,9 @@ from typing import Any
 
 from phalanx._internal.worker.session import require_session
 from phalanx.checkpoint import Checkpoint
-from phalanx.context import TrainContext
+from phalanx.context import PreemptionInfo, TrainContext
 
-__all__ = ["get_checkpoint", "get_context", "get_dataset_shard", "report"]
+__all__ = ["get_checkpoint", "get_context", "get_dataset_shard", "get_preemption_info", "report"]
 
 
 def report(
@@ -52,3 +52,12 @@ def get_dataset_shard(name: str) -> Any:
             f"No dataset named {name!r}; the trainer was given {sorted(shards) or 'no datasets'}."
         )
     return shards[name]
+
+
+def get_preemption_info() -> PreemptionInfo | None:
+    """None, or a notice that a worker of this run was preempted (SIGTERM) and every rank will
+    stop right after its ``report()`` of round ``stop_round``: save a checkpoint before then.
+
+    A cheap attribute read: call it every step.
+    """
+    return require_session("get_preemption_info").preemption

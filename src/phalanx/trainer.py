@@ -107,6 +107,7 @@ class DataParallelTrainer(BaseTrainer):
         storage.prepare()
         manager = CheckpointManager(storage, run_config.checkpoint_config)
         manager.load()
+        manager.remove_orphans()
         spec = RunSpec(
             train_fn_payload=self._payload,
             train_loop_config=self.train_loop_config,

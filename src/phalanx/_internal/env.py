@@ -24,3 +24,11 @@ def engine_override() -> str | None:
 
 def worker_start_timeout_s() -> float:
     return float(os.environ.get("PHALANX_WORKER_START_TIMEOUT_S", "60"))
+
+
+NOTICE_FILE_VAR = "PHALANX_NOTICE_FILE"
+
+
+def notice_file() -> str | None:
+    """Where a local worker reads the driver's preemption notice (set by the local engine)."""
+    return os.environ.get(NOTICE_FILE_VAR)

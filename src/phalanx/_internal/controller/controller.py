@@ -4,7 +4,7 @@ Each state has one method that does its work and returns the next state::
 
     START -> RUNNING -> FINISHED
                |  ^
-               v  |  (retry allowed)
+               v  |  (the failure budget allows a retry)
              FAILED -> ERRORED
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import pickle
 import queue
 import time
 from collections.abc import Callable
@@ -20,13 +19,20 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from phalanx._internal.controller.attempt import Attempt
 from phalanx._internal.controller.failure_policy import FailureDecision, FailurePolicy
+from phalanx._internal.controller.outcome import (
+    failure_error,
+    outcome_name,
+    root_exception,
+    save_error,
+)
 from phalanx._internal.controller.rounds import Report, ReportRounds, Round
+from phalanx._internal.controller.watchdog import ProgressWatchdog, hang_error
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager, TrackedCheckpoint
 from phalanx._internal.storage.history import MetricsHistory
-from phalanx._internal.storage.run_storage import ERROR_PICKLE_FILE, ERROR_TEXT_FILE, RunStorage
-from phalanx._internal.worker.runtime import RemoteCallError
+from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.session import SessionSpec, init_session, run_train_fn
 from phalanx._internal.worker_group.group import WorkerGroup
 from phalanx.backend import BackendConfig
@@ -39,7 +45,6 @@ from phalanx.errors import (
     ControllerError,
     ReportMismatchError,
     TrainingFailedError,
-    WorkerFailure,
     WorkerGroupError,
 )
 from phalanx.result import Result
@@ -47,8 +52,7 @@ from phalanx.result import Result
 logger = logging.getLogger(__name__)
 
 POLL_TIMEOUT_S = 0.5
-EXIT_STATUS_WAIT_S = 0.5
-EXIT_DRAIN_S = 0.2
+Events = queue.Queue[tuple[int, tuple[Any, ...]]]
 
 
 class State(enum.Enum):
@@ -78,18 +82,15 @@ class RunSpec:
 
 class Controller:
     def __init__(
-        self,
-        spec: RunSpec,
-        engine: Engine,
-        storage: RunStorage,
-        manager: CheckpointManager,
+        self, spec: RunSpec, engine: Engine, storage: RunStorage, manager: CheckpointManager
     ) -> None:
         self.spec = spec
         self.engine = engine
         self.storage = storage
         self.manager = manager
         self.history = MetricsHistory(storage)
-        self.policy = FailurePolicy(spec.run_config.failure_config)
+        self.failure_config = spec.run_config.failure_config
+        self.policy = FailurePolicy(self.failure_config)
         self.backend = spec.backend_config.backend_cls()
         self.callbacks: list[Callback] = list(spec.run_config.callbacks)
         self.run_context = TrainRunContext(
@@ -100,15 +101,11 @@ class Controller:
             storage.run_path,
             spec.run_name,
         )
-        self.group: WorkerGroup | None = None
-        self.rounds: ReportRounds | None = None
-        self.train_futures: list[Future[Any]] = []
-        self.failures: dict[int, WorkerFailure] = {}
-        self.exited: dict[int, tuple[float, int]] = {}
+        self.attempt: Attempt | None = None
+        self.attempts = 0
         self.error: BaseException | None = None
         self.last_metrics: dict[str, Any] | None = None
         self.return_value: Any = None
-        self.attempts = 0
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -125,7 +122,7 @@ class Controller:
                 state = steps[state]()
         except BaseException as exc:  # Ctrl-C, a callback, storage: stop every worker first
             self._teardown(graceful=False)
-            self.error = exc
+            self._end_attempt(exc)
             raise
         finally:
             self.engine.close()
@@ -137,10 +134,7 @@ class Controller:
 
     def _start_attempt(self) -> State:
         self.attempts += 1
-        self.manager.attempts += 1
-        self.manager.save()
-        self.failures = {}
-        self.exited = {}
+        self.manager.begin_attempt()
         spec = self.spec
         group = WorkerGroup(
             self.engine,
@@ -150,26 +144,35 @@ class Controller:
                 spec.run_name,
                 self.storage.local_log_dir(),
                 start_timeout_s=spec.start_timeout_s,
+                attempt=self.attempts - 1,
+                preload_modules=spec.backend_config.preload_modules,
             ),
         )
-        self.group = group
+        n = spec.scaling_config.num_workers
+        attempt = Attempt(
+            self.attempts,
+            group,
+            ReportRounds(n, self.manager.next_round),
+            ProgressWatchdog(self.failure_config.hang_timeout_s, n),
+        )
+        self.attempt = attempt
         try:
             group.start()
             group.execute_per_rank(init_session, [(s,) for s in self._session_specs(group)])
             self.backend.on_start(group, spec.backend_config)
             self.backend.on_training_start(group, spec.backend_config)
         except WorkerGroupError as exc:
-            self.failures = exc.worker_failures
+            attempt.failures = exc.worker_failures
             return State.FAILED
-        self.rounds = ReportRounds(len(group), self.manager.next_round)
-        self.train_futures = group.execute_async(
+        attempt.train_futures = group.execute_async(
             run_train_fn,
             spec.train_fn_payload,
             spec.train_loop_config,
             spec.backend_config.train_func_context,
         )
-        for worker, future in zip(group.workers, self.train_futures, strict=True):
-            future.add_done_callback(_wake_on_done(group, worker.handle.index))
+        for worker, future in zip(group.workers, attempt.train_futures, strict=True):
+            future.add_done_callback(_wake_on_done(group.events, worker.handle.index))
+        attempt.watchdog.start()
         return State.RUNNING
 
     def _session_specs(self, group: WorkerGroup) -> list[SessionSpec]:
@@ -192,7 +195,11 @@ class Controller:
             )
             specs.append(
                 SessionSpec(
-                    context, self.storage, checkpoint, self.manager.next_round, self.attempts - 1,
+                    context,
+                    self.storage,
+                    checkpoint,
+                    self.manager.next_round,
+                    self.attempts - 1,
                     shards[worker.world_rank],
                 )
             )
@@ -209,96 +216,80 @@ class Controller:
     # -- RUNNING --------------------------------------------------------------------------------
 
     def _poll(self) -> State:
-        assert self.group is not None and self.rounds is not None
-        events = self._drain(self.group.events, self._poll_timeout())
+        attempt = self.attempt
+        assert attempt is not None
+        events = _drain(attempt.group.events, attempt.poll_timeout(POLL_TIMEOUT_S))
         # A rank's reports are queued before its training call resolves: snapshot which calls
         # are done, then drain again, and every report of those ranks is in hand.
-        finished = {r for r, f in enumerate(self.train_futures) if f.done()}
-        events += self._drain(self.group.events, None)
+        finished = attempt.finished_ranks()
+        events += _drain(attempt.group.events, None)
         for index, message in events:
-            self._on_event(self.group.rank_of(index), message)
-        for round_ in self.rounds.pop_complete():
+            self._on_event(attempt, attempt.group.rank_of(index), message)
+        for round_ in attempt.rounds.pop_complete():
             self._commit_round(round_)
         self.history.maybe_flush()
-        self._check_futures(finished)
-        if self.failures:
+        attempt.record_failures(finished)
+        if attempt.waiting_for_stop_round(finished):
+            return State.RUNNING
+        if attempt.failures:
             return State.FAILED
-        counts = self.rounds.mismatch(finished)
+        counts = attempt.rounds.mismatch(finished)
         if counts is not None:
-            self._report_mismatch(counts)
+            self.error = _report_mismatch(counts)
             return State.FAILED
-        if len(finished) == len(self.train_futures) and not self.failures:
-            self.return_value = self.train_futures[0].result()
+        hung = attempt.watchdog.hung_ranks(finished)
+        if hung:
+            self._declare_hang(attempt, hung)
+            return State.FAILED
+        if len(finished) == len(attempt.train_futures):
+            self.return_value = attempt.train_futures[0].result()
             self._shutdown_backend()
             self._teardown(graceful=True)
             return State.FINISHED
         return State.RUNNING
 
-    @staticmethod
-    def _drain(
-        events: queue.Queue[tuple[int, tuple[Any, ...]]], timeout_s: float | None
-    ) -> list[tuple[int, tuple[Any, ...]]]:
-        """Everything queued; waits up to ``timeout_s`` for the first event (None: no wait)."""
-        batch = []
-        if timeout_s is not None:
-            try:
-                batch.append(events.get(timeout=timeout_s))
-            except queue.Empty:
-                return []
-        while True:
-            try:
-                batch.append(events.get_nowait())
-            except queue.Empty:
-                return batch
-
-    def _on_event(self, rank: int, message: tuple[Any, ...]) -> None:
-        assert self.rounds is not None and self.group is not None
+    def _on_event(self, attempt: Attempt, rank: int, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "report":
             _, index, metrics, dir_name, at = message
-            self.rounds.add(rank, Report(index, metrics, dir_name, at))
-        elif kind == "exited" and not self.train_futures[rank].done():
-            # The exit status can overtake the last messages still in the worker's socket;
-            # it becomes a failure once they had time to drain (see _check_futures).
-            self.exited[rank] = (time.monotonic(), message[1])
+            attempt.rounds.add(rank, Report(index, metrics, dir_name, at))
+            attempt.watchdog.progress(rank)
+        elif kind == "done":
+            attempt.watchdog.progress(rank)
+        elif kind == "exited":
+            attempt.on_exit(rank, message[1])
+        elif kind == "preempting":
+            self._on_preemption(attempt, rank)
 
-    def _poll_timeout(self) -> float:
-        return EXIT_DRAIN_S / 4 if self.exited else POLL_TIMEOUT_S
-
-    def _check_futures(self, finished: set[int]) -> None:
-        """Record failures of ranks whose call resolved before the last drain, or that exited."""
-        assert self.group is not None
-        now = time.monotonic()
-        for rank, (at, code) in self.exited.items():
-            if rank not in finished and rank not in self.failures and now - at > EXIT_DRAIN_S:
-                self.failures[rank] = self.group.failure(rank, None, returncode=code)
-        for rank in finished:
-            future = self.train_futures[rank]
-            if rank in self.failures or future.exception() is None:
-                continue
-            exc = future.exception()
-            returncode = None
-            if not isinstance(exc, RemoteCallError):  # the process died: learn how
-                returncode = self._wait_exit_status(rank)
-            self.failures[rank] = self.group.failure(rank, exc, returncode)
-
-    def _wait_exit_status(self, rank: int) -> int | None:
-        assert self.group is not None
-        handle = self.group.workers[rank].handle
-        deadline = time.monotonic() + EXIT_STATUS_WAIT_S
-        while handle.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.002)
-        return getattr(handle, "returncode", None)
-
-    def _report_mismatch(self, counts: dict[int, int]) -> None:
-        detail = ", ".join(f"rank {r}: {c}" for r, c in counts.items())
-        message = (
-            f"Ranks called report() a different number of times ({detail}).\n"
-            "Every rank must call phalanx.report() the same number of times: the k-th report of "
-            "each rank forms round k.\nHINT: call report() on every rank (pass metrics from all "
-            "ranks, or an empty dict), not only on rank 0."
+    def _on_preemption(self, attempt: Attempt, rank: int) -> None:
+        """A worker got SIGTERM: every rank stops after the same round, a little ahead of the
+        furthest rank, so a checkpoint passed in that round is committed."""
+        attempt.preempted_ranks.add(rank)
+        if attempt.preemption_deadline is not None:
+            return
+        grace = self.failure_config.preemption_grace_s
+        stop_round = attempt.rounds.start_round + max(attempt.rounds.counts) + 1
+        attempt.preemption_deadline = time.monotonic() + grace
+        logger.warning(
+            "Rank %d was preempted (SIGTERM); every rank stops after round %d, then the run "
+            "restarts from the latest checkpoint.",
+            rank,
+            stop_round,
         )
-        self.error = ReportMismatchError({}, message=message)
+        attempt.group.notify_preemption(
+            {
+                "stop_round": stop_round,
+                "preempted_ranks": sorted(attempt.preempted_ranks),
+                "deadline": time.time() + grace,
+            }
+        )
+
+    def _declare_hang(self, attempt: Attempt, hung: list[int]) -> None:
+        timeout = self.failure_config.hang_timeout_s or 0.0
+        stacks = attempt.group.collect_stacks()
+        pids = {w.world_rank: w.metadata.pid for w in attempt.group.workers}
+        attempt.error = hang_error(hung, stacks, timeout, pids)
+        attempt.failures = attempt.error.worker_failures
 
     def _commit_round(self, round_: Round) -> None:
         names = round_.checkpoint_dir_names
@@ -325,35 +316,48 @@ class Controller:
     # -- FAILED ---------------------------------------------------------------------------------
 
     def _handle_failure(self) -> State:
-        failures = self.failures
+        attempt = self.attempt
+        assert attempt is not None
+        failures = attempt.failures
         self._teardown(graceful=False)
+        error = self.error or attempt.error or failure_error(failures)
+        self._end_attempt(error)
         exceptions = {r: f.exception or RuntimeError(f.summary()) for r, f in failures.items()}
         self._notify("after_exception", self.run_context, exceptions)
-        if self.error is None and self.policy.decide() is FailureDecision.RETRY:
-            logger.warning(
-                "Attempt %d failed; retrying from the latest checkpoint (%s).",
-                self.attempts,
-                self.manager.latest_checkpoint,
-            )
-            return State.START
         if self.error is None:
-            self.error = WorkerGroupError(failures)
+            preempted = attempt.only_preempted()
+            if self.policy.decide(preempted) is FailureDecision.RETRY:
+                logger.warning(
+                    "Attempt %d %s; restarting from the latest checkpoint (%s).",
+                    attempt.number,
+                    "was preempted" if preempted else "failed",
+                    self.manager.latest_checkpoint,
+                )
+                return State.START
+            self.error = error
         return State.ERRORED
 
     # -- the end --------------------------------------------------------------------------------
 
     def _shutdown_backend(self) -> None:
+        assert self.attempt is not None
         try:
-            self.backend.on_shutdown(self.group, self.spec.backend_config)
+            self.backend.on_shutdown(self.attempt.group, self.spec.backend_config)
         except Exception:
             logger.exception("Backend.on_shutdown failed; the workers are stopped anyway.")
 
     def _teardown(self, graceful: bool) -> None:
-        if self.group is not None:
-            group, self.group = self.group, None
-            group.shutdown(graceful=graceful)
+        attempt = self.attempt
+        if attempt is not None and attempt.group.workers:
+            attempt.group.shutdown(graceful=graceful)
+            attempt.group.workers = []
+
+    def _end_attempt(self, error: BaseException | None) -> None:
+        self.manager.end_attempt(outcome_name(error), str(error)[:2000] if error else None)
 
     def _finish(self, state: State) -> Result:
+        if state is State.FINISHED:
+            self._end_attempt(None)
         self.manager.save()
         result = Result(
             metrics=self.last_metrics,
@@ -362,24 +366,16 @@ class Controller:
             path=self.storage.run_path,
             best_checkpoints=self.manager.best_checkpoints(),
             return_value=self.return_value,
-            attempts=self.attempts,
+            attempts=self.manager.attempts,
             _storage=self.storage,
         )
         if result.error is not None:
-            self._save_error(result.error)
+            save_error(self.storage, result.error)
         self._notify("after_run", self.run_context, result)
         if isinstance(result.error, TrainingFailedError):
             result.error.result = result
-            root = _root_exception(result.error)
-            raise result.error from root
+            raise result.error from root_exception(result.error)
         return result
-
-    def _save_error(self, error: BaseException) -> None:
-        self.storage.write_atomic(ERROR_TEXT_FILE, str(error).encode())
-        try:
-            self.storage.write_atomic(ERROR_PICKLE_FILE, pickle.dumps(error))
-        except Exception:
-            logger.debug("The error does not pickle; only error.txt is saved.", exc_info=True)
 
     def _notify(self, hook: str, *args: Any) -> None:
         for callback in self.callbacks:
@@ -393,13 +389,34 @@ class Controller:
                 ) from exc
 
 
-def _wake_on_done(group: WorkerGroup, index: int) -> Callable[[Future[Any]], None]:
+def _drain(events: Events, timeout_s: float | None) -> list[tuple[int, tuple[Any, ...]]]:
+    """Everything queued; waits up to ``timeout_s`` for the first event (None: no wait)."""
+    batch = []
+    if timeout_s is not None:
+        try:
+            batch.append(events.get(timeout=timeout_s))
+        except queue.Empty:
+            return []
+    while True:
+        try:
+            batch.append(events.get_nowait())
+        except queue.Empty:
+            return batch
+
+
+def _wake_on_done(events: Events, index: int) -> Callable[[Future[Any]], None]:
     """Wake the poll loop as soon as a rank's training call resolves."""
-    return lambda _future: group.events.put((index, ("done",)))
+    return lambda _future: events.put((index, ("done",)))
 
 
-def _root_exception(error: TrainingFailedError) -> BaseException | None:
-    if isinstance(error, WorkerGroupError) and error.worker_failures:
-        root = min(error.worker_failures.values(), key=lambda f: (f.time, f.rank))
-        return root.exception
-    return None
+def _report_mismatch(counts: dict[int, int]) -> ReportMismatchError:
+    detail = ", ".join(f"rank {r}: {c}" for r, c in counts.items())
+    return ReportMismatchError(
+        {},
+        message=(
+            f"Ranks called report() a different number of times ({detail}).\n"
+            "Every rank must call phalanx.report() the same number of times: the k-th report of "
+            "each rank forms round k.\nHINT: call report() on every rank (pass metrics from all "
+            "ranks, or an empty dict), not only on rank 0."
+        ),
+    )

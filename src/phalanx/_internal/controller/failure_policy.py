@@ -1,4 +1,8 @@
-"""FailurePolicy: decide what a failed attempt leads to. It decides; the controller acts."""
+"""FailurePolicy: decide what a failed attempt leads to. It decides; the controller acts.
+
+Application failures (exceptions, deaths, hangs) and infrastructure failures (preemptions)
+have separate budgets, so spot preemptions never use up the retries meant for bugs.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +20,15 @@ class FailurePolicy:
     def __init__(self, config: FailureConfig) -> None:
         self.config = config
         self.failures = 0
+        self.preemptions = 0
 
-    def decide(self) -> FailureDecision:
-        self.failures += 1
-        limit = self.config.max_failures
-        if limit == -1 or self.failures <= limit:
+    def decide(self, preempted: bool) -> FailureDecision:
+        if preempted:
+            self.preemptions += 1
+            used, limit = self.preemptions, self.config.max_preemption_failures
+        else:
+            self.failures += 1
+            used, limit = self.failures, self.config.max_failures
+        if limit == -1 or used <= limit:
             return FailureDecision.RETRY
         return FailureDecision.RAISE

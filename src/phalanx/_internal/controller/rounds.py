@@ -35,6 +35,7 @@ class ReportRounds:
     def __init__(self, world_size: int, start_round: int) -> None:
         self._pending: list[deque[Report]] = [deque() for _ in range(world_size)]
         self.counts = [0] * world_size
+        self.start_round = start_round
         self.next_round = start_round
 
     def add(self, rank: int, report: Report) -> None:

@@ -28,6 +28,8 @@ class WorkerGroupSpec:
     log_dir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     start_timeout_s: float = 60.0
+    attempt: int = 0
+    preload_modules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,6 @@ class WorkerHandle(ABC):
     def set_rank(self, rank: int) -> None:
         """Told once ranks are assigned (used to label the worker's output)."""
 
-    def dump_stacks(self) -> None:
-        """Ask the worker to print every thread's Python stack to its stderr, if supported."""
-
 
 class Engine(ABC):
     """A substrate for workers: local processes, Ray actors, or threads (tests)."""
@@ -81,6 +80,14 @@ class Engine(ABC):
     @abstractmethod
     def shutdown(self, handles: list[WorkerHandle], grace_s: float) -> None:
         """Stop the given workers: ask nicely, then kill after ``grace_s``; wait until gone."""
+
+    def collect_stacks(self, handles: list[WorkerHandle], timeout_s: float) -> dict[int, str]:
+        """Every thread's Python stack in each worker (by handle index); {} if not supported."""
+        return {}
+
+    def notify_preemption(self, handles: list[WorkerHandle], notice: dict[str, Any]) -> None:
+        """Deliver a preemption notice (stop_round, preempted_ranks, deadline) to every worker,
+        where ``phalanx.get_preemption_info()`` returns it."""
 
     def close(self) -> None:
         """Release everything the engine holds (called once, at the end of fit())."""

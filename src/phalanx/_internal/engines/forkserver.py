@@ -14,8 +14,9 @@ Life and death:
   driver, and killing a worker's group also kills what the worker started (data loaders, ...).
 
 Protocol on a SOCK_SEQPACKET socket pair (message boundaries kept, file descriptors passed with
-SCM_RIGHTS): driver -> server ``("spawn", index, env)`` + 3 fds (control socket, stdout, stderr)
-and ``("stop",)``; server -> driver ``("exited", pid, returncode)``.
+SCM_RIGHTS): driver -> server ``("spawn", index, env)`` + 4 fds (control socket, stdout, stderr,
+stack-dump file)
+``("preload", modules)`` and ``("stop",)``; server -> driver ``("exited", pid, returncode)``.
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ class ForkServer:
         data = pickle.dumps(("spawn", index, env))
         with self._lock:
             socket.send_fds(self._sock, [data], fds)
+
+    def preload(self, modules: tuple[str, ...]) -> None:
+        """Import ``modules`` in the server (between spawns), for workers forked later."""
+        with self._lock:
+            self._sock.send(pickle.dumps(("preload", modules)))
 
     def _read(self) -> None:
         while True:
@@ -179,6 +185,9 @@ def _handle_request(sock: socket.socket, children: set[int], wake: tuple[int, in
     message = pickle.loads(data)
     if message[0] == "stop":
         return False
+    if message[0] == "preload":
+        _preload(message[1])
+        return True
     _, _index, env = message
     pid = os.fork()
     if pid == 0:
@@ -192,6 +201,16 @@ def _handle_request(sock: socket.socket, children: set[int], wake: tuple[int, in
     return True
 
 
+def _preload(modules: tuple[str, ...]) -> None:
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a worker that needs it will raise the real error itself
+            pass
+
+
 def _become_worker(fds: list[int], env: dict[str, str]) -> None:
     code = 1
     try:
@@ -203,7 +222,7 @@ def _become_worker(fds: list[int], env: dict[str, str]) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         from phalanx._internal.worker.process_main import worker_main
 
-        code = worker_main(fds[0], fds[1], fds[2], env)
+        code = worker_main(fds, env)
     except BaseException:
         import traceback
 

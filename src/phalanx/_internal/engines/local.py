@@ -8,11 +8,14 @@ the rank, to the driver's stdout/stderr and the rank's log file.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import pickle
 import queue
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -25,6 +28,7 @@ from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle
 from phalanx._internal.engines.forkserver import ForkServer
 from phalanx._internal.engines.output_pump import OutputPump
 from phalanx._internal.engines.resources import check_local_resources, local_gpu_ids
+from phalanx._internal.env import NOTICE_FILE_VAR
 from phalanx._internal.worker.runtime import RemoteCallError, RemoteException
 from phalanx.config import ScalingConfig
 from phalanx.errors import ControllerError
@@ -41,6 +45,7 @@ class LocalWorkerHandle(WorkerHandle):
         self._events = events
         self._calls: dict[int, Future[Any]] = {}
         self._ids = itertools.count()
+        self.stack_file = tempfile.TemporaryFile()  # the worker's faulthandler writes here
         self.returncode: int | None = None
         self.hello = Future[tuple[int, str]]()
 
@@ -92,8 +97,13 @@ class LocalWorkerHandle(WorkerHandle):
     def kill(self, force: bool = True) -> None:
         self._signal(signal.SIGKILL if force else signal.SIGTERM)
 
-    def dump_stacks(self) -> None:
-        self._signal(signal.SIGUSR1)
+    def signal_worker(self, sig: int) -> None:
+        """Signal the worker process only (not its process group)."""
+        if self.metadata.pid is not None and self.returncode is None:
+            try:
+                os.kill(self.metadata.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _signal(self, sig: int) -> None:
         pid = self.metadata.pid
@@ -121,6 +131,8 @@ class LocalProcessEngine(Engine):
         self._pump: OutputPump | None = None
         self._by_pid: dict[int, LocalWorkerHandle] = {}
         self._early_exits: dict[int, int] = {}
+        self._notice_dir: str | None = None
+        self._preloaded: set[str] = set()
 
     def check(self, scaling_config: ScalingConfig) -> None:
         check_local_resources(scaling_config)
@@ -129,12 +141,17 @@ class LocalProcessEngine(Engine):
         if self._server is None:
             self._server = ForkServer(on_exit=self._on_exit)
             self._pump = OutputPump()
+            self._notice_dir = tempfile.mkdtemp(prefix="phalanx-notice-")
         assert self._pump is not None
         gpu_ids = local_gpu_ids(spec.scaling_config)
         handles: list[LocalWorkerHandle] = []
         for index in range(spec.num_workers):
             handles.append(self._spawn(index, spec, events, gpu_ids[index]))
         self._await_hellos(handles, spec, gpu_ids)
+        wanted = tuple(m for m in spec.preload_modules if m not in self._preloaded)
+        if wanted:  # the server is idle while these workers run: import for the next ones
+            self._server.preload(wanted)
+            self._preloaded.update(wanted)
         return list(handles)
 
     def _spawn(
@@ -146,13 +163,15 @@ class LocalProcessEngine(Engine):
         err_r, err_w = os.pipe()
         handle = LocalWorkerHandle(index, Connection(driver_end.detach()), events)
         env = dict(spec.env)
+        env[NOTICE_FILE_VAR] = self._notice_path
         if spec.scaling_config.use_gpu:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
-        self._server.spawn(index, [worker_end.fileno(), out_w, err_w], env)
+        fds = [worker_end.fileno(), out_w, err_w, handle.stack_file.fileno()]
+        self._server.spawn(index, fds, env)
         worker_end.close()
         os.close(out_w)
         os.close(err_w)
-        self._pump.add_worker(handle, out_r, err_r, spec.log_dir)
+        self._pump.add_worker(handle, out_r, err_r, spec.log_dir, spec.attempt)
         return handle
 
     def _await_hellos(
@@ -183,33 +202,76 @@ class LocalProcessEngine(Engine):
             handle.on_exit(returncode)
 
     def shutdown(self, handles: list[WorkerHandle], grace_s: float) -> None:
+        """``grace_s > 0``: ask each worker to exit, SIGKILL what is left after ``grace_s``.
+        ``grace_s == 0`` (a failed attempt): SIGKILL each worker's process group at once. There
+        is nothing left to save (commits happen on the driver), a rank stuck in a collective
+        ignores SIGTERM, and a worker's SIGTERM handler means "preempted", not "stop"."""
         local = [h for h in handles if isinstance(h, LocalWorkerHandle)]
-        for handle in local:
-            if grace_s > 0:
+        if grace_s > 0:
+            for handle in local:
                 handle.send_exit()
-            else:  # SIGTERM first; ranks stuck in a collective ignore it, hence SIGKILL below
-                handle.kill(force=False)
-        deadline = time.monotonic() + max(grace_s, 0.2)
-        while time.monotonic() < deadline and any(h.is_alive() for h in local):
-            time.sleep(0.002)
+            _wait_until(lambda: not any(h.is_alive() for h in local), grace_s)
         for handle in local:
             handle.kill(force=True)
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(h.is_alive() for h in local):
-            time.sleep(0.002)
+        _wait_until(lambda: not any(h.is_alive() for h in local), 5.0)
         assert self._pump is not None
         for handle in local:
             self._pump.remove_worker(handle)
+            handle.stack_file.close()
             if handle.metadata.pid is not None:
                 self._by_pid.pop(handle.metadata.pid, None)
 
+    @property
+    def _notice_path(self) -> str:
+        assert self._notice_dir is not None
+        return os.path.join(self._notice_dir, "notice.json")
+
+    def collect_stacks(self, handles: list[WorkerHandle], timeout_s: float) -> dict[int, str]:
+        """SIGUSR1 makes each worker's faulthandler write all its threads' stacks, even from
+        inside C code (a stuck collective); read them once the files stop growing."""
+        local = [h for h in handles if isinstance(h, LocalWorkerHandle) and h.is_alive()]
+        before = {h.index: os.fstat(h.stack_file.fileno()).st_size for h in local}
+        for handle in local:
+            handle.signal_worker(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout_s
+        sizes: dict[int, int] = {}
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = {h.index: os.fstat(h.stack_file.fileno()).st_size for h in local}
+            if now == sizes and all(now[i] > before[i] for i in now):
+                break
+            sizes = now
+        stacks = {}
+        for handle in local:
+            handle.stack_file.seek(before[handle.index])
+            stacks[handle.index] = handle.stack_file.read().decode("utf-8", "replace")
+        return stacks
+
+    def notify_preemption(self, handles: list[WorkerHandle], notice: dict[str, Any]) -> None:
+        tmp = self._notice_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(notice, f)
+        os.replace(tmp, self._notice_path)
+        for handle in handles:
+            if isinstance(handle, LocalWorkerHandle):
+                handle.signal_worker(signal.SIGUSR2)
+
     def close(self) -> None:
+        if self._notice_dir is not None:
+            shutil.rmtree(self._notice_dir, ignore_errors=True)
+            self._notice_dir = None
         if self._server is not None:
             self._server.stop()
             self._server = None
         if self._pump is not None:
             self._pump.stop()
             self._pump = None
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 __all__ = ["LocalProcessEngine", "RemoteException"]

@@ -9,18 +9,25 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from phalanx._internal.engines.local import LocalWorkerHandle
 
 
+class RankedWorker(Protocol):
+    """What RankOutput needs of a worker handle (local or Ray): its current rank."""
+
+    rank: int
+
+
 class RankOutput:
     """Writes a worker's lines, prefixed with its rank, to the driver and to ``rank_<r>.log``."""
 
-    def __init__(self, handle: LocalWorkerHandle, log_dir: str | None) -> None:
+    def __init__(self, handle: RankedWorker, log_dir: str | None, attempt: int) -> None:
         self.handle = handle
         self.log_dir = log_dir
+        self.attempt = attempt
         self._files: dict[int, IO[str]] = {}
 
     def write(self, line: str, stream: IO[str]) -> None:
@@ -62,9 +69,14 @@ class OutputPump:
     # -- called from the controller's thread ----------------------------------------------------
 
     def add_worker(
-        self, handle: LocalWorkerHandle, out_fd: int, err_fd: int, log_dir: str | None
+        self,
+        handle: LocalWorkerHandle,
+        out_fd: int,
+        err_fd: int,
+        log_dir: str | None,
+        attempt: int = 0,
     ) -> None:
-        output = RankOutput(handle, log_dir)
+        output = RankOutput(handle, log_dir, attempt)
         conn_fd = handle._conn.fileno()
         self._open[handle.index] = {conn_fd, out_fd, err_fd}
         self._conn_fds[handle.index] = conn_fd

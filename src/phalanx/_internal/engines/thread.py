@@ -9,13 +9,17 @@ from __future__ import annotations
 import os
 import queue
 import socket
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.worker.runtime import RemoteCallError, capture_exception, set_outbox
+from phalanx._internal.worker.session import thread_sessions
+from phalanx.context import PreemptionInfo
 
 Events = queue.Queue[tuple[int, tuple[Any, ...]]]
 
@@ -46,6 +50,7 @@ class ThreadWorkerHandle(WorkerHandle):
             target=self._run, name=f"phalanx-worker-{index}", daemon=True
         )
         self._thread.start()
+        self.ident: int = self._thread.ident or 0
 
     def _run(self) -> None:
         set_outbox(_ThreadOutbox(self, self._events), thread_local=True)
@@ -82,6 +87,23 @@ class ThreadWorkerHandle(WorkerHandle):
 
 class ThreadEngine(Engine):
     name = "thread"
+
+    def collect_stacks(self, handles: list[WorkerHandle], timeout_s: float) -> dict[int, str]:
+        frames = sys._current_frames()
+        stacks = {}
+        for handle in handles:
+            if isinstance(handle, ThreadWorkerHandle) and handle.ident in frames:
+                stack = "".join(traceback.format_stack(frames[handle.ident]))
+                stacks[handle.index] = f"Thread {handle.ident:#x} (most recent call last):\n{stack}"
+        return stacks
+
+    def notify_preemption(self, handles: list[WorkerHandle], notice: dict[str, Any]) -> None:
+        info = PreemptionInfo(
+            notice["stop_round"], tuple(notice["preempted_ranks"]), notice["deadline"]
+        )
+        for handle in handles:
+            if isinstance(handle, ThreadWorkerHandle) and handle.ident in thread_sessions:
+                thread_sessions[handle.ident].preemption = info
 
     def launch(self, spec: WorkerGroupSpec, events: Events) -> list[WorkerHandle]:
         return [ThreadWorkerHandle(i, events) for i in range(spec.num_workers)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,21 @@ class CheckpointManager:
     checkpoints: list[TrackedCheckpoint] = field(default_factory=list)
     latest: TrackedCheckpoint | None = None
     next_round: int = 0
-    attempts: int = 0
+    attempt_history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def attempts(self) -> int:
+        return len(self.attempt_history)
+
+    def begin_attempt(self) -> None:
+        """Record the start of an attempt (visible in the snapshot while it runs)."""
+        self.attempt_history.append({"attempt": self.attempts + 1, "started": time.time()})
+        self.save()
+
+    def end_attempt(self, outcome: str, error: str | None) -> None:
+        if self.attempt_history and "outcome" not in self.attempt_history[-1]:
+            self.attempt_history[-1].update(ended=time.time(), outcome=outcome, error=error)
+            self.save()
 
     def load(self) -> bool:
         """Load an existing snapshot (the run is being resumed). Returns whether one existed."""
@@ -52,13 +67,28 @@ class CheckpointManager:
             latest = state.get("latest")
             self.latest = next((c for c in self.checkpoints if c.dir_name == latest), None)
             self.next_round = int(state["next_round"])
-            self.attempts = int(state.get("attempts", 0))
+            self.attempt_history = list(state.get("attempts", []))
         except (ValueError, KeyError, TypeError) as exc:
             raise StorageError(
                 f"The snapshot {self.storage.path(SNAPSHOT_FILE)!r} is unreadable: {exc}.\n"
                 "HINT: use a new RunConfig(name=...) or remove the damaged run directory."
             ) from exc
         return True
+
+    def remove_orphans(self) -> list[str]:
+        """Delete ``checkpoint_*`` directories the snapshot does not know: committed just before
+        a crash that came before the snapshot was written, or evicted just before one."""
+        known = {c.dir_name for c in self.checkpoints}
+        fs, run_path = self.storage.filesystem, self.storage.run_path
+        orphans = [
+            name
+            for name in (p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(run_path, detail=False))
+            if name.startswith("checkpoint_0") and name not in known
+        ]
+        for name in orphans:
+            logger.warning("Removing %s: it is not in the run's snapshot.", name)
+            self.storage.delete_checkpoint(name)
+        return orphans
 
     def checkpoint(self, tracked: TrackedCheckpoint | None) -> Checkpoint | None:
         if tracked is None:
@@ -100,7 +130,7 @@ class CheckpointManager:
             "checkpoints": [vars(c) for c in self.checkpoints],
             "latest": self.latest.dir_name if self.latest else None,
             "next_round": self.next_round,
-            "attempts": self.attempts,
+            "attempts": self.attempt_history,
         }
         self.storage.write_atomic(SNAPSHOT_FILE, encode_json(state).encode())
 

@@ -14,10 +14,12 @@ import signal
 import socket
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from queue import SimpleQueue
 from typing import Any
 
+from phalanx._internal import env
 from phalanx._internal.worker.runtime import capture_exception, dumps, run_call, set_outbox
 
 
@@ -45,6 +47,23 @@ class ProcessOutbox:
         self._thread.join()
 
 
+def _install_signal_handlers(outbox: ProcessOutbox, stack_fd: int) -> None:
+    """SIGUSR1: dump every thread's stack to the driver's stack file (works even inside C code).
+    SIGTERM: a preemption; tell the driver, which answers with a stop round (SIGUSR2)."""
+    faulthandler.register(signal.SIGUSR1, file=stack_fd, all_threads=True, chain=False)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        outbox.send(("preempting", time.time()))
+
+    def on_notice(signum: int, frame: Any) -> None:
+        from phalanx._internal.worker.session import apply_preemption_notice
+
+        apply_preemption_notice(env.notice_file())
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGUSR2, on_notice)
+
+
 def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
@@ -59,15 +78,17 @@ def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
         2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
     )
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
 
 
-def worker_main(conn_fd: int, stdout_fd: int, stderr_fd: int, env: dict[str, str]) -> int:
+def worker_main(fds: list[int], environ: dict[str, str]) -> int:
+    """``fds``: control socket, stdout pipe, stderr pipe, stack-dump file."""
+    conn_fd, stdout_fd, stderr_fd, stack_fd = fds
     _redirect_output(stdout_fd, stderr_fd)
-    os.environ.update(env)
+    os.environ.update(environ)
     conn = Connection(conn_fd)
     outbox = ProcessOutbox(conn)
     set_outbox(outbox)
+    _install_signal_handlers(outbox, stack_fd)
     outbox.send(("hello", os.getpid(), socket.gethostname()))
     try:
         _serve_calls(conn, outbox)
@@ -86,6 +107,8 @@ def _serve_calls(conn: Connection, outbox: ProcessOutbox) -> None:
             return
         if message[0] == "exit":
             return
+        if message[0] != "call":
+            continue
         _, call_id, payload = message
         ok, value = run_call(payload)
         try:

@@ -18,11 +18,19 @@ import cloudpickle
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
 from phalanx.checkpoint import Checkpoint
-from phalanx.context import TrainContext
+from phalanx.context import PreemptionInfo, TrainContext
 from phalanx.errors import SessionMisuseError
 
 _process_session: Session | None = None
 _local = threading.local()
+thread_sessions: dict[int, Session] = {}  # thread engine: thread id -> its session
+
+
+class PreemptionStop(BaseException):
+    """Raised by ``report()`` at the stop round after a preemption notice; ends the attempt.
+
+    A BaseException, so a training loop's ``except Exception`` does not swallow it.
+    """
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class Session:
         self.next_round = spec.start_round
         self.latest_checkpoint = spec.checkpoint
         self.dataset_shards = spec.dataset_shards
+        self.preemption: PreemptionInfo | None = None
         self._outbox = outbox
 
     def report(
@@ -69,6 +78,11 @@ class Session:
                 self.storage.checkpoint_path(dir_name), self.storage.filesystem
             )
         self._outbox.send(("report", index, metrics, dir_name, time.time()))
+        if self.preemption is not None and index >= self.preemption.stop_round:
+            raise PreemptionStop(
+                f"rank {self.context.world_rank} stopped after round {index} (preemption of "
+                f"rank(s) {list(self.preemption.preempted_ranks)})"
+            )
 
 
 def _check_metrics(metrics: Any) -> None:
@@ -90,6 +104,7 @@ def init_session(spec: SessionSpec) -> None:
     session = Session(spec, outbox)
     if outbox_is_thread_local():
         _local.session = session
+        thread_sessions[threading.get_ident()] = session
     else:
         _process_session = session
 
@@ -123,3 +138,20 @@ def _takes_config(fn: Any) -> bool:
     except (TypeError, ValueError):
         return True
     return any(p.kind not in (p.VAR_KEYWORD,) for p in params)
+
+
+def apply_preemption_notice(path: str | None) -> None:
+    """Read the driver's preemption notice (JSON: stop_round, preempted_ranks, deadline)."""
+    import json
+
+    session = get_session()
+    if session is None or path is None:
+        return
+    try:
+        with open(path) as f:
+            notice = json.load(f)
+    except (OSError, ValueError):
+        return
+    session.preemption = PreemptionInfo(
+        int(notice["stop_round"]), tuple(notice["preempted_ranks"]), float(notice["deadline"])
+    )

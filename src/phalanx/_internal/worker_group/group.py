@@ -114,14 +114,9 @@ class WorkerGroup:
         common: dict[str, Any] = {"pid": meta.pid, "host": meta.host, "time": time.time()}
         if isinstance(exc, RemoteCallError):
             r = exc.remote
+            kind = "preempted" if r.type_name == "PreemptionStop" else "exception"
             return WorkerFailure(
-                rank,
-                "exception",
-                r.type_name,
-                r.message,
-                r.traceback,
-                exception=r.exception,
-                **common,
+                rank, kind, r.type_name, r.message, r.traceback, exception=r.exception, **common
             )
         if returncode is not None and returncode < 0:
             return WorkerFailure(
@@ -147,6 +142,10 @@ class WorkerGroup:
         """Stop every worker: ``graceful`` lets them exit on their own first."""
         self.engine.shutdown([w.handle for w in self.workers], grace_s if graceful else 0.0)
 
-    def dump_stacks(self) -> None:
-        for worker in self.workers:
-            worker.handle.dump_stacks()
+    def collect_stacks(self, timeout_s: float = 2.0) -> dict[int, str]:
+        """Every rank's Python stacks, by rank (ranks the engine cannot reach are missing)."""
+        by_index = self.engine.collect_stacks([w.handle for w in self.workers], timeout_s)
+        return {self.rank_of(i): text for i, text in by_index.items()}
+
+    def notify_preemption(self, notice: dict[str, Any]) -> None:
+        self.engine.notify_preemption([w.handle for w in self.workers], notice)

@@ -1,0 +1,86 @@
+"""One attempt's live state: its workers, their training calls, reports, failures, preemption."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from phalanx._internal.controller.rounds import ReportRounds
+from phalanx._internal.controller.watchdog import ProgressWatchdog
+from phalanx._internal.worker_group.group import WorkerGroup
+from phalanx.errors import WorkerFailure, WorkerGroupError
+
+# The exit status reaches the driver on the fork server's socket and can overtake the last
+# messages still in the worker's own socket; an exit becomes a failure after this long.
+EXIT_DRAIN_S = 0.2
+
+
+@dataclass
+class Attempt:
+    number: int  # 1-based
+    group: WorkerGroup
+    rounds: ReportRounds
+    watchdog: ProgressWatchdog
+    train_futures: list[Future[Any]] = field(default_factory=list)
+    failures: dict[int, WorkerFailure] = field(default_factory=dict)
+    exited: dict[int, tuple[float, int]] = field(default_factory=dict)
+    preempted_ranks: set[int] = field(default_factory=set)
+    preemption_deadline: float | None = None  # time.monotonic()
+    error: WorkerGroupError | None = None  # set when the failure needs a special error (a hang)
+
+    def finished_ranks(self) -> set[int]:
+        return {rank for rank, f in enumerate(self.train_futures) if f.done()}
+
+    def on_exit(self, rank: int, returncode: int) -> None:
+        if not self.train_futures[rank].done():
+            self.exited[rank] = (time.monotonic(), returncode)
+
+    def record_failures(self, finished: set[int]) -> None:
+        """Failures of ranks whose call resolved before the last drain, or that exited."""
+        now = time.monotonic()
+        for rank, (at, code) in self.exited.items():
+            if rank not in finished and rank not in self.failures and now - at > EXIT_DRAIN_S:
+                self.failures[rank] = self.group.failure(rank, None, returncode=code)
+        for rank in finished:
+            future = self.train_futures[rank]
+            if rank in self.failures or future.exception() is None:
+                continue
+            exc = future.exception()
+            returncode = None
+            if type(exc).__name__ != "RemoteCallError":  # the process died: learn how
+                returncode = self._wait_exit_status(rank)
+            self.failures[rank] = self.group.failure(rank, exc, returncode)
+        if self.preemption_deadline is not None and now > self.preemption_deadline:
+            for rank in set(range(len(self.train_futures))) - finished - set(self.failures):
+                self.failures[rank] = WorkerFailure(
+                    rank,
+                    "preempted",
+                    "PreemptionTimeout",
+                    "did not reach the stop round before the preemption deadline",
+                    pid=self.group.workers[rank].metadata.pid,
+                    time=time.time(),
+                )
+
+    def _wait_exit_status(self, rank: int, timeout_s: float = 0.5) -> int | None:
+        handle = self.group.workers[rank].handle
+        deadline = time.monotonic() + timeout_s
+        while handle.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return getattr(handle, "returncode", None)
+
+    def only_preempted(self) -> bool:
+        return bool(self.failures) and all(f.kind == "preempted" for f in self.failures.values())
+
+    def waiting_for_stop_round(self, finished: set[int]) -> bool:
+        """After a preemption notice, ranks stop one by one at the stop round; wait for all of
+        them (their last round may carry the checkpoint), unless something else failed."""
+        return (
+            self.preemption_deadline is not None
+            and self.only_preempted()
+            and len(finished | set(self.failures)) < len(self.train_futures)
+        )
+
+    def poll_timeout(self, default_s: float) -> float:
+        return EXIT_DRAIN_S / 4 if self.exited else default_s

@@ -1,0 +1,310 @@
+"""RayEngine: workers are Ray actors, one per worker, inside one placement group per attempt.
+
+Only Ray Core is used (actors, placement groups). The placement group has one bundle per worker,
+``resources_per_worker`` (Ray Train's defaults), placed with ``placement_strategy``. A request
+the cluster can never satisfy fails at once (:meth:`RayEngine.check`); one that needs resources
+that are busy now waits, and logs every few seconds that it waits and for what.
+
+What runs in each actor is in ``ray_actor``; the driver's side of an actor and the thread that
+drains every actor's messages are in ``ray_handle``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from phalanx._internal import env
+from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
+from phalanx._internal.engines.ray_actor import PhalanxWorker
+from phalanx._internal.engines.ray_handle import DrainPoller, RayWorkerHandle
+from phalanx._internal.engines.ray_resources import (
+    _fmt,
+    actor_options,
+    infeasibility,
+    visible_resources,
+    worker_bundle,
+)
+from phalanx._internal.storage.run_storage import LOG_DIR, MARKER_FILE
+from phalanx.config import ScalingConfig
+from phalanx.errors import ConfigError, ControllerError, StorageError
+
+logger = logging.getLogger(__name__)
+
+Events = queue.Queue[tuple[int, tuple[Any, ...]]]
+
+ACTOR_CONCURRENCY = 8  # calls, drain, stop, stacks... answered while a training call runs
+WAIT_LOG_EVERY_S = 10.0  # how often a placement that waits for resources says so
+STOP_FLUSH_S = 0.5  # how long a stopping worker gets to send its last output lines
+GONE_TIMEOUT_S = 5.0
+
+_RemoteWorker = ray.remote(PhalanxWorker)
+
+
+@dataclass
+class _Attempt:
+    """One launch: its placement group and its actors."""
+
+    group: PlacementGroup
+    handles: list[RayWorkerHandle]
+
+
+def ensure_ray() -> None:
+    """Connect to the cluster (``RAY_ADDRESS``) or start a local one, unless already done."""
+    if ray.is_initialized():
+        return
+    address = env.ray_address()
+    if address:
+        logger.info("Connecting to the Ray cluster at %s", address)
+        ray.init(address=address)
+    else:
+        logger.info("Starting a local Ray instance for the Ray engine")
+        ray.init(include_dashboard=False)
+
+
+def driver_sys_path() -> list[str]:
+    """The driver's import path as absolute directories ('' is the driver's working directory)."""
+    return [os.path.abspath(p or os.curdir) for p in sys.path]
+
+
+def alive_node_resources() -> list[dict[str, float]]:
+    return [visible_resources(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+class RayEngine(Engine):
+    """Workers as Ray actors. Connects to Ray (or starts it) at the first ``check``/``launch``."""
+
+    name = "ray"
+
+    def __init__(self) -> None:
+        self._poller: DrainPoller | None = None
+        self._attempts: list[_Attempt] = []
+
+    # -- before anything starts -----------------------------------------------------------------
+
+    def check(self, scaling_config: ScalingConfig) -> None:
+        ensure_ray()
+        bundle = worker_bundle(scaling_config)
+        nodes = alive_node_resources()
+        why = infeasibility(
+            bundle, scaling_config.num_workers, scaling_config.placement_strategy, nodes
+        )
+        if why is not None:
+            raise ConfigError(
+                f"ScalingConfig(num_workers={scaling_config.num_workers}, resources_per_worker="
+                f"{scaling_config.resources_per_worker!r}, use_gpu={scaling_config.use_gpu}, "
+                f"placement_strategy={scaling_config.placement_strategy!r}) can never be placed on "
+                f"this Ray cluster: {why}.\nHINT: lower num_workers or resources_per_worker, "
+                "or add nodes with these resources to the cluster."
+            )
+
+    # -- launch ---------------------------------------------------------------------------------
+
+    def launch(self, spec: WorkerGroupSpec, events: Events) -> list[WorkerHandle]:
+        self.check(spec.scaling_config)
+        if self._poller is None:
+            self._poller = DrainPoller()
+        bundle = worker_bundle(spec.scaling_config)
+        group = placement_group(
+            [dict(bundle) for _ in range(spec.num_workers)],
+            strategy=spec.scaling_config.placement_strategy,
+            name=f"phalanx:{spec.run_name}",
+        )
+        attempt = _Attempt(group, [])
+        self._attempts.append(attempt)
+        try:
+            self._wait_for_placement(group, spec, bundle)
+            attempt.handles = self._start_actors(group, bundle, spec, events)
+            self._await_hellos(attempt.handles, spec)
+        except BaseException:
+            self._release(attempt)
+            raise
+        return list(attempt.handles)
+
+    def _wait_for_placement(
+        self, group: PlacementGroup, spec: WorkerGroupSpec, bundle: dict[str, float]
+    ) -> None:
+        """Wait until the cluster has the resources; say so every WAIT_LOG_EVERY_S."""
+        ready = group.ready()
+        started = last_log = time.monotonic()
+        while not ray.wait([ready], timeout=1.0)[0]:
+            now = time.monotonic()
+            if now - last_log < WAIT_LOG_EVERY_S:
+                continue
+            last_log = now
+            self.check(spec.scaling_config)  # nodes may have left for good
+            logger.warning(
+                "Waiting %.0f s for the Ray cluster to place %d workers of %s "
+                "(strategy %s); available now: %s. Other jobs may hold these resources.",
+                now - started,
+                spec.num_workers,
+                _fmt(bundle),
+                spec.scaling_config.placement_strategy,
+                _fmt(visible_resources(ray.available_resources())),
+            )
+
+    def _start_actors(
+        self,
+        group: PlacementGroup,
+        bundle: dict[str, float],
+        spec: WorkerGroupSpec,
+        events: Events,
+    ) -> list[RayWorkerHandle]:
+        assert self._poller is not None
+        handles = []
+        for index in range(spec.num_workers):
+            actor = _RemoteWorker.options(  # type: ignore[attr-defined]
+                **actor_options(bundle),
+                max_concurrency=ACTOR_CONCURRENCY,
+                max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=index
+                ),
+            ).remote(dict(spec.env), driver_sys_path())
+            handle = RayWorkerHandle(index, actor, events, spec.log_dir, spec.attempt)
+            handles.append(handle)
+            self._poller.add(handle)  # so output printed while starting reaches the driver
+        return handles
+
+    def _await_hellos(self, handles: list[RayWorkerHandle], spec: WorkerGroupSpec) -> None:
+        marker = run_marker(spec)
+        refs = [h.actor.hello.remote(marker) for h in handles]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=spec.start_timeout_s)
+        late = [h.index for h, ref in zip(handles, refs, strict=True) if ref not in ready]
+        if late:
+            raise ControllerError(
+                f"Ray workers {late} did not start within {spec.start_timeout_s:.0f} s (the "
+                "placement group was ready, so the actors were scheduled).\nHINT: check the Ray "
+                "logs of those actors (ray logs, or /tmp/ray/session_latest/logs); raise "
+                "PHALANX_WORKER_START_TIMEOUT_S if starting is only slow."
+            )
+        problems = {}
+        for handle, ref in zip(handles, refs, strict=True):
+            try:
+                info = ray.get(ref)
+            except RayActorError as exc:
+                raise ControllerError(
+                    f"The Ray actor of worker {handle.index} failed to start: {exc}"
+                ) from exc
+            handle.metadata = WorkerMetadata(
+                info["host"], info["node_id"], info["pid"], info["gpu_ids"]
+            )
+            if info["storage_problem"]:
+                problems[handle.index] = (info["host"], info["node_id"], info["storage_problem"])
+        if problems:
+            raise _storage_error(problems)
+
+    # -- stop -----------------------------------------------------------------------------------
+
+    def shutdown(self, handles: list[WorkerHandle], grace_s: float) -> None:
+        ours = [h for h in handles if isinstance(h, RayWorkerHandle)]
+        alive = [h for h in ours if h.is_alive()]
+        for handle in alive:  # the last output lines first, even when the rank is stuck
+            try:
+                handle.actor.stop.remote(STOP_FLUSH_S)
+            except Exception:
+                logger.debug("stop of worker %d failed", handle.index, exc_info=True)
+        deadline = time.monotonic() + max(grace_s, STOP_FLUSH_S)
+        for handle in alive:
+            handle.closed.wait(max(0.0, deadline - time.monotonic()))
+        for handle in ours:
+            handle.kill()
+        _wait_gone(alive, GONE_TIMEOUT_S)
+        for handle in ours:
+            handle.finish()
+        for attempt in list(self._attempts):
+            if all(h in ours for h in attempt.handles):
+                self._release(attempt)
+
+    def _release(self, attempt: _Attempt) -> None:
+        for handle in attempt.handles:
+            if handle.is_alive():
+                handle.kill()
+        try:
+            remove_placement_group(attempt.group)
+        except Exception:
+            logger.debug("Removing the placement group failed", exc_info=True)
+        if attempt in self._attempts:
+            self._attempts.remove(attempt)
+
+    def close(self) -> None:
+        for attempt in list(self._attempts):
+            self._release(attempt)
+        if self._poller is not None:
+            self._poller.stop()
+            self._poller = None
+
+    # -- diagnostics ----------------------------------------------------------------------------
+
+    def collect_stacks(self, handles: list[WorkerHandle], timeout_s: float) -> dict[int, str]:
+        ours = [h for h in handles if isinstance(h, RayWorkerHandle) and h.is_alive()]
+        refs = {h.index: h.actor.stacks.remote() for h in ours}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        stacks = {}
+        for index, ref in refs.items():
+            if ref in ready:
+                try:
+                    stacks[index] = ray.get(ref)
+                except RayActorError:
+                    continue
+        return stacks
+
+    def notify_preemption(self, handles: list[WorkerHandle], notice: dict[str, Any]) -> None:
+        for handle in handles:
+            if isinstance(handle, RayWorkerHandle) and handle.is_alive():
+                handle.actor.preemption_notice.remote(notice)
+
+
+def _wait_gone(handles: list[RayWorkerHandle], timeout_s: float) -> None:
+    """Wait until Ray reports each killed actor dead (a call to it fails)."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(handles)
+    while pending and time.monotonic() < deadline:
+        refs = {h.actor.__ray_ready__.remote(): h for h in pending}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0.5)
+        pending = [h for ref, h in refs.items() if ref not in ready]
+        for ref in ready:
+            try:
+                ray.get(ref)
+                pending.append(refs[ref])  # still answering: the kill has not landed yet
+            except RayActorError:
+                continue
+        if pending:
+            time.sleep(0.02)
+
+
+def run_marker(spec: WorkerGroupSpec) -> tuple[Any, str] | None:
+    """(filesystem, path) of the marker file ``RunStorage.prepare()`` wrote in the run directory.
+
+    From ``spec.storage`` when the spec carries it, else from the run's log directory, which is
+    ``<run>/logs`` when storage is local (None: nothing to check).
+    """
+    storage = getattr(spec, "storage", None)
+    if storage is not None:
+        return storage.filesystem, storage.path(MARKER_FILE)
+    if spec.log_dir is not None and os.path.basename(spec.log_dir) == LOG_DIR:
+        return None, os.path.join(os.path.dirname(spec.log_dir), MARKER_FILE)
+    return None
+
+
+def _storage_error(problems: dict[int, tuple[str, str, str]]) -> StorageError:
+    detail = "\n".join(
+        f"  worker {index} on node {node} ({host}): {why}"
+        for index, (host, node, why) in sorted(problems.items())
+    )
+    return StorageError(
+        f"Workers cannot see the run directory that the driver created:\n{detail}\n"
+        "Every worker writes its checkpoint parts there, so every node must reach it.\n"
+        "HINT: use a filesystem shared by every node (NFS, ...) or a cloud URI such as "
+        "s3://bucket/path as RunConfig(storage_path=...)."
+    )

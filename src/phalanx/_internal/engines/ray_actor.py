@@ -1,0 +1,242 @@
+"""The worker side of the Ray engine: what runs inside each Ray actor.
+
+The actor is threaded (``max_concurrency``), so it answers the driver while a long training call
+runs:
+
+- ``call(seq, payload)`` only queues; one thread runs the calls in ``seq`` order, as the local
+  engine's worker loop does, and queues ``("ret", seq, ok, value)``;
+- everything the worker sends (reports, returns, output lines) is pickled into a buffer at once,
+  so ``report()`` never waits for the driver; the driver keeps one ``drain(wait_s)`` call in
+  flight per actor, which returns as soon as messages exist;
+- file descriptors 1 and 2 go to pipes that a thread reads line by line into ``("out", stream,
+  lines)`` messages: the driver prints them with the rank prefix and writes the rank's log file.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import sys
+import threading
+import traceback
+from typing import Any
+
+from phalanx._internal.worker.runtime import capture_exception, dumps, run_call, set_outbox
+
+# Lines Ray's log monitor uses to attribute worker output; they mean nothing to the user.
+_RAY_MARKERS = (":actor_name:", ":task_name:", ":job_id:")
+_STREAMS = ((1, "stdout"), (2, "stderr"))
+
+
+class MessageBuffer:
+    """The actor's outbox: ``send`` pickles (a snapshot) and appends; ``take`` hands over."""
+
+    def __init__(self) -> None:
+        self._items: list[bytes] = []
+        self._cond = threading.Condition()
+        self.closed = False
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        data = dumps(message)
+        with self._cond:
+            self._items.append(data)
+            self._cond.notify()
+
+    def take(self, wait_s: float) -> list[bytes]:
+        with self._cond:
+            if not self._items and not self.closed:
+                self._cond.wait(wait_s)
+            items, self._items = self._items, []
+            return items
+
+    def close(self) -> None:
+        with self._cond:
+            self._items.append(dumps(("closed",)))
+            self.closed = True
+            self._cond.notify_all()
+
+
+class OutputCapture:
+    """Sends what the process writes to fds 1 and 2 to the driver, a message per chunk of lines."""
+
+    def __init__(self, buffer: MessageBuffer) -> None:
+        self._buffer = buffer
+        self._selector = selectors.DefaultSelector()
+        self._partial = {"stdout": b"", "stderr": b""}
+        for fd, name in _STREAMS:
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            os.set_blocking(read_end, False)
+            self._selector.register(read_end, selectors.EVENT_READ, name)
+        self._wake_r, self._wake_w = os.pipe()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._flushed = threading.Event()
+        # Line-buffered, so each line leaves the process as it is printed.
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        self._thread = threading.Thread(target=self._run, name="phalanx-output", daemon=True)
+        self._thread.start()
+
+    def flush(self, timeout_s: float) -> None:
+        """Send everything written so far, including a last line without a newline."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        self._flushed.clear()
+        os.write(self._wake_w, b"f")
+        self._flushed.wait(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            for key, _ in self._selector.select():
+                if key.data is None:
+                    os.read(self._wake_r, 64)
+                    for fd, stream in self._stream_fds():
+                        self._read(fd, stream, final=True)
+                    self._flushed.set()
+                else:
+                    self._read(int(key.fd), key.data, final=False)
+
+    def _stream_fds(self) -> list[tuple[int, str]]:
+        keys = self._selector.get_map().values()
+        return [(int(k.fd), k.data) for k in keys if k.data is not None]
+
+    def _read(self, fd: int, stream: str, final: bool) -> None:
+        data = self._partial[stream]
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                self._selector.unregister(fd)
+                final = True
+                break
+            data += chunk
+            if not final:
+                break
+        lines = data.split(b"\n")
+        self._partial[stream] = lines.pop()
+        if final and self._partial[stream]:
+            lines.append(self._partial[stream])
+            self._partial[stream] = b""
+        text = [s for s in (ln.decode("utf-8", "replace") for ln in lines) if not _is_marker(s)]
+        if text:
+            self._buffer.send(("out", stream, text))
+
+
+def _is_marker(line: str) -> bool:
+    return line.startswith(_RAY_MARKERS)
+
+
+class CallRunner:
+    """Runs calls one at a time in ``seq`` order (they may arrive out of order on Ray's threads)."""
+
+    def __init__(self, buffer: MessageBuffer) -> None:
+        self._buffer = buffer
+        self._pending: dict[int, bytes] = {}
+        self._next = 0
+        self._cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="phalanx-calls", daemon=True)
+        self.thread.start()
+
+    def submit(self, seq: int, payload: bytes) -> None:
+        with self._cond:
+            self._pending[seq] = payload
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._next not in self._pending:
+                    self._cond.wait()
+                seq, payload = self._next, self._pending.pop(self._next)
+                self._next += 1
+            ok, value = run_call(payload)
+            try:
+                self._buffer.send(("ret", seq, ok, value))
+            except Exception as exc:  # the return value does not pickle
+                self._buffer.send(("ret", seq, False, capture_exception(exc)))
+
+
+class PhalanxWorker:
+    """One phalanx worker as a Ray actor (the class is made remote by the engine)."""
+
+    def __init__(
+        self, env: dict[str, str], sys_path: list[str], capture_output: bool = True
+    ) -> None:
+        os.environ.update(env)
+        # The driver's import path, after the worker's own: modules the training function
+        # imports by name (the user's project) then load as they would in the local engine.
+        sys.path.extend(p for p in sys_path if p not in sys.path)
+        self._buffer = MessageBuffer()
+        set_outbox(self._buffer)
+        self._output = OutputCapture(self._buffer) if capture_output else None
+        self._calls = CallRunner(self._buffer)
+
+    def hello(self, marker: tuple[Any, str] | None) -> dict[str, Any]:
+        """Who and where this worker is, and whether it can see the run's storage."""
+        import ray
+
+        gpu_ids = tuple(int(g) for g in ray.get_gpu_ids() if str(g).isdigit())
+        return {
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "host": ray.util.get_node_ip_address(),
+            "hostname": socket.gethostname(),
+            "gpu_ids": gpu_ids,
+            "storage_problem": None if marker is None else storage_problem(*marker),
+        }
+
+    def call(self, seq: int, payload: bytes) -> None:
+        self._calls.submit(seq, payload)
+
+    def drain(self, wait_s: float) -> list[bytes]:
+        return self._buffer.take(wait_s)
+
+    def stop(self, flush_timeout_s: float) -> None:
+        """Send the output written so far, then a last ``("closed",)`` message."""
+        if self._output is not None:
+            self._output.flush(flush_timeout_s)
+        self._buffer.close()
+
+    def stacks(self) -> str:
+        """Every thread's Python stack, most recent call last."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        parts = []
+        for ident, frame in sys._current_frames().items():
+            if ident == threading.get_ident():
+                continue
+            stack = "".join(traceback.format_stack(frame))
+            parts.append(
+                f"Thread {ident:#x} {names.get(ident, '?')} (most recent call last):\n{stack}"
+            )
+        return "\n".join(parts)
+
+    def preemption_notice(self, notice: dict[str, Any]) -> None:
+        from phalanx._internal.worker.session import get_session
+        from phalanx.context import PreemptionInfo
+
+        session = get_session()
+        if session is not None:
+            session.preemption = PreemptionInfo(
+                int(notice["stop_round"]),
+                tuple(notice["preempted_ranks"]),
+                float(notice["deadline"]),
+            )
+
+
+def storage_problem(filesystem: Any, marker: str) -> str | None:
+    """Why this worker cannot see the run directory's marker file, or None if it can.
+
+    ``filesystem`` is an fsspec/pyarrow filesystem with ``exists``, or None for a local path.
+    """
+    try:
+        found = os.path.exists(marker) if filesystem is None else filesystem.exists(marker)
+    except Exception as exc:
+        return f"checking {marker} failed: {type(exc).__name__}: {exc}"
+    return None if found else f"{marker} does not exist on this node"

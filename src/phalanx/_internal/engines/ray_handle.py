@@ -1,0 +1,222 @@
+"""The driver side of one Ray actor, and the thread that drains every actor's messages.
+
+Each actor always has one ``drain`` call in flight. The poller thread waits on all of them with
+``ray.wait``; each answer is a batch of messages, handled in order: call returns resolve their
+futures, output lines are printed with the rank prefix (and written to the rank's log file),
+everything else goes to the events queue. Then the next ``drain`` is sent. A ``drain`` that fails
+means the actor is dead: its pending calls fail and ``("exited", -9, why)`` is queued.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import pickle
+import queue
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import cloudpickle
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
+
+from phalanx._internal.engines.base import WorkerHandle, WorkerMetadata
+from phalanx._internal.engines.output_pump import RankOutput
+from phalanx._internal.worker.runtime import RemoteCallError
+
+logger = logging.getLogger(__name__)
+
+Events = queue.Queue[tuple[int, tuple[Any, ...]]]
+
+DRAIN_WAIT_S = 1.0  # how long an idle actor holds a drain call before answering "nothing"
+POLL_S = 0.05  # how often the poller looks for newly added actors
+UNAVAILABLE_RETRIES = 50  # ActorUnavailableError is transient: retry (every POLL_S) this often
+
+
+class RayWorkerDied(ConnectionError):
+    """The Ray actor of a worker is gone: its process died, it was killed, or its node was lost."""
+
+
+class RayWorkerHandle(WorkerHandle):
+    def __init__(
+        self, index: int, actor: Any, events: Events, log_dir: str | None, attempt: int
+    ) -> None:
+        self.index = index
+        self.rank = index
+        self.actor = actor
+        self.metadata = WorkerMetadata(host="", node_id="", pid=None)
+        self.returncode: int | None = None  # Ray does not tell exit codes; see ``death``
+        self.death: str | None = None
+        self.closed = threading.Event()  # set when the last message arrived, or the actor died
+        self._events = events
+        self._calls: dict[int, Future[Any]] = {}
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._output = RankOutput(self, log_dir, attempt)
+        self._stopping = False
+
+    # -- WorkerHandle ---------------------------------------------------------------------------
+
+    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        payload = cloudpickle.dumps((fn, args, kwargs))
+        with self._lock:
+            if self.death is not None:
+                future.set_exception(RayWorkerDied(self.death))
+                return future
+            seq = next(self._seq)
+            self._calls[seq] = future
+            self.actor.call.remote(seq, payload)
+        return future
+
+    def kill(self, force: bool = True) -> None:
+        self._stopping = True
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception:  # already gone
+            logger.debug("ray.kill of worker %d failed", self.index, exc_info=True)
+
+    def is_alive(self) -> bool:
+        return self.death is None
+
+    def set_rank(self, rank: int) -> None:
+        self.rank = rank
+
+    # -- called by the poller thread ------------------------------------------------------------
+
+    def on_messages(self, batch: list[bytes]) -> None:
+        wrote = set()
+        for data in batch:
+            message = pickle.loads(data)
+            kind = message[0]
+            if kind == "ret":
+                _, seq, ok, value = message
+                with self._lock:
+                    future = self._calls.pop(seq)
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(RemoteCallError(value))
+            elif kind == "out":
+                stream = sys.stdout if message[1] == "stdout" else sys.stderr
+                for line in message[2]:
+                    self._output.write(line, stream)
+                wrote.add(stream)
+            elif kind == "closed":
+                self.closed.set()
+            else:
+                self._events.put((self.index, message))
+        for stream in wrote:
+            stream.flush()
+
+    def on_death(self, why: str) -> None:
+        """The actor is gone: fail what is pending, then tell the controller."""
+        with self._lock:
+            if self.death is not None:
+                return
+            self.death = why
+            calls, self._calls = self._calls, {}
+        error = RayWorkerDied(why)
+        for future in calls.values():
+            if not future.done():
+                future.set_exception(error)
+        self.closed.set()
+        self._output.close()
+        if not self._stopping:
+            self._events.put((self.index, ("exited", -9, why)))
+
+    def finish(self) -> None:
+        """The worker is stopped: close its log file."""
+        self._output.close()
+
+    def describe_death(self, exc: BaseException) -> str:
+        node = self.metadata.node_id or "?"
+        where = f"on node {node} ({self.metadata.host or '?'})"
+        cause = str(exc).strip().splitlines()
+        detail = f": {cause[0]}" if cause else ""
+        if _node_is_dead(node):
+            return (
+                f"the Ray actor of rank {self.rank} (pid {self.metadata.pid}) was lost {where}: "
+                f"the node left the cluster{detail}"
+            )
+        return f"the Ray actor of rank {self.rank} (pid {self.metadata.pid}) died {where}{detail}"
+
+
+def _node_is_dead(node_id: str) -> bool:
+    try:
+        return any(n["NodeID"] == node_id and not n["Alive"] for n in ray.nodes())
+    except Exception:
+        return False
+
+
+class DrainPoller:
+    """One driver thread that keeps a ``drain`` call in flight per actor and routes the answers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inflight: dict[Any, RayWorkerHandle] = {}
+        self._unavailable: dict[RayWorkerHandle, int] = {}
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="phalanx-ray-poller", daemon=True)
+        self._thread.start()
+
+    def add(self, handle: RayWorkerHandle) -> None:
+        self._submit(handle)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=5)
+        with self._lock:
+            self._inflight.clear()
+
+    def _submit(self, handle: RayWorkerHandle) -> None:
+        ref = handle.actor.drain.remote(DRAIN_WAIT_S)
+        with self._lock:
+            self._inflight[ref] = handle
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            with self._lock:
+                refs = list(self._inflight)
+            if not refs:
+                self._stopping.wait(POLL_S)
+                continue
+            ready, _ = ray.wait(refs, num_returns=1, timeout=POLL_S)
+            if not ready:
+                continue
+            if len(refs) > 1:  # answer every actor that is ready, not only the first
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in ready:
+                with self._lock:
+                    handle = self._inflight.pop(ref)
+                self._answer(handle, ref)
+
+    def _answer(self, handle: RayWorkerHandle, ref: Any) -> None:
+        try:
+            batch = ray.get(ref)
+        except ActorUnavailableError as exc:  # transient (network, or death not yet confirmed)
+            tries = self._unavailable.get(handle, 0) + 1
+            self._unavailable[handle] = tries
+            if tries <= UNAVAILABLE_RETRIES:
+                self._stopping.wait(POLL_S)
+                self._submit(handle)
+            else:
+                handle.on_death(handle.describe_death(exc))
+            return
+        except RayActorError as exc:
+            handle.on_death(handle.describe_death(exc))
+            return
+        except Exception as exc:  # a message that cannot be read: treat the worker as lost
+            logger.exception("Reading worker %d's messages failed", handle.index)
+            handle.on_death(f"reading the messages of rank {handle.rank} failed: {exc!r}")
+            return
+        self._unavailable.pop(handle, None)
+        try:
+            handle.on_messages(batch)
+        except Exception:
+            logger.exception("Handling worker %d's messages failed", handle.index)
+        if not handle.closed.is_set():
+            self._submit(handle)
