@@ -22,6 +22,7 @@ from phalanx.errors import (
 )
 from phalanx.result import Result
 from phalanx.session import (
+    CheckpointUploadMode,
     get_checkpoint,
     get_context,
     get_dataset_shard,
@@ -39,6 +40,7 @@ __all__ = [
     "Callback",
     "Checkpoint",
     "CheckpointConfig",
+    "CheckpointUploadMode",
     "ConfigError",
     "ControllerError",
     "DataConfig",

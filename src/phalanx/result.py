@@ -101,7 +101,7 @@ class Result:
             metrics=metrics,
             checkpoint=manager.latest_checkpoint,
             error=error,
-            path=storage.run_path,
+            path=storage.run_uri,
             best_checkpoints=manager.best_checkpoints(),
             attempts=max(manager.attempts, 1),
             _storage=storage,

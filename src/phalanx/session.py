@@ -5,16 +5,26 @@ from __future__ import annotations
 from typing import Any
 
 from phalanx._internal.worker.session import require_session
+from phalanx._internal.worker.uploader import CheckpointUploadMode
 from phalanx.checkpoint import Checkpoint
 from phalanx.context import PreemptionInfo, TrainContext
 
-__all__ = ["get_checkpoint", "get_context", "get_dataset_shard", "get_preemption_info", "report"]
+__all__ = [
+    "CheckpointUploadMode",
+    "get_checkpoint",
+    "get_context",
+    "get_dataset_shard",
+    "get_preemption_info",
+    "report",
+]
 
 
 def report(
     metrics: dict[str, Any],
     checkpoint: Checkpoint | None = None,
     checkpoint_dir_name: str | None = None,
+    checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC,
+    delete_local_checkpoint_after_upload: bool | None = None,
 ) -> None:
     """Send ``metrics`` (and optionally a checkpoint) to the driver.
 
@@ -24,13 +34,26 @@ def report(
     storage before it returns; the checkpoint is committed once every rank that passed one in
     this round has saved its part. The directory you pass is emptied when its files are moved.
 
+    ``checkpoint_upload_mode``: ``SYNC`` (default) persists this rank's part before returning;
+    ``ASYNC`` moves the files aside (a rename) and returns at once, persisting in a background
+    thread (commits stay in order; the next checkpoint waits for this one; the end of training
+    waits for all); ``NO_UPLOAD`` takes a checkpoint written directly inside the run directory.
+    ``delete_local_checkpoint_after_upload``: remove your directory after a SYNC copy to remote
+    storage (ASYNC always cleans up its private copy).
+
     Example::
 
         with tempfile.TemporaryDirectory() as d:
             torch.save(model.state_dict(), os.path.join(d, "model.pt"))
             phalanx.report({"loss": loss}, checkpoint=phalanx.Checkpoint.from_directory(d))
     """
-    require_session("report").report(metrics, checkpoint, checkpoint_dir_name)
+    require_session("report").report(
+        metrics,
+        checkpoint,
+        checkpoint_dir_name,
+        checkpoint_upload_mode,
+        delete_local_checkpoint_after_upload,
+    )
 
 
 def get_context() -> TrainContext:

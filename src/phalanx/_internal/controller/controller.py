@@ -128,6 +128,7 @@ class Controller:
             self.engine.close()
             self.history.flush()
             self.storage.remove_staging()
+            self.manager.close()
         return self._finish(state)
 
     # -- START ----------------------------------------------------------------------------------
@@ -320,6 +321,8 @@ class Controller:
         assert attempt is not None
         failures = attempt.failures
         self._teardown(graceful=False)
+        self.storage.remove_staging()
+        self.manager.remove_orphans()  # parts of rounds that never committed
         error = self.error or attempt.error or failure_error(failures)
         self._end_attempt(error)
         exceptions = {r: f.exception or RuntimeError(f.summary()) for r, f in failures.items()}
@@ -363,7 +366,7 @@ class Controller:
             metrics=self.last_metrics,
             checkpoint=self.manager.latest_checkpoint,
             error=self.error if state is State.ERRORED else None,
-            path=self.storage.run_path,
+            path=self.storage.run_uri,
             best_checkpoints=self.manager.best_checkpoints(),
             return_value=self.return_value,
             attempts=self.manager.attempts,

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ class CheckpointManager:
     latest: TrackedCheckpoint | None = None
     next_round: int = 0
     attempt_history: list[dict[str, Any]] = field(default_factory=list)
+    _deletions: ThreadPoolExecutor | None = field(default=None, repr=False)
 
     @property
     def attempts(self) -> int:
@@ -114,8 +116,8 @@ class CheckpointManager:
         self.latest = tracked
         evicted = self._apply_retention()
         self.save()
-        for gone in evicted:
-            self.storage.delete_checkpoint(gone.dir_name)
+        for gone in evicted:  # in the background: deleting from an object store takes a while
+            self._deleter().submit(self.storage.delete_checkpoint, gone.dir_name)
         if missing:
             raise ConfigError(
                 f"CheckpointConfig(checkpoint_score_attribute={missing!r}) is invalid: the "
@@ -123,6 +125,17 @@ class CheckpointManager:
                 f"{sorted(_flatten(tracked.metrics))}).\nHINT: report that metric with every "
                 "checkpoint, or change checkpoint_score_attribute."
             )
+
+    def _deleter(self) -> ThreadPoolExecutor:
+        if self._deletions is None:
+            self._deletions = ThreadPoolExecutor(1, thread_name_prefix="phalanx-delete")
+        return self._deletions
+
+    def close(self) -> None:
+        """Wait for background deletions (at the end of fit())."""
+        if self._deletions is not None:
+            self._deletions.shutdown(wait=True)
+            self._deletions = None
 
     def save(self) -> None:
         state = {

@@ -13,7 +13,9 @@
 
 A part is staged by the rank that owns the files; the driver commits once every participating
 rank's part is durable. On a local filesystem the commit is one rename, so a reader never sees a
-partial checkpoint.
+partial checkpoint. Object stores have no rename: parts are uploaded straight to the final prefix
+and the commit is the snapshot listing it (readers and resume go by the snapshot); parts of a
+round that never committed are deleted when the attempt ends or the run resumes.
 """
 
 from __future__ import annotations
@@ -62,6 +64,15 @@ class RunStorage:
     @property
     def local(self) -> bool:
         return is_local(self.filesystem)
+
+    @property
+    def run_uri(self) -> str:
+        """The run directory as a path (local) or URI (``s3://bucket/...``)."""
+        if self.local:
+            return self.run_path
+        protocol = self.filesystem.protocol
+        scheme = protocol[0] if isinstance(protocol, tuple | list) else protocol
+        return f"{scheme}://{self.run_path.lstrip('/')}"
 
     def path(self, *parts: str) -> str:
         return "/".join((self.run_path, *parts))
@@ -112,7 +123,7 @@ class RunStorage:
         ``source`` is a :class:`~phalanx.Checkpoint`. A local directory on the same filesystem is
         moved entry by entry (rename, no copy); anything else is copied.
         """
-        target = self.staging_path(dir_name, attempt)
+        target = self.staging_path(dir_name, attempt) if self.local else self.path(dir_name)
         try:
             if self.local and is_local(source.filesystem):
                 move_tree_contents(source.path, target)
@@ -124,22 +135,27 @@ class RunStorage:
             ) from exc
 
     def commit(self, dir_name: str, attempt: int, metadata: dict[str, Any] | None) -> str:
-        """Make a staged checkpoint visible under its final name; returns the final path."""
+        """Make a checkpoint visible under its final name; returns the final path.
+
+        Local: the staged directory is renamed into place. Elsewhere (and for NO_UPLOAD
+        checkpoints) the parts are in place already; the snapshot entry is what commits them.
+        """
         fs = self.filesystem
         staged, final = self.staging_path(dir_name, attempt), self.checkpoint_path(dir_name)
-        if not fs.exists(staged):
-            fs.makedirs(staged, exist_ok=True)
-        if metadata:
-            _merge_metadata(fs, staged, metadata)
-        if fs.exists(final):
-            raise StorageError(
-                f"Checkpoint directory {final!r} already exists.\n"
-                "HINT: checkpoint_dir_name must be unique within a run."
-            )
-        if self.local:
+        if self.local and os.path.isdir(staged):
+            if metadata:
+                _merge_metadata(fs, staged, metadata)
+            if os.path.exists(final):
+                raise StorageError(
+                    f"Checkpoint directory {final!r} already exists.\n"
+                    "HINT: checkpoint_dir_name must be unique within a run."
+                )
             os.rename(staged, final)
-        else:
-            fs.mv(staged, final, recursive=True)
+            return final
+        if not fs.exists(final):  # every part was empty
+            fs.makedirs(final, exist_ok=True)
+        if metadata:
+            _merge_metadata(fs, final, metadata)
         return final
 
     def delete_checkpoint(self, dir_name: str) -> None:

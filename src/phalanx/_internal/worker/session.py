@@ -15,8 +15,16 @@ from typing import Any
 
 import cloudpickle
 
+from phalanx._internal.storage.filesystem import is_local
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
+from phalanx._internal.worker.uploader import (
+    BackgroundUploader,
+    CheckpointUploadMode,
+    delete_local,
+    in_place_dir_name,
+    private_copy,
+)
 from phalanx.checkpoint import Checkpoint
 from phalanx.context import PreemptionInfo, TrainContext
 from phalanx.errors import SessionMisuseError
@@ -55,34 +63,86 @@ class Session:
         self.dataset_shards = spec.dataset_shards
         self.preemption: PreemptionInfo | None = None
         self._outbox = outbox
+        self._uploader: BackgroundUploader | None = None
 
     def report(
         self,
         metrics: dict[str, Any],
         checkpoint: Checkpoint | None = None,
         checkpoint_dir_name: str | None = None,
+        checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC,
+        delete_local_checkpoint_after_upload: bool | None = None,
     ) -> None:
         _check_metrics(metrics)
+        mode = _upload_mode(checkpoint_upload_mode)
+        if self._uploader is not None:
+            self._uploader.raise_error()
         index = self.next_round
-        self.next_round += 1
+        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+            raise TypeError(
+                f"report(checkpoint=...) takes a phalanx.Checkpoint, got "
+                f"{type(checkpoint).__name__}. HINT: Checkpoint.from_directory(path)."
+            )
         dir_name = None
         if checkpoint is not None:
-            if not isinstance(checkpoint, Checkpoint):
-                raise TypeError(
-                    f"report(checkpoint=...) takes a phalanx.Checkpoint, got "
-                    f"{type(checkpoint).__name__}. HINT: Checkpoint.from_directory(path)."
-                )
             dir_name = checkpoint_dir_name or f"checkpoint_{index:06d}"
-            self.storage.stage_part(checkpoint, dir_name, self.attempt)
+            if mode is CheckpointUploadMode.NO_UPLOAD:
+                dir_name = in_place_dir_name(self.storage, checkpoint)
+        message = ("report", index, metrics, dir_name, time.time())
+        self.next_round += 1
+        if checkpoint is None or mode is CheckpointUploadMode.NO_UPLOAD:
+            self._send(message)
+        elif mode is CheckpointUploadMode.ASYNC and is_local(checkpoint.filesystem):
+            self._background().upload(private_copy(checkpoint), dir_name, message)  # type: ignore[arg-type]
+        else:
+            if self._uploader is not None:  # a sync checkpoint after async ones: keep order
+                self._uploader.wait()
+            self.storage.stage_part(checkpoint, dir_name, self.attempt)  # type: ignore[arg-type]
+            if delete_local_checkpoint_after_upload:
+                delete_local(checkpoint)
+            self._send(message)
+        if dir_name is not None:
             self.latest_checkpoint = Checkpoint(
                 self.storage.checkpoint_path(dir_name), self.storage.filesystem
             )
-        self._outbox.send(("report", index, metrics, dir_name, time.time()))
         if self.preemption is not None and index >= self.preemption.stop_round:
+            self.finish()
             raise PreemptionStop(
                 f"rank {self.context.world_rank} stopped after round {index} (preemption of "
                 f"rank(s) {list(self.preemption.preempted_ranks)})"
             )
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        if self._uploader is not None and self._uploader.busy:
+            self._uploader.send(message)  # keep the order behind pending uploads
+        else:
+            self._outbox.send(message)
+
+    def _background(self) -> BackgroundUploader:
+        if self._uploader is None:
+            self._uploader = BackgroundUploader(self.storage, self.attempt, self._outbox)
+        return self._uploader
+
+    def finish(self) -> None:
+        """Wait for pending uploads (and the reports behind them); raise an upload's error."""
+        if self._uploader is not None:
+            try:
+                self._uploader.wait()
+            finally:
+                self._uploader.close()
+                self._uploader = None
+
+
+def _upload_mode(value: CheckpointUploadMode | str) -> CheckpointUploadMode:
+    if isinstance(value, CheckpointUploadMode):
+        return value
+    try:
+        return CheckpointUploadMode(str(value).lower())
+    except ValueError:
+        raise ValueError(
+            f"checkpoint_upload_mode={value!r} is invalid: use CheckpointUploadMode.SYNC, "
+            "ASYNC or NO_UPLOAD."
+        ) from None
 
 
 def _check_metrics(metrics: Any) -> None:
@@ -126,9 +186,13 @@ def require_session(api: str) -> Session:
 def run_train_fn(payload: bytes, config: dict[str, Any] | None, context_factory: Any) -> Any:
     """Run the user's training function; only rank 0's return value is sent back."""
     fn = cloudpickle.loads(payload)
-    with context_factory():
-        value = fn(config) if _takes_config(fn) else fn()
     session = get_session()
+    try:
+        with context_factory():
+            value = fn(config) if _takes_config(fn) else fn()
+    finally:
+        if session is not None:
+            session.finish()  # the last checkpoints and reports reach the driver before we return
     return value if session is not None and session.context.world_rank == 0 else None
 
 
