@@ -65,3 +65,27 @@ def test_failures_are_grouped_across_ranks_and_pickle():
     assert "Root cause (earliest failure), rank 0" in str(error)
     copy = pickle.loads(pickle.dumps(error))
     assert str(copy) == str(error) and copy.worker_failures.keys() == failures.keys()
+
+
+def test_cli_shows_a_run_and_its_metrics(tmp_path, capsys):
+    import phalanx as train
+    from phalanx import DataParallelTrainer, RunConfig, ScalingConfig
+    from phalanx.cli import main
+
+    def loop():
+        for step in range(3):
+            train.report({"step": step, "loss": 1.0 / (step + 1)})
+
+    result = DataParallelTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=1, engine="thread"),
+        run_config=RunConfig(name="cli", storage_path=str(tmp_path)),
+    ).fit()
+    assert main(["show", result.path]) == 0
+    out = capsys.readouterr().out
+    assert "attempts:    1" in out and "'step': 2" in out
+    assert main(["metrics", result.path]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["step", "loss"] and len(lines) == 4
+    assert main(["show", str(tmp_path / "nope")]) == 2
+    assert "not a phalanx run directory" in capsys.readouterr().err
