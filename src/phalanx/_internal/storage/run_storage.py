@@ -150,7 +150,9 @@ class RunStorage:
                     f"Checkpoint directory {final!r} already exists.\n"
                     "HINT: checkpoint_dir_name must be unique within a run."
                 )
+            _fsync_tree(staged)  # durable before visible; costs the driver, not training
             os.rename(staged, final)
+            _fsync_dir(os.path.dirname(final))
             return final
         if not fs.exists(final):  # every part was empty
             fs.makedirs(final, exist_ok=True)
@@ -187,6 +189,27 @@ class RunStorage:
             return None
         with self.filesystem.open(path, "rb") as f:
             return bytes(f.read())
+
+
+def _fsync_tree(root: str) -> None:
+    """Flush every file and directory under ``root`` to disk (the files were written by ranks
+    that did not fsync them; a power loss must not truncate a committed checkpoint)."""
+    for directory, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(directory)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _merge_metadata(fs: Any, directory: str, metadata: dict[str, Any]) -> None:
