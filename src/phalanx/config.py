@@ -211,9 +211,15 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Which datasets are split across ranks (``"all"`` or a list of names); others go whole."""
+    """Which datasets are split across ranks (``"all"`` or a list of names); others go whole.
+
+    ``equal_split`` (default True, as Ray's ``streaming_split(equal=True)``): every rank gets
+    the same number of rows, so DDP ranks run the same number of steps; the ``rows % world_size``
+    left over are left out. False keeps every row (ranks may differ by one): for inference.
+    """
 
     datasets_to_split: Literal["all"] | list[str] = "all"
+    equal_split: bool = True
 
     def __post_init__(self) -> None:
         split = self.datasets_to_split

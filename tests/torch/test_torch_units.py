@@ -73,15 +73,22 @@ def test_trainer_takes_torch_config_and_rejects_other_configs():
     trainer = TorchTrainer(lambda: None, torch_config=TorchConfig(backend="gloo"))
     assert trainer.backend_config == TorchConfig(backend="gloo")
     assert isinstance(TorchTrainer(lambda: None).backend_config, TorchConfig)
-    with pytest.raises(phalanx.ConfigError, match="phalanx.torch.TorchConfig"):
+    with pytest.raises(phalanx.ConfigError, match=r"phalanx\.torch\.TorchConfig"):
         TorchTrainer(lambda: None, torch_config=phalanx.BackendConfig())  # type: ignore[arg-type]
 
 
-def test_trainer_refuses_several_workers_on_the_thread_engine():
-    with pytest.raises(phalanx.ConfigError, match="one process group per process"):
-        TorchTrainer(
-            lambda: None, scaling_config=phalanx.ScalingConfig(num_workers=2, engine="thread")
-        )
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_trainer_refuses_the_thread_engine(num_workers):
+    scaling = phalanx.ScalingConfig(num_workers=num_workers, engine="thread")
+    with pytest.raises(phalanx.ConfigError, match="cannot run on the thread engine"):
+        TorchTrainer(lambda: None, scaling_config=scaling)
+
+
+def test_the_thread_engine_chosen_by_environment_is_refused_too(storage, monkeypatch):
+    monkeypatch.setenv("PHALANX_ENGINE", "thread")
+    trainer = TorchTrainer(lambda: None, run_config=phalanx.RunConfig(storage_path=storage))
+    with pytest.raises(phalanx.ConfigError, match="cannot run on the thread engine"):
+        trainer.fit()
 
 
 # -- environment rules -----------------------------------------------------------------------
@@ -275,10 +282,14 @@ def _mlp() -> torch.nn.Module:
 def test_checkpoint_from_ddp_state_dict_loads_into_the_plain_model():
     torch.manual_seed(0)
     model = _mlp()
-    ddp_style = {f"module.{k}": v for k, v in model.state_dict().items()}
-    checkpoint = TorchCheckpoint.from_state_dict(ddp_style)
+    wrapper = torch.nn.Module()
+    wrapper.module = model  # keys like DistributedDataParallel's: "module.0.weight", ...
+    state = wrapper.state_dict()
+    assert next(iter(state)).startswith("module.")
+    checkpoint = TorchCheckpoint.from_state_dict(state)
     try:
-        assert isinstance(checkpoint, phalanx.Checkpoint)
+        assert next(iter(state)).startswith("module.")  # the caller's dict is untouched
+        assert isinstance(checkpoint, TorchCheckpoint)
         assert os.listdir(checkpoint.path) == ["model.pt"]
         loaded = checkpoint.get_model(_mlp())
         for a, b in zip(model.state_dict().values(), loaded.state_dict().values()):

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from phalanx.torch.devices import get_device
+
 __all__ = ["accelerate", "backward", "prepare_optimizer"]
 
 
@@ -73,8 +75,6 @@ class AutocastForward:
 
 def prepare_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """With AMP on a GPU, make ``optimizer.step()`` unscale gradients and update the scaler."""
-    from phalanx.torch.devices import get_device
-
     mark_prepared()
     scaler = _scaler(get_device())
     if scaler is None:
@@ -99,17 +99,29 @@ class _ScaledOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.scaler = scaler
 
-    @property  # type: ignore[override]
-    def state(self) -> Any:
+    @property
+    def state(self) -> Any:  # type: ignore[override]
         return self.optimizer.state
 
-    @property  # type: ignore[override]
-    def param_groups(self) -> Any:
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def param_groups(self) -> Any:  # type: ignore[override]
         return self.optimizer.param_groups
 
-    @property  # type: ignore[override]
-    def defaults(self) -> Any:
+    @param_groups.setter
+    def param_groups(self, value: Any) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def defaults(self) -> Any:  # type: ignore[override]
         return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: Any) -> None:
+        self.optimizer.defaults = value
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self.optimizer.add_param_group(param_group)

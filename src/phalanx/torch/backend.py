@@ -21,11 +21,13 @@ from phalanx.backend import Backend, BackendConfig
 from phalanx.errors import ConfigError, WorkerFailure, WorkerGroupError
 from phalanx.torch.config import TorchConfig
 from phalanx.torch.environment import (
+    LOOPBACK_ADDRESS,
     loopback_interface,
     master_address,
     shared_visible_devices,
     torchrun_env,
 )
+from phalanx.torch.trainer import THREAD_ENGINE_MESSAGE
 from phalanx.torch.worker_setup import (
     TorchWorkerSpec,
     init_process_group,
@@ -38,13 +40,17 @@ __all__ = ["TorchBackend"]
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 30.0
+STACKS_TIMEOUT_S = 2.0
 
 
 class TorchBackend(Backend):
     share_cuda_visible_devices: bool = True
 
     def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
-        assert isinstance(backend_config, TorchConfig)
+        if not isinstance(backend_config, TorchConfig):
+            raise ConfigError(
+                f"TorchBackend needs a phalanx.torch.TorchConfig, got {type(backend_config).__name__}."
+            )
         _check_engine(worker_group)
         timeout_s = float(backend_config.timeout_s)
         backend = resolve_backend(backend_config, worker_group.get_resources_per_worker())
@@ -83,7 +89,7 @@ class TorchBackend(Backend):
         if self.share_cuda_visible_devices and any(w.metadata.gpu_ids for w in workers):
             visible = shared_visible_devices(node_ids, [w.metadata.gpu_ids for w in workers])
         defaults = {}
-        if addr == "127.0.0.1":  # keep gloo's own sockets on loopback too
+        if addr == LOOPBACK_ADDRESS:  # keep gloo's own sockets on loopback too
             defaults["GLOO_SOCKET_IFNAME"] = loopback_interface()
         cpus = (scaling.resources_per_worker or {}).get("CPU") or None
         specs = []
@@ -132,12 +138,8 @@ def _uses_nccl(backend: str) -> bool:
 
 
 def _check_engine(worker_group: Any) -> None:
-    if getattr(worker_group.engine, "name", None) == "thread" and len(worker_group) > 1:
-        raise ConfigError(
-            "TorchTrainer cannot run several workers on the thread engine: torch.distributed "
-            "allows one process group per process.\nHINT: use the default local engine "
-            "(ScalingConfig(engine=None)) or num_workers=1."
-        )
+    if getattr(worker_group.engine, "name", None) == "thread":  # e.g. PHALANX_ENGINE=thread
+        raise ConfigError(THREAD_ENGINE_MESSAGE)
 
 
 def _execute_naming_stragglers(
@@ -156,16 +158,32 @@ def _execute_naming_stragglers(
         hung = [rank for rank, f in failures.items() if f.kind == "hang"]
         if not hung:
             raise
-        worker_group.dump_stacks()  # where the stragglers are stuck, printed by rank
+        stacks = _stacks(worker_group)
         explained = {
-            rank: _never_joined(f, stage, timeout_s, started) if rank in hung else f
+            rank: _never_joined(f, stage, timeout_s, started, stacks.get(rank, ""))
+            if rank in hung
+            else f
             for rank, f in failures.items()
         }
         raise WorkerGroupError(explained) from exc
 
 
+def _stacks(worker_group: Any) -> dict[int, str]:
+    """Where each rank is stuck, if the engine can tell (by rank)."""
+    collect = getattr(worker_group, "collect_stacks", None)
+    if collect is None:
+        return {}
+    try:
+        return dict(collect(timeout_s=STACKS_TIMEOUT_S))
+    except Exception:
+        logger.warning(
+            "Could not collect the stacks of the ranks that never joined.", exc_info=True
+        )
+        return {}
+
+
 def _never_joined(
-    failure: WorkerFailure, stage: str, timeout_s: float, started: float
+    failure: WorkerFailure, stage: str, timeout_s: float, started: float, stack: str
 ) -> WorkerFailure:
     where = (
         "it did not answer (busy or stuck before init_process_group)"
@@ -173,10 +191,15 @@ def _never_joined(
         else "it was still inside init_process_group"
     )
     message = (
-        f"rank {failure.rank} never joined the torch process group within "
-        f"{timeout_s:g} s: {where}. Its stack is printed above with the prefix "
-        f"[rank{failure.rank}]. HINT: raise TorchConfig(timeout_s=...) if this rank is only slow."
+        f"rank {failure.rank} never joined the torch process group within {timeout_s:g} s: "
+        f"{where}. HINT: raise TorchConfig(timeout_s=...) if this rank is only slow."
     )
     # Dated when the wait began, so the error names this rank as the root cause rather than the
-    # ranks whose own timeouts fired because of it.
-    return dataclasses.replace(failure, type_name="TimeoutError", message=message, time=started)
+    # ranks whose own timeouts fired because of it; its stack shows where it was instead.
+    return dataclasses.replace(
+        failure,
+        type_name="TimeoutError",
+        message=message,
+        traceback=f"Stack of rank {failure.rank}:\n{stack}" if stack else failure.traceback,
+        time=started,
+    )

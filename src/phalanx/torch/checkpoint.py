@@ -6,6 +6,7 @@ import os
 import pickle
 import tempfile
 import warnings
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -41,8 +42,11 @@ class TorchCheckpoint(Checkpoint):
         A ``module.`` prefix left by DistributedDataParallel is removed, so the state dict loads
         into the plain model.
         """
-        state = dict(state_dict)
-        consume_prefix_in_state_dict_if_present(state, "module.")  # type: ignore[arg-type]
+        state = OrderedDict(state_dict)  # a copy: the caller's dict is left as it was
+        metadata = getattr(state_dict, "_metadata", None)
+        if metadata is not None:  # per-module versions, used by load_state_dict
+            state._metadata = OrderedDict(metadata)  # type: ignore[attr-defined]
+        consume_prefix_in_state_dict_if_present(state, "module.")
         return cls._save(state, preprocessor)
 
     @classmethod
@@ -58,7 +62,7 @@ class TorchCheckpoint(Checkpoint):
         if preprocessor is not None:
             with open(os.path.join(directory, PREPROCESSOR_FILENAME), "wb") as f:
                 pickle.dump(preprocessor, f)
-        return cls.from_directory(directory)
+        return cls(directory)
 
     def get_model(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
         """The stored model: a state dict is loaded into ``model``; a pickled model is returned

@@ -66,5 +66,12 @@ class TorchConfig(BackendConfig):
         return TrainFuncContext
 
     @property
+    def preload_modules(self) -> tuple[str, ...]:
+        # DistributedDataParallel() and FSDP() import torch._dynamo lazily: seconds in each new
+        # worker. The fork server imports it while the first workers run, so restarted workers
+        # (after a failure) start with it.
+        return ("torch._dynamo",)
+
+    @property
     def framework(self) -> str | None:
         return "torch"

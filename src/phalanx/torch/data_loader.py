@@ -37,7 +37,7 @@ def prepare_data_loader(
 
     With more than one worker (and a map-style dataset without a ``DistributedSampler``), the
     loader is rebuilt with a ``DistributedSampler`` that shuffles if the original loader did.
-    Each new pass over the returned loader advances the sampler's epoch by one
+    Each new pass over the returned loader advances that sampler's epoch by one
     (``sampler.set_epoch``), so every epoch is shuffled differently; if you call
     ``loader.sampler.set_epoch(epoch)`` yourself (as Ray Train's docs ask, and as a resumed run
     should), your value is used instead.
@@ -163,7 +163,7 @@ class _PreparedDataLoader(DataLoader):  # type: ignore[type-arg]
     def __len__(self) -> int:
         return len(self._loader)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._next_epoch()
         batches = iter(self._loader)
         if self._device is None:

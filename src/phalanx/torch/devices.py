@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -11,6 +12,8 @@ from phalanx.errors import SessionMisuseError
 from phalanx.torch.environment import device_indices
 
 __all__ = ["get_device", "get_devices"]
+
+logger = logging.getLogger(__name__)
 
 
 def get_device() -> torch.device:
@@ -35,7 +38,14 @@ def get_devices() -> list[torch.device]:
         if torch.cuda.is_available():
             return [torch.device("cuda", torch.cuda.current_device())]
         return [torch.device("cpu")]
-    if not gpu_ids or not torch.cuda.is_available():
+    if not gpu_ids:
+        return [torch.device("cpu")]
+    if not torch.cuda.is_available():
+        logger.warning(
+            "This worker was given GPU(s) %s but torch cannot use CUDA here; using the CPU. "
+            "HINT: check that this torch build has CUDA (torch.version.cuda) and the driver works.",
+            gpu_ids,
+        )
         return [torch.device("cpu")]
     indices = device_indices(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"))
     return [torch.device("cuda", i) for i in indices]

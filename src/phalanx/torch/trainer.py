@@ -13,6 +13,13 @@ from phalanx.trainer import DataParallelTrainer
 
 __all__ = ["TorchTrainer"]
 
+THREAD_ENGINE_MESSAGE = (
+    "TorchTrainer cannot run on the thread engine (ScalingConfig(engine='thread')): "
+    "torch.distributed and the environment it needs are per process, and the threads would "
+    "share the driver's.\nHINT: leave engine=None (local worker processes start in "
+    "milliseconds)."
+)
+
 
 class TorchTrainer(DataParallelTrainer):
     """Runs ``train_loop_per_worker`` on every worker inside a ``torch.distributed`` group.
@@ -60,13 +67,8 @@ class TorchTrainer(DataParallelTrainer):
                 "phalanx.torch.TorchConfig.\nHINT: from phalanx.torch import TorchConfig "
                 "(not from ray.train.torch)."
             )
-        scaling = scaling_config or ScalingConfig()
-        if scaling.engine == "thread" and scaling.num_workers > 1:
-            raise ConfigError(
-                f"ScalingConfig(engine='thread', num_workers={scaling.num_workers}) cannot run "
-                "TorchTrainer: torch.distributed allows one process group per process.\n"
-                "HINT: leave engine=None (local worker processes)."
-            )
+        if scaling_config is not None and scaling_config.engine == "thread":
+            raise ConfigError(THREAD_ENGINE_MESSAGE)
         super().__init__(
             train_loop_per_worker,
             train_loop_config=train_loop_config,

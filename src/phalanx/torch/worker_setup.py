@@ -152,5 +152,5 @@ class TrainFuncContext:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
-        return False
+    ) -> None:
+        return None  # exceptions propagate

@@ -32,6 +32,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from phalanx._internal.engines.fork_safety import release_openmp_threads
+
 _MAX_MESSAGE = 1 << 16
 _PR_SET_PDEATHSIG = 1
 
@@ -58,6 +60,7 @@ class ForkServer:
                 stream.flush()  # or the children would print the driver's pending output again
             except (OSError, ValueError):
                 pass
+        release_openmp_threads()  # a live OpenMP pool would hang every forked worker
         pid = os.fork()
         if pid == 0:  # the server
             code = 0
@@ -96,16 +99,18 @@ class ForkServer:
             if kind == "exited":
                 self._on_exit(pid, returncode)
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = 0.2) -> None:
         """Stop the server (it kills any worker still running) and reap it."""
         try:
             with self._lock:
                 self._sock.send(pickle.dumps(("stop",)))
         except OSError:
             pass
+        # The server may be busy preloading modules for workers that will never come: its
+        # workers are gone already, so do not wait for it long.
         _wait_pid(self.pid, timeout_s)
         self._sock.close()
-        self._reader.join(timeout=timeout_s)
+        self._reader.join(timeout=5.0)
 
 
 def _wait_pid(pid: int, timeout_s: float) -> None:

@@ -74,16 +74,34 @@ class WorkerGroup:
         """Run ``fn`` on every rank; raise WorkerGroupError naming the ranks that failed."""
         return self.gather(self.execute_async(fn, *args, **kwargs), timeout_s)
 
-    def execute_single(self, rank: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return self.workers[rank].handle.execute(fn, *args, **kwargs).result()
+    def execute_single(
+        self,
+        rank: int,
+        fn: Callable[..., Any],
+        *args: Any,
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn`` on one rank; raise WorkerGroupError if it fails or does not answer."""
+        future = self.workers[rank].handle.execute(fn, *args, **kwargs)
+        futures: list[Future[Any]] = [Future() for _ in self.workers]
+        for other, placeholder in enumerate(futures):
+            if other != rank:
+                placeholder.set_result(None)
+        futures[rank] = future
+        return self.gather(futures, timeout_s)[rank]
 
     def execute_per_rank(
-        self, fn: Callable[..., Any], args_per_rank: list[tuple[Any, ...]]
+        self,
+        fn: Callable[..., Any],
+        args_per_rank: list[tuple[Any, ...]],
+        timeout_s: float | None = None,
     ) -> list[Any]:
+        """Run ``fn(*args_per_rank[r])`` on each rank ``r``; results in rank order."""
         futures = [
             w.handle.execute(fn, *args) for w, args in zip(self.workers, args_per_rank, strict=True)
         ]
-        return self.gather(futures)
+        return self.gather(futures, timeout_s)
 
     def gather(self, futures: list[Future[Any]], timeout_s: float | None = None) -> list[Any]:
         done, pending = wait_futures(futures, timeout=timeout_s)
