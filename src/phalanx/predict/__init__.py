@@ -1,0 +1,53 @@
+"""phalanx.predict: Predictors (a checkpoint -> predictions) and BatchPredictor (at scale).
+
+::
+
+    from phalanx.predict import BatchPredictor, TorchPredictor
+
+    predictor = TorchPredictor.from_checkpoint(result.checkpoint, model=Net())
+    predictor.predict(df)  # DataFrame in, DataFrame out
+    BatchPredictor.from_checkpoint(result.checkpoint, TorchPredictor, model=Net()).predict(
+        "data/", num_workers=2, keep_columns=["id"], output_path="preds/"
+    )
+
+Framework predictors are imported on first use, so ``import phalanx.predict`` imports no torch,
+xgboost or lightgbm.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from phalanx.predict.base import Predictor, PredictorNotSerializableError, checkpoint_framework
+from phalanx.predict.batch import BatchPredictor
+
+if TYPE_CHECKING:
+    from phalanx.predict.gbdt import LightGBMPredictor, XGBoostPredictor
+    from phalanx.predict.torch import TorchPredictor
+
+PredictorNotSerializableException = PredictorNotSerializableError  # Ray's name
+
+_LAZY = {
+    "TorchPredictor": "phalanx.predict.torch",
+    "XGBoostPredictor": "phalanx.predict.gbdt",
+    "LightGBMPredictor": "phalanx.predict.gbdt",
+}
+
+__all__ = [
+    "BatchPredictor",
+    "LightGBMPredictor",
+    "Predictor",
+    "PredictorNotSerializableError",
+    "PredictorNotSerializableException",
+    "TorchPredictor",
+    "XGBoostPredictor",
+    "checkpoint_framework",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'phalanx.predict' has no attribute {name!r}")

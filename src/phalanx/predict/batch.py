@@ -1,0 +1,215 @@
+"""BatchPredictor: score a dataset on parallel worker processes, the model loaded once each.
+
+The scoring workers are a ``DataParallelTrainer`` run: the data is cut into contiguous,
+disjoint shards that keep every row (rank r gets rows ``[r*n/w, (r+1)*n/w)``), each worker reads
+its own files/row groups, predicts batch by batch and writes ``part-<rank>.parquet``; reading
+the parts in rank order gives the rows in input order.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from phalanx.checkpoint import Checkpoint
+from phalanx.config import DataConfig
+from phalanx.predict.base import Predictor
+
+__all__ = ["BatchPredictor"]
+
+DATASET = "data"
+
+
+class BatchPredictor:
+    """Runs ``predictor_cls.from_checkpoint(checkpoint, **predictor_kwargs)`` over a dataset on
+    several worker processes (Ray AIR's ``BatchPredictor``).
+
+    Example::
+
+        bp = BatchPredictor.from_checkpoint(result.checkpoint, TorchPredictor, model=Net())
+        out = bp.predict("data/raw/", num_workers=2, keep_columns=["id"])
+        out.to_pandas()
+    """
+
+    def __init__(
+        self, checkpoint: Checkpoint, predictor_cls: type[Predictor], **predictor_kwargs: Any
+    ) -> None:
+        if not (isinstance(predictor_cls, type) and issubclass(predictor_cls, Predictor)):
+            raise TypeError(
+                f"predictor_cls={predictor_cls!r} is not a Predictor subclass.\n"
+                "HINT: pass the class, e.g. TorchPredictor, not an instance."
+            )
+        self.checkpoint = checkpoint
+        self.predictor_cls = predictor_cls
+        self.predictor_kwargs = predictor_kwargs
+        self._preprocessor: Any = None
+        self._preprocessor_set = False
+
+    @classmethod
+    def from_checkpoint(
+        cls, checkpoint: Checkpoint, predictor_cls: type[Predictor], **kwargs: Any
+    ) -> BatchPredictor:
+        return cls(checkpoint, predictor_cls, **kwargs)
+
+    def get_preprocessor(self) -> Any:
+        if self._preprocessor_set:
+            return self._preprocessor
+        from phalanx.predict.base import load_preprocessor
+
+        return load_preprocessor(self.checkpoint)
+
+    def set_preprocessor(self, preprocessor: Any) -> None:
+        """Use ``preprocessor`` instead of the one saved in the checkpoint (None: none)."""
+        self._preprocessor, self._preprocessor_set = preprocessor, True
+
+    def predict(
+        self,
+        data: Any,
+        *,
+        feature_columns: list[str] | None = None,
+        keep_columns: list[str] | None = None,
+        batch_size: int = 4096,
+        num_workers: int | None = None,
+        min_scoring_workers: int = 1,
+        max_scoring_workers: int | None = None,
+        num_cpus_per_worker: float | None = None,
+        num_gpus_per_worker: float | None = None,
+        output_path: str | None = None,
+        **predict_kwargs: Any,
+    ) -> Any:
+        """Predictions for ``data`` (anything ``datasets=`` accepts; files are read by the
+        workers) as a :class:`phalanx.data.Dataset`, rows in input order. With
+        ``output_path`` the parts are written there as Parquet and the Dataset reads them."""
+        from phalanx.data import as_dataset, read_parquet
+
+        dataset = as_dataset(data, DATASET)
+        _check_columns(dataset.columns(), keep_columns)
+        workers = _worker_count(
+            num_workers, min_scoring_workers, max_scoring_workers, dataset.count()
+        )
+        scratch = tempfile.mkdtemp(prefix="phalanx_batch_predict_")
+        try:
+            parts_dir = output_path or os.path.join(scratch, "out")
+            os.makedirs(parts_dir, exist_ok=True)
+            config = {
+                "checkpoint": self.checkpoint,
+                "predictor_cls": self.predictor_cls,
+                "predictor_kwargs": self.predictor_kwargs,
+                "preprocessor": (self._preprocessor_set, self._preprocessor),
+                "predict_kwargs": dict(
+                    predict_kwargs, feature_columns=feature_columns, keep_columns=keep_columns
+                ),
+                "batch_size": batch_size,
+                "parts_dir": parts_dir,
+            }
+            _run_workers(
+                config, dataset, workers, scratch, num_cpus_per_worker, num_gpus_per_worker
+            )
+            parts = [os.path.join(parts_dir, _part(r)) for r in range(workers)]
+            parts = [p for p in parts if os.path.exists(p)]
+            if output_path is not None:
+                return read_parquet(parts) if parts else None
+            from phalanx.data import from_arrow
+
+            tables = [pq.read_table(p) for p in parts]
+            return from_arrow(pa.concat_tables(tables) if tables else pa.table({}))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_workers(
+    config: dict[str, Any],
+    dataset: Any,
+    workers: int,
+    scratch: str,
+    cpus: float | None,
+    gpus: float | None,
+) -> None:
+    from phalanx import DataParallelTrainer, RunConfig, ScalingConfig
+
+    resources: dict[str, float] = {}
+    if cpus:
+        resources["CPU"] = cpus
+    if gpus:
+        resources["GPU"] = gpus
+    scaling = ScalingConfig(
+        num_workers=workers, use_gpu=bool(gpus), resources_per_worker=resources or None
+    )
+    trainer = DataParallelTrainer(
+        _score_shard,
+        train_loop_config=config,
+        scaling_config=scaling,
+        run_config=RunConfig(storage_path=scratch, name="scoring", verbose=0),
+        datasets={DATASET: dataset},
+        dataset_config=DataConfig(equal_split=False),  # scoring keeps every row
+    )
+    trainer.fit()
+
+
+def _score_shard(config: dict[str, Any]) -> None:
+    """Runs in each scoring worker: load the model once, predict this rank's rows in order."""
+    import phalanx
+
+    rank = phalanx.get_context().get_world_rank()
+    predictor = config["predictor_cls"].from_checkpoint(
+        config["checkpoint"], **config["predictor_kwargs"]
+    )
+    override, preprocessor = config["preprocessor"]
+    if override:
+        predictor.set_preprocessor(preprocessor)
+    shard = phalanx.get_dataset_shard(DATASET)
+    path = os.path.join(config["parts_dir"], _part(rank))
+    writer = None
+    try:
+        for batch in shard.iter_batches(
+            batch_size=config["batch_size"], batch_format=predictor.batch_format
+        ):
+            table = _to_arrow(predictor.predict(batch, **config["predict_kwargs"]))
+            if writer is None:
+                writer = pq.ParquetWriter(path + ".tmp", table.schema)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is not None:
+        os.replace(path + ".tmp", path)  # a part is visible only when complete
+
+
+def _to_arrow(out: Any) -> pa.Table:
+    if isinstance(out, dict):
+        columns = {}
+        for name, values in out.items():
+            if getattr(values, "ndim", 1) > 1:
+                flat = pa.array(values.reshape(len(values), -1).ravel())
+                columns[name] = pa.FixedSizeListArray.from_arrays(flat, values[0].size)
+            else:
+                columns[name] = pa.array(values)
+        return pa.table(columns)
+    from phalanx.preprocess.base import pandas_to_numpy
+
+    return _to_arrow(pandas_to_numpy(out))
+
+
+def _part(rank: int) -> str:
+    return f"part-{rank:05d}.parquet"
+
+
+def _worker_count(num: int | None, lo: int, hi: int | None, rows: int) -> int:
+    workers = num if num is not None else (hi or lo)
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"num_workers={workers!r} is invalid: use a positive int.")
+    return max(1, min(workers, rows))  # no idle workers on tiny inputs
+
+
+def _check_columns(have: list[str], keep_columns: list[str] | None) -> None:
+    missing = [c for c in keep_columns or [] if c not in have]
+    if missing:
+        raise ValueError(
+            f"keep_columns names column(s) {missing} that the data lacks (it has {have}).\n"
+            "HINT: check the spelling; keep_columns are taken from the raw input."
+        )
