@@ -5,6 +5,7 @@ Run from the repository root:
 
     python bench/startup.py                                  # everything, 3 reps
     python bench/startup.py --systems raw,raytrain --reps 3  # before phalanx exists
+    python bench/startup.py --systems phalanx_ray,raytrain   # phalanx's Ray engine vs Ray Train
     python bench/startup.py --workloads noop,ddp --reps 5
 
 Workloads (2 workers each):
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-SYSTEMS = ("phalanx", "raytrain", "raw")
+SYSTEMS = ("phalanx", "phalanx_ray", "raytrain", "raw")
 WORKLOADS = ("noop", "ddp", "report")
 WORLD_SIZE = 2
 DDP_STEPS = 200
@@ -209,7 +210,11 @@ def _import_system(system: str, phalanx_trainer: str, extra: list[str]) -> None:
     torch.set_num_threads(1)
     for name in extra:
         importlib.import_module(name)
-    if system == "phalanx":
+    if system == "phalanx_ray":
+        import ray
+
+        del ray
+    if system in ("phalanx", "phalanx_ray"):
         import phalanx
 
         if phalanx_trainer == "torch":
@@ -251,12 +256,14 @@ def _check_metrics(df: Any, workload: str, steps: int) -> Record:
     return {"reports_seen": len(df), "reports_in_order": got == _expected_steps(workload, steps)}
 
 
-def _drive_phalanx(workload: str, cfg: dict[str, Any], tmp: Path, args: Any) -> Record:
+def _drive_phalanx(
+    workload: str, cfg: dict[str, Any], tmp: Path, args: Any, engine: str | None = None
+) -> Record:
     import phalanx as train
 
     common: dict[str, Any] = {
         "train_loop_config": cfg,
-        "scaling_config": train.ScalingConfig(num_workers=WORLD_SIZE),
+        "scaling_config": train.ScalingConfig(num_workers=WORLD_SIZE, engine=engine),
         "run_config": train.RunConfig(name=f"bench-{workload}", storage_path=str(tmp / "store")),
     }
     if workload == "ddp" and args.phalanx_trainer == "torch":
@@ -272,6 +279,22 @@ def _drive_phalanx(workload: str, cfg: dict[str, Any], tmp: Path, args: Any) -> 
     return rec
 
 
+def _drive_phalanx_ray(workload: str, cfg: dict[str, Any], tmp: Path, args: Any) -> Record:
+    """phalanx's Ray engine on a fresh local Ray instance started as Ray Train's run starts it."""
+    import ray
+
+    t0 = time.perf_counter()
+    ray.init(address="local", num_cpus=WORLD_SIZE, include_dashboard=False)
+    init_s = time.perf_counter() - t0
+    try:
+        rec = _drive_phalanx(workload, cfg, tmp, args, engine="ray")
+    finally:
+        t1 = time.perf_counter()
+        ray.shutdown()
+        shutdown_s = time.perf_counter() - t1
+    return {**rec, "ray_init_s": init_s, "ray_shutdown_s": shutdown_s}
+
+
 def _drive_raytrain(workload: str, cfg: dict[str, Any], tmp: Path, args: Any) -> Record:
     import ray
     from ray.train import RunConfig, ScalingConfig
@@ -279,7 +302,8 @@ def _drive_raytrain(workload: str, cfg: dict[str, Any], tmp: Path, args: Any) ->
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     t0 = time.perf_counter()
-    ray.init(num_cpus=WORLD_SIZE, include_dashboard=False)
+    # address="local": always a fresh cluster, never one that another process started.
+    ray.init(address="local", num_cpus=WORLD_SIZE, include_dashboard=False)
     init_s = time.perf_counter() - t0
     try:
         cls = TorchTrainer if workload == "ddp" else DataParallelTrainer
@@ -331,6 +355,7 @@ def _drive_raw(workload: str, cfg: dict[str, Any], tmp: Path, args: Any) -> Reco
 
 DRIVERS: dict[str, Callable[[str, dict[str, Any], Path, Any], Record]] = {
     "phalanx": _drive_phalanx,
+    "phalanx_ray": _drive_phalanx_ray,
     "raytrain": _drive_raytrain,
     "raw": _drive_raw,
 }
@@ -624,7 +649,12 @@ TITLES = {
     "ddp": "B1 startup — tiny DDP job: Linear(10, 1), 200 SGD steps, 10 reports, 2 workers",
     "report": "B3 report cost — 1 ms of busy work + report() per step, 2 workers",
 }
-RATIO_PAIRS = (("phalanx", "raytrain"), ("phalanx", "raw"), ("raytrain", "raw"))
+RATIO_PAIRS = (
+    ("phalanx", "raytrain"),
+    ("phalanx_ray", "raytrain"),
+    ("phalanx", "raw"),
+    ("raytrain", "raw"),
+)
 
 
 def _workload_section(runs: list[Record], workload: str, systems: list[str]) -> list[str]:
@@ -672,7 +702,7 @@ def _ratio_fmt(v: float | None) -> str:
         return "-"
     if v >= 1000:
         return f"{v:,.0f}x"
-    return f"{v:.2f}x" if v >= 0.01 else f"{v:.4f}x"
+    return f"{v:.2f}x" if v >= 0.1 else f"{v:.2g}x"
 
 
 def _select(runs: list[Record], system: str, workload: str) -> list[Record]:
@@ -729,14 +759,24 @@ def _header(
         "`mp.spawn` in the driver to the first line of the training fn. setup: first line to "
         "the first step (init_process_group, DDP(), data). teardown: rank 0 done to fit() "
         "returned. whole process: launch to exit of the subprocess.",
-        f"- raytrain: `ray.init(num_cpus=2, include_dashboard=False)` in every run (median "
+        f"- raytrain: `ray.init(address='local', num_cpus=2, include_dashboard=False)` "
+        "per run (median "
         f"{ray_init} s, outside fit()); TorchTrainer for ddp, V2 DataParallelTrainer otherwise; "
         "Ray's default settings (Train V2).",
+        "- phalanx_ray: phalanx on its Ray engine (one actor per worker in a placement group) on "
+        "a fresh local Ray started like raytrain's (median "
+        f"{_fmt(_median(_all(runs, 'phalanx_ray', 'ray_init_s')))} s, outside fit()); same "
+        "trainer as phalanx.",
         f"- phalanx: {phx_trainer} for ddp (DataParallelTrainer: gloo init_process_group "
         "in the train fn).",
         "- raw: `torch.multiprocessing.spawn` + gloo `init_process_group` on 127.0.0.1, no "
         "report; B3 raw = a plain loop appending the dict to a list, in one process.",
     ]
+    if max(m["loadavg_start"][0], m["loadavg_end"][0]) > m["nproc"]:
+        lines.append(
+            "- **warning: load average above the CPU count during the run (other jobs on "
+            "the machine); absolute seconds are inflated, trust the pairwise ratios more.**"
+        )
     if "report" in workloads and "raytrain" in systems:
         lines.append(
             f"- B3: Ray Train runs {meta['ray_report_steps']} steps, not "
@@ -849,6 +889,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="per-run limit in seconds")
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "startup"))
     p.add_argument("--keep-logs", action="store_true")
+    p.add_argument("--render", metavar="JSON", help="only rewrite the tables from a results JSON")
     p.add_argument("--one", nargs=2, metavar=("SYSTEM", "WORKLOAD"), help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
     p.add_argument("--launched-at", type=float, help=argparse.SUPPRESS)
@@ -857,7 +898,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    if args.one:
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+        meta = data["meta"]
+        write_report(data["runs"], meta, meta["systems"], meta["workloads"], Path(args.out))
+    elif args.one:
         rec = run_one(args)
         text = json.dumps(rec, default=str)
         if args.json_out:

@@ -1,0 +1,737 @@
+#!/usr/bin/env python
+"""B5 recovery: kill -9 rank 1 mid-run; phalanx vs Ray Train 2.60 vs torchrun, side by side.
+
+Run from the repository root:
+
+    python bench/recovery.py                             # 20k rows, 2 epochs, 3 reps
+    python bench/recovery.py --reps 5 --systems phalanx,torchrun
+
+Workload: the B2 loop (MLP 784-512-512-10, DDP over gloo, 2 workers, batch 128 per worker, SGD
+with momentum) on synthetic rows, shrunk to 20k rows x 2 epochs (158 steps per worker) so that
+one run stays short. Every ``--ckpt-every`` steps every rank reports, rank 0 with a checkpoint
+of the model and optimizer state; on restart every rank loads the latest checkpoint and skips to
+its step. On the first attempt only, rank 1 writes ``time.time()`` to a file after step
+``--kill-step`` and SIGKILLs itself. Each system gets one retry:
+
+- phalanx: ``phalanx.torch.TorchTrainer`` + ``FailureConfig(max_failures=1)``; first attempt:
+  ``get_context().get_attempt() == 0``. Two variants: ``phalanx`` (default ``TorchConfig``) and
+  ``phalanx-preload`` (a ``TorchConfig`` whose ``preload_modules`` is ``("torch._dynamo",)``, so
+  restarted workers do not import it again on their first optimizer step).
+- raytrain: ``ray.train.torch.TorchTrainer`` + ``ray.train.FailureConfig(max_failures=1)``;
+  first attempt: ``ray.train.get_checkpoint() is None``. Ray's default settings (Train V2).
+- torchrun: ``python -m torch.distributed.run --nproc-per-node=2 --max-restarts=1
+  --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT``; first attempt:
+  ``TORCHELASTIC_RESTART_COUNT == "0"``; checkpoints are ``torch.save`` + ``os.replace`` in a
+  directory. The workers build their own store (a ``PrefixStore`` per restart on the agent's
+  ``TCPStore``): with a plain ``init_process_group("gloo")`` the restarted ranks read the dead
+  group's gloo addresses from the agent's store, which outlives restarts, and fail.
+
+Measured (wall clock ``time.time()``, one machine):
+
+- ``detect_s``: kill to the system noticing. phalanx: ``Callback.after_exception`` (fires after
+  the failed group was torn down); Ray Train: ``UserCallback.after_exception`` (fires in the
+  controller when its poll finds the error, before teardown); torchrun: the agent's
+  ``Worker group FAILED ... will restart`` log line (after teardown; LOGLEVEL=INFO).
+- ``restart_s``: kill to the first line of the training function on the restarted rank 0.
+- ``restore_s``: kill to the first optimizer step completed on the restarted rank 0;
+  ``load_s`` is the part spent in loading the checkpoint (``get_checkpoint``/``torch.load``).
+- ``fit_total_s``: the trainer's ``fit()`` (torchrun: the ``torchrun`` command, which also pays
+  Python start-up and ``import torch`` for its agent and 2x2 workers).
+
+Every run is a fresh subprocess (this script with ``--one SYSTEM``), interleaved, with
+OMP_NUM_THREADS=MKL_NUM_THREADS=1 and torch.set_num_threads(1) in every worker; the driver of
+every run imports torch first, as a user's script would. Each run is its own session; after it
+exits, the processes left in that session are counted and killed. Results go to
+bench/results/recovery.{md,json}. Only the standard library is imported at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import itertools
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SYSTEMS = ("phalanx", "phalanx-preload", "raytrain", "torchrun")
+WORLD_SIZE = 2
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+STATE_FILE = "state.pt"
+Record = dict[str, Any]
+# report(metrics, directory holding STATE_FILE or None)
+ReportFn = Callable[[dict[str, Any], str | None], None]
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def _write_json(path: Path, data: Record) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _prepare(system: str, model: Any, loader: Any, rank: int) -> tuple[Any, Any]:
+    if system.startswith("phalanx"):
+        from phalanx.torch import prepare_data_loader, prepare_model
+
+        return prepare_model(model), prepare_data_loader(loader)
+    if system == "raytrain":
+        from ray.train.torch import prepare_data_loader, prepare_model
+
+        return prepare_model(model), prepare_data_loader(loader)
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    sampler = DistributedSampler(loader.dataset, num_replicas=WORLD_SIZE, rank=rank, shuffle=True)
+    loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler)
+    return DistributedDataParallel(model), loader
+
+
+def _train(
+    cfg: dict[str, Any],
+    rank: int,
+    first_attempt: bool,
+    load: Callable[[], Any],
+    report: ReportFn,
+) -> None:
+    """The B2 loop with checkpoints; rank 0 writes its timings to cfg['out_dir']."""
+    marks: Record = {"t_first_line": time.time()}
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.set_num_threads(cfg["threads"])
+    out = Path(cfg["out_dir"])
+    mark_file = out / f"rank{rank}-{'fresh' if first_attempt else 'restored'}.json"
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(cfg["rows"], 784, generator=g)
+    y = (x @ torch.randn(784, 10, generator=g)).argmax(dim=1)
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    )
+    loader = DataLoader(TensorDataset(x, y), batch_size=cfg["batch_size"], shuffle=True)
+    marks["t_data"] = time.time()
+    model, loader = _prepare(cfg["system"], model, loader, rank)
+    marks["t_prepared"] = time.time()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    step = 0
+    marks["t_load_start"] = time.time()
+    state = load()
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+    marks.update(t_loaded=time.time(), start_step=step, torch_threads=torch.get_num_threads(),
+                 omp=os.environ.get("OMP_NUM_THREADS"))  # fmt: skip
+    steps_per_epoch = len(loader)
+    loss = torch.zeros(())
+    for epoch in range(step // steps_per_epoch, cfg["epochs"]):
+        loader.sampler.set_epoch(epoch)
+        for xb, yb in itertools.islice(loader, step - epoch * steps_per_epoch, None):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if "t_first_step" not in marks:
+                marks["t_first_step"] = time.time()
+                if rank == 0:
+                    _write_json(mark_file, marks)
+            if rank == 1 and first_attempt and step == cfg["kill_step"]:
+                _write_json(out / "kill.json", {"t_kill": time.time(), "step": step})
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step % cfg["ckpt_every"] == 0:
+                _save_and_report(rank, step, model, optimizer, loss.item(), report)
+    if rank == 0:
+        marks.update(t_done=time.time(), end_step=step, final_loss=loss.item())
+        _write_json(mark_file, marks)
+
+
+def _save_and_report(
+    rank: int, step: int, model: Any, optimizer: Any, loss: float, report: ReportFn
+) -> None:
+    import torch
+
+    metrics = {"step": step, "loss": loss}
+    if rank != 0:
+        report(metrics, None)
+        return
+    with tempfile.TemporaryDirectory(prefix="phxb5-ckpt-") as d:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+        torch.save(state, os.path.join(d, STATE_FILE))
+        report(metrics, d)
+
+
+def _load_from(checkpoint: Any) -> Any:
+    """Load STATE_FILE from a phalanx or Ray Train checkpoint (same API), or None."""
+    import torch
+
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as d:
+        return torch.load(os.path.join(d, STATE_FILE), weights_only=False)
+
+
+def _phalanx_fn(cfg: dict[str, Any]) -> None:
+    import phalanx
+
+    ctx = phalanx.get_context()
+
+    def report(metrics: dict[str, Any], directory: str | None) -> None:
+        ckpt = phalanx.Checkpoint.from_directory(directory) if directory else None
+        phalanx.report(metrics, checkpoint=ckpt)
+
+    first = ctx.get_attempt() == 0
+    _train(cfg, ctx.get_world_rank(), first, lambda: _load_from(phalanx.get_checkpoint()), report)
+
+
+def _raytrain_fn(cfg: dict[str, Any]) -> None:
+    import ray.train
+
+    def report(metrics: dict[str, Any], directory: str | None) -> None:
+        ckpt = ray.train.Checkpoint.from_directory(directory) if directory else None
+        ray.train.report(metrics, checkpoint=ckpt)
+
+    rank = ray.train.get_context().get_world_rank()
+    first = ray.train.get_checkpoint() is None
+    _train(cfg, rank, first, lambda: _load_from(ray.train.get_checkpoint()), report)
+
+
+def _torchrun_worker(cfg_path: str) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    cfg = json.loads(Path(cfg_path).read_text())
+    rank, restart = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    # The agent's store outlives restarts: a per-restart prefix keeps the dead group's keys away.
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), WORLD_SIZE,
+                          is_master=False, timeout=timedelta(seconds=120))  # fmt: skip
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"restart{restart}/", store),
+                            rank=rank, world_size=WORLD_SIZE)  # fmt: skip
+    latest = Path(cfg["ckpt_dir"]) / STATE_FILE
+
+    def load() -> Any:
+        return torch.load(latest, weights_only=False) if latest.exists() else None
+
+    def report(metrics: dict[str, Any], directory: str | None) -> None:
+        if directory:
+            os.replace(os.path.join(directory, STATE_FILE), latest)
+
+    _train(cfg, rank, restart == 0, load, report)
+    dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- one run (driver)
+
+
+def _write_first_time(path: str) -> None:
+    if not os.path.exists(path):
+        _write_json(Path(path), {"t_detect": time.time()})
+
+
+def _fit_phalanx(cfg: dict[str, Any], tmp: Path, preload: bool) -> Record:
+    import phalanx
+    from phalanx.torch import TorchConfig, TorchTrainer
+
+    class DetectCallback(phalanx.Callback):
+        def after_exception(self, run_context: Any, worker_exceptions: Any) -> None:
+            _write_first_time(cfg["detect_file"])
+
+    class PreloadTorchConfig(TorchConfig):
+        @property
+        def preload_modules(self) -> tuple[str, ...]:
+            return ("torch._dynamo",)
+
+    torch_config = PreloadTorchConfig() if preload else TorchConfig()
+    trainer = TorchTrainer(
+        _phalanx_fn,
+        train_loop_config=cfg,
+        torch_config=torch_config,
+        scaling_config=phalanx.ScalingConfig(num_workers=WORLD_SIZE),
+        run_config=phalanx.RunConfig(
+            name="b5",
+            storage_path=str(tmp / "store"),
+            failure_config=phalanx.FailureConfig(max_failures=1),
+            callbacks=[DetectCallback()],
+        ),
+    )
+    t0 = time.time()
+    result = trainer.fit()
+    t_end = time.time()
+    return {
+        "t_fit": t0,
+        "t_end": t_end,
+        "error": repr(result.error) if result.error else None,
+        "preload_modules": list(torch_config.preload_modules),
+    }
+
+
+def _fit_raytrain(cfg: dict[str, Any], tmp: Path) -> Record:
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig, UserCallback
+    from ray.train.torch import TorchTrainer
+
+    detect_file = cfg["detect_file"]
+
+    class DetectCallback(UserCallback):
+        def after_exception(self, run_context: Any, worker_exceptions: Any) -> None:
+            if not os.path.exists(detect_file):
+                Path(detect_file).write_text(json.dumps({"t_detect": time.time()}))
+
+    t0 = time.perf_counter()
+    # address="local": a private cluster, even if another Ray instance runs on this machine.
+    ray.init(address="local", num_cpus=WORLD_SIZE, include_dashboard=False)
+    init_s = time.perf_counter() - t0
+    try:
+        trainer = TorchTrainer(
+            _raytrain_fn,
+            train_loop_config=cfg,
+            scaling_config=ScalingConfig(num_workers=WORLD_SIZE),
+            run_config=RunConfig(
+                name="b5",
+                storage_path=str(tmp / "store"),
+                failure_config=FailureConfig(max_failures=1),
+                callbacks=[DetectCallback()],
+            ),
+        )
+        t_fit = time.time()
+        result = trainer.fit()
+        t_end = time.time()
+    finally:
+        ray.shutdown()
+    return {"t_fit": t_fit, "t_end": t_end, "ray_init_s": init_s,
+            "error": repr(result.error) if result.error else None}  # fmt: skip
+
+
+GLOG_TIME = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) ")
+
+
+def _glog_time(line: str, year: int) -> float | None:
+    """Epoch seconds of a torch.distributed.elastic log line (glog style, local time)."""
+    m = GLOG_TIME.match(line)
+    if not m:
+        return None
+    month, day, hour, minute = (int(v) for v in m.groups()[:4])
+    sec = float(m.group(5))
+    t = time.mktime((year, month, day, hour, minute, int(sec), 0, 0, -1))
+    return t + sec - int(sec)
+
+
+def _fit_torchrun(cfg: dict[str, Any], tmp: Path) -> Record:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg["ckpt_dir"] = str(tmp / "ckpt")
+    Path(cfg["ckpt_dir"]).mkdir()
+    cfg_path = tmp / "cfg.json"
+    cfg_path.write_text(json.dumps(cfg))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+           "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+           str(Path(__file__).resolve()), "--torchrun-worker", str(cfg_path)]  # fmt: skip
+    log = tmp / "torchrun.log"
+    t0 = time.time()
+    with log.open("w") as fh:
+        rc = subprocess.run(cmd, env=dict(os.environ, LOGLEVEL="INFO"), stdout=fh,
+                            stderr=subprocess.STDOUT, check=False).returncode  # fmt: skip
+    t_end = time.time()
+    year = datetime.now().year
+    for line in log.read_text(errors="replace").splitlines():
+        if "Worker group FAILED" in line and "will restart" in line:
+            t = _glog_time(line, year)
+            if t is not None:
+                _write_json(Path(cfg["detect_file"]), {"t_detect": t})
+            break
+    return {"t_fit": t0, "t_end": t_end,
+            "error": None if rc == 0 else f"torchrun rc={rc}: {log.read_text()[-1500:]}"}  # fmt: skip
+
+
+def _read(path: Path) -> Record:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _derive(rec: Record, out: Path) -> Record:
+    kill, detect = _read(out / "kill.json"), _read(out / "detect.json")
+    fresh, restored = _read(out / "rank0-fresh.json"), _read(out / "rank0-restored.json")
+    rec.update(kill=kill, fresh=fresh, restored=restored)
+    t_kill = kill.get("t_kill")
+    if t_kill is None:
+        return rec
+    if "t_detect" in detect:
+        rec["detect_s"] = detect["t_detect"] - t_kill
+    if "t_first_line" in restored:
+        rec["restart_s"] = restored["t_first_line"] - t_kill
+    if "t_first_step" in restored:
+        rec["restore_s"] = restored["t_first_step"] - t_kill
+        rec["setup_s"] = restored["t_first_step"] - restored["t_first_line"]
+        rec["data_s"] = restored["t_data"] - restored["t_first_line"]
+        rec["prepare_s"] = restored["t_prepared"] - restored["t_data"]
+        rec["load_s"] = restored["t_loaded"] - restored["t_load_start"]
+        rec["step1_s"] = restored["t_first_step"] - restored["t_loaded"]
+        rec["resumed_from_step"] = restored["start_step"]
+    return rec
+
+
+def run_one(args: argparse.Namespace) -> Record:
+    t0 = time.perf_counter()
+    import torch  # what every driver script imports first
+
+    torch.set_num_threads(1)
+    import_s = time.perf_counter() - t0
+    tmp = Path(tempfile.mkdtemp(prefix=f"phxb5-{args.one}-"))
+    out = tmp / "marks"
+    out.mkdir()
+    cfg = {
+        "system": args.one,
+        "rows": args.rows,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "ckpt_every": args.ckpt_every,
+        "kill_step": args.kill_step,
+        "threads": 1,
+        "out_dir": str(out),
+        "detect_file": str(out / "detect.json"),
+    }
+    try:
+        if args.one == "raytrain":
+            rec = _fit_raytrain(cfg, tmp)
+        elif args.one == "torchrun":
+            rec = _fit_torchrun(cfg, tmp)
+        else:
+            rec = _fit_phalanx(cfg, tmp, preload=args.one == "phalanx-preload")
+        rec = _derive(rec, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rec.update(import_s=import_s, fit_total_s=rec["t_end"] - rec["t_fit"])
+    return rec
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Live processes whose session id is ``sid`` (the session of a run this script started)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _reap_session(sid: int) -> list[str]:
+    """Kill what a finished run left behind in its own session; return their names."""
+    left = []
+    for pid in _session_pids(sid):
+        try:
+            name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()[-60:]
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+        left.append(f"{pid} {name}")
+    return left
+
+
+def launch(system: str, rep: int, args: argparse.Namespace, logs: Path) -> Record:
+    json_out, log = logs / f"{system}-{rep}.json", logs / f"{system}-{rep}.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", system, "--json-out",
+           str(json_out), "--rows", str(args.rows), "--epochs", str(args.epochs),
+           "--batch-size", str(args.batch_size), "--ckpt-every", str(args.ckpt_every),
+           "--kill-step", str(args.kill_step)]  # fmt: skip
+    env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
+    t0 = time.perf_counter()
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO,
+                                start_new_session=True)  # fmt: skip
+        try:
+            rc = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    e2e_s = time.perf_counter() - t0
+    time.sleep(1.0)  # let what exits on its own do so
+    left = _reap_session(proc.pid)
+    rec: Record = {"system": system, "rep": rep, "e2e_s": e2e_s, "ok": False, "leftover": left}
+    if rc == 0 and json_out.exists():
+        rec.update(json.loads(json_out.read_text()))
+        rec["ok"] = rec.get("error") is None and "restore_s" in rec
+    if not rec["ok"]:
+        rec["log_tail"] = f"rc={rc}: " + log.read_text(errors="replace")[-3000:]
+    return rec
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _vals(runs: list[Record], system: str, key: str) -> dict[int, float]:
+    return {r["rep"]: r[key] for r in runs if r["system"] == system and r["ok"] and key in r}
+
+
+def _cell(runs: list[Record], system: str, key: str) -> str:
+    v = list(_vals(runs, system, key).values())
+    if not v:
+        return "n/a"
+    return f"{_median(v):.3f} ({min(v):.3f}..{max(v):.3f})"
+
+
+def _ratio(runs: list[Record], key: str, a: str, b: str) -> str:
+    va, vb = _vals(runs, a, key), _vals(runs, b, key)
+    ratios = [va[k] / vb[k] for k in va.keys() & vb.keys() if vb[k] > 0]
+    return f"{_median(ratios):.3f}x" if ratios else "n/a"
+
+
+COLUMNS = [
+    ("detect_s", "detect_s"),
+    ("restart_s", "kill → first line"),
+    ("restore_s", "restore_s"),
+    ("fit_total_s", "fit_total_s"),
+    ("e2e_s", "whole process"),
+]
+# Where the restarted rank 0 spends "first line → first step".
+BREAKDOWN = [
+    ("setup_s", "first line → first step"),
+    ("data_s", "data + model"),
+    ("prepare_s", "prepare_model/loader (DDP)"),
+    ("load_s", "load ckpt"),
+    ("step1_s", "skip to step + first step"),
+]
+
+
+def _header(meta: Record) -> list[str]:
+    m, v = meta["machine"], meta["versions"]
+    steps = -(-meta["rows"] // WORLD_SIZE // meta["batch_size"]) * meta["epochs"]
+    return [
+        "# B5 recovery: kill -9 of rank 1 mid-run, phalanx vs Ray Train vs torchrun",
+        "",
+        f"- date: {meta['date']}; command: `{meta['command']}`",
+        f"- machine: {m['nproc']} CPUs, {m['memory_gib']} GiB, {m['cpu_model']}; load avg "
+        f"{m['load_start']:.2f} at start, {m['load_end']:.2f} at end (shared, noisy)",
+        f"- versions: Python {v['python']}, torch {v['torch']}, ray {v['ray']}, phalanx "
+        f"{v['phalanx']}",
+        f"- workload (B2 loop, shrunk): MLP 784-512-512-10, {meta['rows']:,} synthetic rows, "
+        f"{WORLD_SIZE} workers (gloo DDP), {meta['epochs']} epochs = {steps} steps per worker, "
+        f"batch {meta['batch_size']} per worker; every {meta['ckpt_every']} steps all ranks "
+        "report, rank 0 with a checkpoint (model + optimizer, ~10 MB); rank 1 SIGKILLs itself "
+        f"after step {meta['kill_step']} of the first attempt; max_failures=1; 1 thread per "
+        "worker everywhere",
+        f"- {meta['reps']} reps, interleaved ({' '.join(meta['systems'])}), each run in its own "
+        "subprocess. Median (min..max) of the ok runs, seconds.",
+        "- detect_s: kill → phalanx `Callback.after_exception` (after teardown) / Ray "
+        "`UserCallback.after_exception` (before teardown) / torchrun agent log line "
+        "`Worker group FAILED ... will restart` (after teardown). restore_s: kill → first "
+        "optimizer step done by the restarted rank 0 (includes load ckpt and the skip to the "
+        "checkpoint's step). fit_total_s: fit() (torchrun: the whole torchrun command).",
+        "",
+    ]
+
+
+def _table(runs: list[Record], systems: list[str], columns: list[tuple[str, str]]) -> list[str]:
+    lines = [
+        "| system | ok | " + " | ".join(c[1] for c in columns) + " |",
+        "| --- " * (len(columns) + 2) + "|",
+    ]
+    for s in systems:
+        ok = sum(1 for r in runs if r["system"] == s and r["ok"])
+        total = sum(1 for r in runs if r["system"] == s)
+        cells = " | ".join(_cell(runs, s, key) for key, _ in columns)
+        lines.append(f"| {s} | {ok}/{total} | {cells} |")
+    return lines
+
+
+def write_report(runs: list[Record], meta: Record, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
+    systems = meta["systems"]
+    lines = _header(meta) + _table(runs, systems, COLUMNS)
+    lines += ["", "Restarted rank 0, first line of the training fn → first step:", ""]
+    lines += _table(runs, systems, BREAKDOWN)
+    pairs = [(a, b) for a in ("phalanx", "phalanx-preload") for b in ("raytrain", "torchrun")
+             if a in systems and b in systems]  # fmt: skip
+    if "phalanx" in systems and "phalanx-preload" in systems:
+        pairs.append(("phalanx-preload", "phalanx"))
+    lines += ["", "Ratios: median over reps of (rep i of one / rep i of the other).", ""]
+    lines.append("| metric | " + " | ".join(f"{a} / {b}" for a, b in pairs) + " |")
+    lines.append("| --- " * (len(pairs) + 1) + "|")
+    for key, label in COLUMNS:
+        lines.append(f"| {label} | " + " | ".join(_ratio(runs, key, a, b) for a, b in pairs) + " |")
+    lines += ["", *_targets(runs, systems), *_notes(runs, systems)]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def _targets(runs: list[Record], systems: list[str]) -> list[str]:
+    """B5: detection <= 0.2 s; back to training <= 1.5 s + load; <= 0.1x Ray Train."""
+    lines = []
+    for s in (s for s in systems if s.startswith("phalanx")):
+        detect = _median(list(_vals(runs, s, "detect_s").values()))
+        back = [r["restore_s"] - r["load_s"] for r in runs if r["system"] == s and r["ok"]]
+        if detect is None or not back:
+            continue
+        lines.append(
+            f"- B5 targets, {s}: detection {detect:.3f} s (target <= 0.2); kill → first step "
+            f"minus checkpoint load {statistics.median(back):.3f} s (target <= 1.5); "
+            f"restore_s / raytrain {_ratio(runs, 'restore_s', s, 'raytrain')}, detect_s / "
+            f"raytrain {_ratio(runs, 'detect_s', s, 'raytrain')} (target <= 0.1x)"
+        )
+    return lines
+
+
+def _notes(runs: list[Record], systems: list[str]) -> list[str]:
+    notes = []
+    for s in systems:
+        mine = [r for r in runs if r["system"] == s and r["ok"]]
+        resumed = sorted({r.get("resumed_from_step") for r in mine}, key=str)
+        losses = sorted({round(r["restored"].get("final_loss", float("nan")), 4) for r in mine})
+        left = sorted(
+            {n.split(" ", 1)[-1] for r in runs if r["system"] == s for n in r["leftover"]}
+        )
+        count = sum(len(r["leftover"]) for r in runs if r["system"] == s)
+        notes.append(f"- {s}: resumed from step {resumed}; final loss {losses}; processes of the "
+                     f"run still alive 1 s after its driver exited (then killed): {count} "
+                     f"{left or ''}")  # fmt: skip
+    notes += [
+        "- torchrun: the workers join gloo through a `PrefixStore` per restart on the agent's "
+        'store; with a plain `init_process_group("gloo")` the restarted ranks read the dead '
+        "group's gloo addresses from the agent's store (it outlives restarts) and fail with "
+        "`Gloo connectFullMesh failed ... Connection refused`.",
+        "- `prepare_model` (DDP construction) imports `torch._dynamo` on first use in a "
+        "process: in workers restarted from phalanx's fork server without a preload, in every "
+        "new Ray Train and torchrun worker. `phalanx-preload` names it in `preload_modules`.",
+    ]
+    for r in runs:
+        if not r["ok"]:
+            notes.append(f"- FAILED {r['system']} rep {r['rep']}: {r.get('log_tail', '')[-400:]!r}")
+    return notes
+
+
+def _machine() -> Record:
+    cpu = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+           if ln.startswith("model name")]  # fmt: skip
+    mem = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
+               if ln.startswith("MemTotal"))  # fmt: skip
+    return {
+        "nproc": os.cpu_count(),
+        "memory_gib": round(mem / 2**20, 1),
+        "cpu_model": cpu[0] if cpu else platform.processor(),
+        "platform": platform.platform(),
+        "load_start": os.getloadavg()[0],
+    }
+
+
+def _versions() -> Record:
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "ray": version("ray"),
+        "phalanx": version("phalanx"),
+    }
+
+
+def _summary(rec: Record) -> str:
+    keys = ("detect_s", "restart_s", "restore_s", "prepare_s", "step1_s", "fit_total_s", "e2e_s")
+    text = " ".join(f"{k}={rec[k]:.3f}" for k in keys if k in rec)
+    return f"{text} leftover={len(rec['leftover'])}"
+
+
+def run_all(args: argparse.Namespace) -> None:
+    systems = [s for s in args.systems.split(",") if s]
+    meta: Record = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        "machine": _machine(),
+        "versions": _versions(),
+        "rows": args.rows,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "ckpt_every": args.ckpt_every,
+        "kill_step": args.kill_step,
+        "reps": args.reps,
+        "systems": systems,
+    }
+    logs = Path(tempfile.mkdtemp(prefix="phxb5-logs-"))
+    runs: list[Record] = []
+    try:
+        for rep in range(args.reps):
+            for system in systems:
+                rec = launch(system, rep, args, logs)
+                runs.append(rec)
+                status = "ok" if rec["ok"] else "FAILED"
+                print(f"[rep {rep}] {system:15} {status} {_summary(rec)}", flush=True)
+                if not rec["ok"]:
+                    print(rec.get("log_tail", "")[-1500:], flush=True)
+    finally:
+        meta["machine"]["load_end"] = os.getloadavg()[0]
+        write_report(runs, meta, Path(args.out))
+        shutil.rmtree(logs, ignore_errors=True)
+    print(Path(args.out).with_suffix(".md").read_text())
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--rows", type=int, default=20_000)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=128, help="per worker")
+    p.add_argument("--ckpt-every", type=int, default=20, help="steps between checkpoints")
+    p.add_argument("--kill-step", type=int, default=50, help="rank 1 dies after this step")
+    p.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
+    p.add_argument("--out", default=str(REPO / "bench" / "results" / "recovery"))
+    p.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
+    p.add_argument("--json-out", help=argparse.SUPPRESS)
+    p.add_argument("--torchrun-worker", help=argparse.SUPPRESS)
+    p.add_argument("--render", metavar="JSON", help="rewrite the markdown from a results JSON")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+        write_report(data["runs"], data["meta"], Path(args.render).with_suffix(""))
+    elif args.torchrun_worker:
+        _torchrun_worker(args.torchrun_worker)
+    elif args.one:
+        for key, value in THREAD_ENV.items():
+            os.environ.setdefault(key, value)
+        rec = run_one(args)
+        Path(args.json_out).write_text(json.dumps(rec))
+    else:
+        run_all(args)
+
+
+if __name__ == "__main__":
+    main()
