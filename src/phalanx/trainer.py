@@ -37,6 +37,10 @@ class DataParallelTrainer(BaseTrainer):
     reports and checkpoints into storage, and returns a :class:`~phalanx.Result` (or raises
     :class:`~phalanx.TrainingFailedError`, whose ``.result`` holds what was saved).
 
+    ``preprocessor`` (a ``phalanx.preprocess`` Preprocessor) is fitted on ``datasets["train"]``
+    unless fitted already, applied to every dataset the workers read, and saved in every
+    checkpoint, where predictors apply it to raw input.
+
     Example::
 
         def train_func(config):
@@ -63,6 +67,7 @@ class DataParallelTrainer(BaseTrainer):
         dataset_config: DataConfig | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
         metadata: dict[str, Any] | None = None,
+        preprocessor: Any = None,
     ) -> None:
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
@@ -73,6 +78,7 @@ class DataParallelTrainer(BaseTrainer):
         self.dataset_config = dataset_config or DataConfig()
         self.resume_from_checkpoint = resume_from_checkpoint
         self.metadata = dict(metadata or {})
+        self.preprocessor = preprocessor
         self._validate()
         self._payload = _pickle_train_fn(train_loop_per_worker)
 
@@ -93,12 +99,20 @@ class DataParallelTrainer(BaseTrainer):
             from phalanx.data import validate_datasets
 
             validate_datasets(self.datasets, self.dataset_config)
+        if self.preprocessor is not None:
+            from phalanx.preprocess.attach import check_preprocessor
+
+            check_preprocessor(self.preprocessor)
 
     def fit(self) -> Result:
         run_config = self.run_config
         name = run_config.name or time.strftime("phalanx_run-%Y-%m-%d_%H-%M-%S")
         engine = resolve_engine(self.scaling_config)
         engine.check(self.scaling_config)
+        if self.preprocessor is not None:
+            from phalanx.preprocess.attach import fit_on_train
+
+            fit_on_train(self.preprocessor, self.datasets)
         storage = RunStorage.create(
             run_config.storage_path or env.default_storage_path(),
             name,
@@ -119,6 +133,7 @@ class DataParallelTrainer(BaseTrainer):
             resume_from_checkpoint=self.resume_from_checkpoint,
             datasets=self.datasets,
             dataset_config=self.dataset_config,
+            preprocessor=self.preprocessor,
             start_timeout_s=env.worker_start_timeout_s(),
         )
         return Controller(spec, engine, storage, manager).run()

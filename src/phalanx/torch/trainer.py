@@ -60,6 +60,7 @@ class TorchTrainer(DataParallelTrainer):
         dataset_config: DataConfig | None = None,
         metadata: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
+        preprocessor: Any = None,
     ) -> None:
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
             raise ConfigError(
@@ -79,4 +80,5 @@ class TorchTrainer(DataParallelTrainer):
             dataset_config=dataset_config,
             resume_from_checkpoint=resume_from_checkpoint,
             metadata=metadata,
+            preprocessor=preprocessor,
         )

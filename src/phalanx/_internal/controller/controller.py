@@ -77,6 +77,7 @@ class RunSpec:
     resume_from_checkpoint: Checkpoint | None = None
     datasets: dict[str, Any] = field(default_factory=dict)
     dataset_config: DataConfig = field(default_factory=DataConfig)
+    preprocessor: Any = None
     start_timeout_s: float = 60.0
 
 
@@ -106,6 +107,7 @@ class Controller:
         self.error: BaseException | None = None
         self.last_metrics: dict[str, Any] | None = None
         self.return_value: Any = None
+        self._preprocessor_bytes: bytes | None = None
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -212,7 +214,12 @@ class Controller:
             return [{} for _ in range(world_size)]
         from phalanx.data import shard_datasets
 
-        return shard_datasets(self.spec.datasets, self.spec.dataset_config, world_size)
+        shards = shard_datasets(self.spec.datasets, self.spec.dataset_config, world_size)
+        if self.spec.preprocessor is None:
+            return shards
+        from phalanx.preprocess.attach import preprocess_shards
+
+        return preprocess_shards(shards, self.spec.preprocessor)
 
     # -- RUNNING --------------------------------------------------------------------------------
 
@@ -308,11 +315,23 @@ class Controller:
             self.history.add_rank_report(rank, round_.index, report.metrics)
         checkpoint = None
         if dir_name is not None:
-            self.storage.commit(dir_name, self.attempts - 1, self.spec.metadata)
+            self.storage.commit(
+                dir_name, self.attempts - 1, self.spec.metadata, self._checkpoint_files()
+            )
             self.history.flush()
             self.manager.register(TrackedCheckpoint(dir_name, rank0, round_.index))
             checkpoint = self.manager.latest_checkpoint
         self._notify("after_report", self.run_context, round_.metrics, checkpoint)
+
+    def _checkpoint_files(self) -> dict[str, bytes]:
+        """Files phalanx adds to every checkpoint: the fitted preprocessor, if any."""
+        if self.spec.preprocessor is None:
+            return {}
+        from phalanx.preprocess.attach import PREPROCESSOR_FILENAME, serialize
+
+        if self._preprocessor_bytes is None:
+            self._preprocessor_bytes = serialize(self.spec.preprocessor)
+        return {PREPROCESSOR_FILENAME: self._preprocessor_bytes}
 
     # -- FAILED ---------------------------------------------------------------------------------
 

@@ -134,7 +134,13 @@ class RunStorage:
                 f"Could not save checkpoint {dir_name!r} to {target!r}: {exc}"
             ) from exc
 
-    def commit(self, dir_name: str, attempt: int, metadata: dict[str, Any] | None) -> str:
+    def commit(
+        self,
+        dir_name: str,
+        attempt: int,
+        metadata: dict[str, Any] | None,
+        extra_files: dict[str, bytes] | None = None,
+    ) -> str:
         """Make a checkpoint visible under its final name; returns the final path.
 
         Local: the staged directory is renamed into place. Elsewhere (and for NO_UPLOAD
@@ -145,6 +151,7 @@ class RunStorage:
         if self.local and os.path.isdir(staged):
             if metadata:
                 _merge_metadata(fs, staged, metadata)
+            _write_files(fs, staged, extra_files)
             if os.path.exists(final):
                 raise StorageError(
                     f"Checkpoint directory {final!r} already exists.\n"
@@ -158,6 +165,7 @@ class RunStorage:
             fs.makedirs(final, exist_ok=True)
         if metadata:
             _merge_metadata(fs, final, metadata)
+        _write_files(fs, final, extra_files)
         return final
 
     def delete_checkpoint(self, dir_name: str) -> None:
@@ -189,6 +197,12 @@ class RunStorage:
             return None
         with self.filesystem.open(path, "rb") as f:
             return bytes(f.read())
+
+
+def _write_files(fs: Any, directory: str, files: dict[str, bytes] | None) -> None:
+    for name, data in (files or {}).items():
+        with fs.open(f"{directory}/{name}", "wb") as f:
+            f.write(data)
 
 
 def _fsync_tree(root: str) -> None:

@@ -1,0 +1,106 @@
+"""A trainer's ``preprocessor=``: fitted on the train dataset, applied as workers read.
+
+The driver fits the preprocessor once (streaming over the train dataset), then every dataset
+shard a worker reads passes through ``transform_batch`` block by block, in the worker, so the
+data is never materialised transformed. The fitted preprocessor is saved in every checkpoint
+(``preprocessor.pkl``), where predictors find it.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from phalanx.data.iterator import DataIterator
+from phalanx.data.plan import Piece
+from phalanx.data.source import Source
+from phalanx.errors import ConfigError
+from phalanx.predict.base import PREPROCESSOR_FILENAME
+
+__all__ = ["PREPROCESSOR_FILENAME", "fit_on_train", "preprocess_shards", "serialize"]
+
+
+class PreprocessedSource(Source):
+    """The rows of ``inner`` passed through a fitted preprocessor (row counts are unchanged)."""
+
+    def __init__(self, inner: Source, preprocessor: Any) -> None:
+        self.inner = inner
+        self.preprocessor = preprocessor
+        self.fragment_rows = inner.fragment_rows
+        self._schema: pa.Schema | None = None
+
+    @property  # type: ignore[override]
+    def schema(self) -> pa.Schema:
+        if self._schema is None:
+            self._schema = self._transform(self._sample()).schema
+        return self._schema
+
+    def _sample(self) -> pa.RecordBatch:
+        for index, rows in enumerate(self.inner.fragment_rows):
+            if rows > 0:
+                return next(iter(self.inner.read(Piece(index, 0, 1), 1)))
+        return pa.RecordBatch.from_pylist([], schema=self.inner.schema)
+
+    def _transform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        out = self.preprocessor.transform_batch(batch.to_pandas())
+        return pa.RecordBatch.from_pandas(out, preserve_index=False)
+
+    def read(self, piece: Piece, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        schema = self.schema
+        for batch in self.inner.read(piece, batch_rows):
+            out = self._transform(batch)
+            yield out if out.schema.equals(schema) else out.cast(schema)
+
+    def subset(self, fragments: Sequence[int]) -> Source:
+        return PreprocessedSource(self.inner.subset(fragments), self.preprocessor)
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()}, through {type(self.preprocessor).__name__}"
+
+
+def fit_on_train(preprocessor: Any, datasets: dict[str, Any]) -> None:
+    """Fit ``preprocessor`` on ``datasets["train"]`` unless it is fitted already."""
+    from phalanx.data import as_dataset
+
+    status = getattr(preprocessor, "fit_status", None)
+    if callable(status) and str(status()) in ("FITTED", "NOT_FITTABLE"):
+        return
+    if "train" not in datasets:
+        raise ConfigError(
+            f"preprocessor= needs a dataset named 'train' to be fitted on; the trainer got "
+            f"{sorted(datasets) or 'no datasets'}.\nHINT: name your training data 'train', or "
+            "pass a preprocessor that is fitted already."
+        )
+    train = datasets["train"]
+    preprocessor.fit(as_dataset(train() if callable(train) else train))
+
+
+def preprocess_shards(shards: list[dict[str, Any]], preprocessor: Any) -> list[dict[str, Any]]:
+    """Each rank's shards, reading through ``preprocessor``."""
+    return [{name: _wrap(it, preprocessor) for name, it in rank.items()} for rank in shards]
+
+
+def _wrap(iterator: Any, preprocessor: Any) -> Any:
+    if isinstance(iterator, DataIterator):
+        return DataIterator(
+            PreprocessedSource(iterator._source, preprocessor), iterator._assignment
+        )
+    return iterator  # e.g. a Ray Data iterator: transformed by Ray, not here
+
+
+def check_preprocessor(preprocessor: Any) -> None:
+    if not (
+        callable(getattr(preprocessor, "fit", None))
+        and callable(getattr(preprocessor, "transform_batch", None))
+    ):
+        raise ConfigError(
+            f"preprocessor={preprocessor!r} is invalid: it must be a phalanx.preprocess "
+            "Preprocessor (with fit and transform_batch)."
+        )
+
+
+def serialize(preprocessor: Any) -> bytes:
+    return pickle.dumps(preprocessor)
