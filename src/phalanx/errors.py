@@ -80,7 +80,7 @@ class WorkerFailure:
         where = f"pid={self.pid}" if self.pid is not None else ""
         if self.kind == "signal":
             return f"killed by signal {self.signal} ({_signal_name(self.signal)}) {where}".strip()
-        if self.kind == "exit":
+        if self.kind == "exit" and self.exit_code is not None:
             return f"worker process exited with code {self.exit_code} {where}".strip()
         if self.kind == "hang":
             return f"hung: {self.message}"

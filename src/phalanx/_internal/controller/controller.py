@@ -149,6 +149,7 @@ class Controller:
                 start_timeout_s=spec.start_timeout_s,
                 attempt=self.attempts - 1,
                 preload_modules=spec.backend_config.preload_modules,
+                storage=self.storage,
             ),
         )
         n = spec.scaling_config.num_workers

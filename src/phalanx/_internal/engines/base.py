@@ -30,6 +30,7 @@ class WorkerGroupSpec:
     start_timeout_s: float = 60.0
     attempt: int = 0
     preload_modules: tuple[str, ...] = ()
+    storage: Any = None  # the run's RunStorage: workers on other nodes check they can reach it
 
 
 @dataclass(frozen=True)

@@ -289,7 +289,7 @@ def run_marker(spec: WorkerGroupSpec) -> tuple[Any, str] | None:
     From ``spec.storage`` when the spec carries it, else from the run's log directory, which is
     ``<run>/logs`` when storage is local (None: nothing to check).
     """
-    storage = getattr(spec, "storage", None)
+    storage = spec.storage
     if storage is not None:
         return storage.filesystem, storage.path(MARKER_FILE)
     if spec.log_dir is not None and os.path.basename(spec.log_dir) == LOG_DIR:

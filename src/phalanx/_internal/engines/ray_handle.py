@@ -135,14 +135,23 @@ class RayWorkerHandle(WorkerHandle):
     def describe_death(self, exc: BaseException) -> str:
         node = self.metadata.node_id or "?"
         where = f"on node {node} ({self.metadata.host or '?'})"
-        cause = str(exc).strip().splitlines()
-        detail = f": {cause[0]}" if cause else ""
+        cause = _ray_cause(exc)
+        detail = f": {cause}" if cause else ""
         if _node_is_dead(node):
             return (
                 f"the Ray actor of rank {self.rank} (pid {self.metadata.pid}) was lost {where}: "
                 f"the node left the cluster{detail}"
             )
         return f"the Ray actor of rank {self.rank} (pid {self.metadata.pid}) died {where}{detail}"
+
+
+def _ray_cause(exc: BaseException) -> str:
+    """The line of Ray's error that says why the actor died, without Ray's generic advice."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    reason = next((ln for ln in lines if ln.startswith("The actor is dead because")), None)
+    if reason is None:
+        return lines[0] if lines else ""
+    return reason.split(" Some common causes")[0][:400]
 
 
 def _node_is_dead(node_id: str) -> bool:
@@ -179,20 +188,29 @@ class DrainPoller:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            with self._lock:
-                refs = list(self._inflight)
-            if not refs:
+            try:
+                self._poll_once()
+            except BaseException:  # Ray itself went away (ray.shutdown() while fit() ran)
+                if self._stopping.is_set() or not ray.is_initialized():
+                    return
+                logger.exception("The Ray engine's message poller failed; retrying")
                 self._stopping.wait(POLL_S)
-                continue
-            ready, _ = ray.wait(refs, num_returns=1, timeout=POLL_S)
-            if not ready:
-                continue
-            if len(refs) > 1:  # answer every actor that is ready, not only the first
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            for ref in ready:
-                with self._lock:
-                    handle = self._inflight.pop(ref)
-                self._answer(handle, ref)
+
+    def _poll_once(self) -> None:
+        with self._lock:
+            refs = list(self._inflight)
+        if not refs:
+            self._stopping.wait(POLL_S)
+            return
+        ready, _ = ray.wait(refs, num_returns=1, timeout=POLL_S)
+        if not ready:
+            return
+        if len(refs) > 1:  # answer every actor that is ready, not only the first
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in ready:
+            with self._lock:
+                handle = self._inflight.pop(ref)
+            self._answer(handle, ref)
 
     def _answer(self, handle: RayWorkerHandle, ref: Any) -> None:
         try:

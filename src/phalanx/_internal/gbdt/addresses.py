@@ -1,0 +1,38 @@
+"""Where a worker group's own sockets (XGBoost's tracker, LightGBM's ports) listen."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+__all__ = ["LOOPBACK", "cpus_per_worker", "group_addresses", "reserve_port"]
+
+LOOPBACK = "127.0.0.1"
+
+
+def group_addresses(worker_group: Any) -> list[str]:
+    """The address of each rank, in rank order: loopback for everyone when every worker is on
+    one node (nothing is exposed to the network), else each worker's node address."""
+    workers = worker_group.workers
+    if len({w.metadata.node_id for w in workers}) <= 1:
+        return [LOOPBACK] * len(workers)
+    return [w.metadata.host for w in workers]
+
+
+def reserve_port(host: str) -> socket.socket:
+    """A bound, not listening, socket on a free port of ``host``: the port stays taken (the
+    kernel hands it to no one else) until the socket is closed, right before it is used."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def cpus_per_worker(worker_group: Any) -> float | None:
+    """The ``CPU`` resource the user asked for per worker, or None (then each worker uses an
+    equal share of its node's cores)."""
+    scaling = worker_group.spec.scaling_config
+    return (scaling.resources_per_worker or {}).get("CPU") or None

@@ -1,0 +1,131 @@
+"""What the XGBoost and LightGBM report callbacks share: which metrics to report under which
+names, when to save a checkpoint, and how one boosting round is reported from every rank."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from phalanx.errors import ConfigError
+
+__all__ = ["ReportSettings", "flatten_metrics", "send_report"]
+
+MetricsArg = str | list[str] | dict[str, str] | None
+
+
+class ReportSettings:
+    """The arguments of ``ReportCallback`` (Ray's ``RayTrainReportCallback``), checked.
+
+    ``metrics``: None (every metric), a name, a list of names, or ``{report_key: metric}``;
+    names are ``<dataset>-<metric>`` (``"valid-logloss"``). ``frequency``: save a checkpoint every
+    that many boosting rounds (0: never during training). ``checkpoint_at_end``: save one when
+    training ends (unless the last round just saved one). ``results_postprocessing_fn``: applied
+    to the metrics dict before it is reported.
+    """
+
+    def __init__(
+        self,
+        owner: str,
+        metrics: MetricsArg,
+        filename: str,
+        frequency: int,
+        checkpoint_at_end: bool,
+        results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None,
+    ) -> None:
+        if isinstance(metrics, str):
+            metrics = [metrics]
+        if metrics is not None and not _valid_metrics(metrics):
+            raise ConfigError(
+                f"{owner}(metrics={metrics!r}) is invalid: it must be None, a metric name, a list "
+                "of names or a dict {report_key: metric_name}.\nHINT: names look like "
+                "'valid-logloss' (<dataset>-<metric>)."
+            )
+        if not isinstance(filename, str) or not filename:
+            raise ConfigError(f"{owner}(filename={filename!r}) is invalid: use a file name.")
+        if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 0:
+            raise ConfigError(
+                f"{owner}(frequency={frequency!r}) is invalid: it must be an integer >= 0 "
+                "(0: no checkpoints during training)."
+            )
+        if results_postprocessing_fn is not None and not callable(results_postprocessing_fn):
+            raise ConfigError(
+                f"{owner}(results_postprocessing_fn={results_postprocessing_fn!r}) is invalid: "
+                "it must be a function taking and returning a dict."
+            )
+        self.owner = owner
+        self.metrics = metrics
+        self.filename = filename
+        self.frequency = frequency
+        self.checkpoint_at_end = bool(checkpoint_at_end)
+        self.postprocess = results_postprocessing_fn
+
+    def checkpoint_due(self, iteration: int) -> bool:
+        """Whether boosting round ``iteration`` (0-based, counted over resumes) saves one."""
+        return self.frequency > 0 and (iteration + 1) % self.frequency == 0
+
+    def select(self, flat: dict[str, Any]) -> dict[str, Any]:
+        """The metrics to report, from every ``<dataset>-<metric>`` value of this round."""
+        if self.metrics is None:
+            chosen = dict(flat)
+        else:
+            pairs = self.metrics.items() if isinstance(self.metrics, dict) else _same(self.metrics)
+            missing = [metric for _, metric in pairs if metric not in flat]
+            if missing:
+                raise ConfigError(
+                    f"{self.owner}(metrics={self.metrics!r}) names {missing}, which this "
+                    f"training does not compute; it computes {sorted(flat)}.\nHINT: names are "
+                    "<dataset name>-<metric name>: check the names in evals/valid_sets and the "
+                    "eval metrics in params."
+                )
+            chosen = {key: flat[metric] for key, metric in pairs}
+        return self.postprocess(chosen) if self.postprocess else chosen
+
+
+def flatten_metrics(evals: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``{"valid": {"auc": v}}`` -> ``{"valid-auc": v}``; the last value of history lists, and
+    ``-mean``/``-std`` for the (mean, std) pairs of cross-validation."""
+    flat: dict[str, Any] = {}
+    for data_name, metrics in evals.items():
+        for metric, value in metrics.items():
+            if isinstance(value, list):
+                value = value[-1] if value else None
+            key = f"{data_name}-{metric}"
+            if isinstance(value, tuple) and len(value) == 2:
+                flat[f"{key}-mean"], flat[f"{key}-std"] = float(value[0]), float(value[1])
+            elif value is not None:
+                flat[key] = float(value)
+    return flat
+
+
+def send_report(
+    metrics: dict[str, Any],
+    save_model: Callable[[str], None] | None,
+    filename: str,
+    framework: str,
+) -> None:
+    """Report this round from this rank. With ``save_model``, rank 0 writes the model into a
+    fresh directory (``save_model(path)``) and reports it as the checkpoint, whose metadata
+    names the ``framework`` (for predictors); the other ranks report the same round without
+    one (their models are identical)."""
+    import phalanx
+    from phalanx.checkpoint import Checkpoint
+
+    if save_model is None or phalanx.get_context().get_world_rank() != 0:
+        phalanx.report(metrics)
+        return
+    with tempfile.TemporaryDirectory(prefix="phalanx-gbdt-") as directory:
+        save_model(f"{directory}/{filename}")
+        checkpoint = Checkpoint.from_directory(directory)
+        checkpoint.set_metadata({"framework": framework})
+        phalanx.report(metrics, checkpoint=checkpoint)
+
+
+def _valid_metrics(metrics: Any) -> bool:
+    if isinstance(metrics, dict):
+        return all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items())
+    return isinstance(metrics, list | tuple) and all(isinstance(m, str) for m in metrics)
+
+
+def _same(names: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
+    return [(name, name) for name in names]
