@@ -73,6 +73,7 @@ def get_dataset_shard(name: str) -> Any:
     if name not in shards:
         raise KeyError(
             f"No dataset named {name!r}; the trainer was given {sorted(shards) or 'no datasets'}."
+            "\nHINT: pass it as Trainer(datasets={" + repr(name) + ": ...})."
         )
     return shards[name]
 

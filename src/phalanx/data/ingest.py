@@ -1,0 +1,322 @@
+"""What the trainer calls: check ``datasets=`` at construction, shard it at each attempt.
+
+``validate_datasets`` runs in the Trainer's constructor (cheap: files are listed and their
+footers read, in-memory data is checked, nothing is converted). ``shard_datasets`` runs at the
+start of every attempt (a callable dataset is called again then) and returns, per rank, the
+``DataIterator`` that ``get_dataset_shard(name)`` gives back. The iterators are light: a file
+shard lists the row groups / files of its rank; an in-memory table is shared through one
+memory-mapped file rather than copied into every worker's pickle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from phalanx.config import DataConfig
+from phalanx.data.dataset import Dataset, from_arrow, from_items, from_numpy, from_pandas
+from phalanx.data.files import file_source
+from phalanx.data.iterator import DataIterator
+from phalanx.errors import ConfigError
+
+__all__ = ["as_dataset", "require_columns", "shard_datasets", "validate_datasets"]
+
+logger = logging.getLogger(__name__)
+
+ACCEPTED = (
+    "a pandas DataFrame, a pyarrow Table, a dict of numpy arrays, a list of dicts (records), a "
+    "path or URI (or a list of them) of Parquet/CSV/JSON-lines files or folders, a pyarrow "
+    "dataset, a phalanx.data.Dataset, a ray.data.Dataset (on Ray), or a function returning one"
+)
+
+
+def validate_datasets(datasets: dict[str, Any], data_config: DataConfig) -> None:
+    """Raise ConfigError for anything ``shard_datasets`` could not read."""
+    for name in datasets:
+        if not isinstance(name, str):
+            raise ConfigError(f"datasets has a key {name!r}: dataset names must be strings.")
+    split = data_config.datasets_to_split
+    if split != "all":
+        unknown = sorted(set(split) - set(datasets))
+        if unknown:
+            raise ConfigError(
+                f"DataConfig(datasets_to_split={list(split)}) names {unknown}, which are not in "
+                f"datasets (given: {sorted(datasets)}).\nHINT: use the keys of datasets=."
+            )
+    for name, value in datasets.items():
+        if _is_ray_dataset(value) or _is_factory(value):
+            continue  # a factory is checked when it is called, at the start of each attempt
+        _check_value(value, _label(name))
+
+
+def shard_datasets(
+    datasets: dict[str, Any], data_config: DataConfig, world_size: int
+) -> list[dict[str, Any]]:
+    """One dict per rank: dataset name -> that rank's ``DataIterator`` (split datasets) or an
+    iterator over every row (the others). Split datasets are split equally: every rank gets
+    ``rows // world_size`` rows, and the remainder is left out, so ranks run the same steps."""
+    split = data_config.datasets_to_split
+    # DataConfig(equal_split=False) keeps every row; the ranks then differ by at most one row.
+    equal = data_config.equal_split
+    shards: list[dict[str, Any]] = [{} for _ in range(world_size)]
+    for name, value in datasets.items():
+        if _is_factory(value):
+            value = _call_factory(name, value)
+        is_split = split == "all" or name in split
+        iterators = _ray_iterators(value, world_size, is_split)
+        if iterators is None:
+            dataset = as_dataset(value, name)
+            if is_split:
+                iterators = dataset.streaming_split(world_size, equal=equal)
+                _log_split(name, dataset.count(), world_size, equal)
+            else:  # one iterator object per rank: each keeps its own epoch count
+                iterators = [dataset.iterator() for _ in range(world_size)]
+        for rank, iterator in enumerate(iterators):
+            shards[rank][name] = iterator
+    return shards
+
+
+def as_dataset(value: Any, name: str = "dataset") -> Dataset:
+    """``value`` (any accepted kind of data) as a :class:`Dataset`."""
+    label = _label(name)
+    if _is_paths(value):
+        return Dataset(file_source(value, label=label))
+    if _is_arrow_dataset(value):
+        return _from_arrow_dataset(value, label)
+    _check_value(value, label)
+    if isinstance(value, Dataset):
+        return value
+    if isinstance(value, pa.Table):
+        return from_arrow(value)
+    if _is_pandas(value):
+        return _converted(label, from_pandas, value)
+    if isinstance(value, np.ndarray | dict):
+        return _converted(label, from_numpy, value)
+    return _converted(label, from_items, value)
+
+
+def require_columns(data: Any, columns: Sequence[str], what: str, name: str | None = None) -> None:
+    """Raise ConfigError if ``data`` (a dataset value, a Dataset or a DataIterator) lacks any of
+    ``columns``. For trainers that need e.g. a label column::
+
+        require_columns(datasets["train"], [label_column], f"label_column={label_column!r}")
+
+    A function returning a dataset is not called; its columns are checked when it is.
+    """
+    if _is_factory(data):
+        return
+    have = _column_names(data, name or "dataset")
+    if have is None:
+        return
+    missing = [c for c in columns if c not in have]
+    if missing:
+        where = f"dataset {name!r}" if name else "the dataset"
+        raise ConfigError(
+            f"{what} needs column(s) {missing}, but {where} has columns {have}.\n"
+            "HINT: check the spelling (column names are case-sensitive), or add the column "
+            "to the data."
+        )
+
+
+# -- checks ---------------------------------------------------------------------------------
+
+
+def _check_value(value: Any, label: str) -> None:
+    if isinstance(value, Dataset | pa.Table) or _is_pandas(value):
+        return
+    if _is_paths(value):
+        file_source(value, label=label)  # lists files, reads footers: raises if unreadable
+    elif _is_arrow_dataset(value):
+        _from_arrow_dataset(value, label)
+    elif isinstance(value, np.ndarray):
+        return
+    elif isinstance(value, dict):
+        _check_arrays(value, label)
+    elif isinstance(value, list) and all(isinstance(r, dict) for r in value):
+        _check_records(value, label)
+    else:
+        raise ConfigError(
+            f"{label} is a {type(value).__module__}.{type(value).__qualname__}, which phalanx "
+            f"cannot read.\nIt accepts {ACCEPTED}.\nHINT: convert it, e.g. to a pandas "
+            "DataFrame or a dict of numpy arrays."
+        )
+
+
+def _check_arrays(value: dict[Any, Any], label: str) -> None:
+    lengths = {}
+    for key, column in value.items():
+        if not isinstance(key, str) or not hasattr(column, "__len__"):
+            raise ConfigError(
+                f"{label} is a dict, so it must map column names (str) to arrays; "
+                f"{key!r} maps to a {type(column).__name__}.\nHINT: pass "
+                "{'x': np.array(...), 'y': np.array(...)}."
+            )
+        lengths[key] = len(column)
+    if len(set(lengths.values())) > 1:
+        raise ConfigError(
+            f"{label}: its arrays have different lengths ({lengths}).\n"
+            "HINT: every column must have one value per row."
+        )
+
+
+def _check_records(value: list[dict[str, Any]], label: str) -> None:
+    if not value:
+        return
+    keys = list(value[0])
+    for i, record in enumerate(value):
+        if list(record) != keys and set(record) != set(keys):
+            raise ConfigError(
+                f"{label} has mixed schemas: record 0 has keys {keys} but record {i} has "
+                f"{list(record)}.\nHINT: give every record the same keys (use None for missing "
+                "values)."
+            )
+
+
+def _column_names(data: Any, name: str) -> list[str] | None:
+    if isinstance(data, Dataset | DataIterator):
+        return data.columns()
+    if isinstance(data, pa.Table):
+        return list(data.column_names)
+    if _is_pandas(data):
+        return [str(c) for c in data.columns]
+    if isinstance(data, dict):
+        return [str(c) for c in data]
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        return list(data[0])
+    if _is_ray_dataset(data):
+        schema = data.schema()
+        return list(schema.names) if schema is not None else None
+    return as_dataset(data, name).columns()
+
+
+# -- kinds of values ------------------------------------------------------------------------
+
+
+def _label(name: str) -> str:
+    return f"datasets[{name!r}]"
+
+
+def _is_factory(value: Any) -> bool:
+    known = Dataset | pa.Table | dict | list | str | os.PathLike | np.ndarray
+    return callable(value) and not isinstance(value, known) and not _is_pandas(value)
+
+
+def _call_factory(name: str, factory: Any) -> Any:
+    try:
+        value = factory()
+    except Exception as exc:
+        exc.add_note(f"(raised by the function given as datasets[{name!r}])")
+        raise
+    if _is_factory(value):
+        raise ConfigError(
+            f"datasets[{name!r}] is a function that returned another function ({value!r}).\n"
+            f"HINT: it must return the data itself: {ACCEPTED}."
+        )
+    return value
+
+
+def _is_pandas(value: Any) -> bool:
+    pd = sys.modules.get("pandas")
+    return pd is not None and isinstance(value, pd.DataFrame)
+
+
+def _is_paths(value: Any) -> bool:
+    if isinstance(value, str | os.PathLike):
+        return True
+    return (
+        isinstance(value, list | tuple)
+        and bool(value)
+        and all(isinstance(v, str | os.PathLike) for v in value)
+    )
+
+
+def _is_arrow_dataset(value: Any) -> bool:
+    if not type(value).__module__.startswith("pyarrow"):
+        return False
+    import pyarrow.dataset as pds
+
+    return isinstance(value, pds.Dataset)
+
+
+def _is_ray_dataset(value: Any) -> bool:
+    if "ray" not in sys.modules or not type(value).__module__.startswith("ray"):
+        return False
+    try:
+        from phalanx.data import ray_data
+    except ImportError:
+        return False
+    return bool(ray_data.is_ray_dataset(value))
+
+
+def _ray_iterators(value: Any, world_size: int, split: bool) -> list[Any] | None:
+    """Ray Data's own iterators for a ``ray.data.Dataset`` (``streaming_split`` when split)."""
+    if not _is_ray_dataset(value):
+        if "ray" in sys.modules and type(value).__module__.startswith("ray.data"):
+            raise ConfigError(
+                f"A {type(value).__name__} from Ray Data needs phalanx's Ray support "
+                "(phalanx.data.ray_data), which is not available here.\nHINT: pass the data's "
+                "files (a path) or a pandas DataFrame instead."
+            )
+        return None
+    from phalanx.data import ray_data
+
+    if split:
+        return list(ray_data.split_ray_dataset(value, world_size))
+    return [ray_data.ray_dataset_iterator(value) for _ in range(world_size)]
+
+
+def _converted(label: str, convert: Any, value: Any) -> Dataset:
+    try:
+        return convert(value)  # type: ignore[no-any-return]
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise ConfigError(
+            f"{label} cannot be converted to Arrow columns: {exc}.\nHINT: give each column "
+            "one type (e.g. no mix of numbers and strings in one column)."
+        ) from exc
+
+
+def _from_arrow_dataset(value: Any, label: str) -> Dataset:
+    """A pyarrow dataset: file datasets are read file by file (with their partition columns),
+    others are materialized."""
+    import pyarrow.dataset as pds
+
+    if not isinstance(value, pds.FileSystemDataset):
+        return from_arrow(value.to_table())
+    fragments = list(value.get_fragments())
+    files = [f.path for f in fragments]
+    constants = [pds.get_partition_keys(f.partition_expression) for f in fragments]
+    keys = {k for c in constants for k in c}
+    constant_schema = pa.schema([value.schema.field(k) for k in value.schema.names if k in keys])
+    fmt = value.format.default_extname
+    fmt = {"parquet": "parquet", "csv": "csv", "json": "json"}.get(fmt)
+    if fmt is None or (fmt != "parquet" and keys):
+        return from_arrow(value.to_table())
+    source = file_source(
+        files,
+        label=label,
+        format=fmt,
+        filesystem=value.filesystem,
+        file_constants=constants if keys else None,
+        constant_schema=constant_schema if keys else None,
+    )
+    return Dataset(source)
+
+
+def _log_split(name: str, rows: int, world_size: int, equal: bool) -> None:
+    dropped = rows % world_size if equal else 0
+    if dropped:
+        logger.info(
+            "Dataset %r: %d rows over %d ranks: %d per rank; %d row(s) left out each epoch so "
+            "every rank runs the same number of steps.",
+            name,
+            rows,
+            world_size,
+            rows // world_size,
+            dropped,
+        )

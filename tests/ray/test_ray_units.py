@@ -1,0 +1,157 @@
+"""The Ray engine's rules without a cluster: engine choice, bundles, feasibility, Ray Data checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+from phalanx import ConfigError, ScalingConfig
+from phalanx._internal.engines.ray_resources import actor_options, infeasibility, worker_bundle
+from phalanx._internal.engines.select import engine_name, resolve_engine
+from phalanx.data.ray_data import RayDataShard, is_ray_dataset
+
+# -- engine choice ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_ray_env(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("PHALANX_ENGINE", raising=False)
+
+
+def fake_ray(monkeypatch, initialized: bool) -> None:
+    module = types.ModuleType("ray")
+    module.is_initialized = lambda: initialized  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", module)
+
+
+def test_local_processes_unless_ray_is_initialised_or_addressed(no_ray_env, monkeypatch):
+    fake_ray(monkeypatch, initialized=False)
+    assert engine_name(ScalingConfig()) == "local"
+    fake_ray(monkeypatch, initialized=True)
+    assert engine_name(ScalingConfig()) == "ray"
+
+
+def test_ray_address_picks_ray_without_importing_it(no_ray_env, monkeypatch):
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert engine_name(ScalingConfig()) == "ray"
+    assert "ray" not in sys.modules
+
+
+def test_the_config_then_phalanx_engine_override_the_default(no_ray_env, monkeypatch):
+    fake_ray(monkeypatch, initialized=True)
+    monkeypatch.setenv("PHALANX_ENGINE", "local")
+    assert engine_name(ScalingConfig()) == "local"
+    assert engine_name(ScalingConfig(engine="thread")) == "thread"
+    monkeypatch.setenv("PHALANX_ENGINE", "dask")
+    with pytest.raises(ConfigError, match="PHALANX_ENGINE='dask' is invalid"):
+        engine_name(ScalingConfig())
+
+
+def test_ray_wanted_but_not_installed_says_how_to_install_it(no_ray_env, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ConfigError, match=r'HINT: pip install "ray\[data\]"'):
+        resolve_engine(ScalingConfig(engine="ray"))
+
+
+def test_importing_phalanx_does_not_import_ray():
+    code = "import sys, phalanx, phalanx.data.ray_data; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# -- bundles and feasibility ------------------------------------------------------------------
+
+
+def test_bundles_follow_ray_train_defaults():
+    assert worker_bundle(ScalingConfig()) == {"CPU": 1}
+    assert worker_bundle(ScalingConfig(use_gpu=True)) == {"GPU": 1}
+    assert worker_bundle(ScalingConfig(resources_per_worker={"CPU": 0})) == {"CPU": 0.001}
+    bundle = worker_bundle(
+        ScalingConfig(
+            use_gpu=True,
+            resources_per_worker={"CPU": 2, "GPU": 1, "memory": 2**30, "tpu": 0.5},
+            accelerator_type="A100",
+        )
+    )
+    assert bundle == {
+        "CPU": 2,
+        "GPU": 1,
+        "memory": 2**30,
+        "tpu": 0.5,
+        "accelerator_type:A100": 0.001,
+    }
+    assert actor_options(bundle) == {
+        "num_cpus": 2,
+        "num_gpus": 1,
+        "memory": 2**30,
+        "resources": {"tpu": 0.5, "accelerator_type:A100": 0.001},
+    }
+
+
+NODES = [{"CPU": 4, "GPU": 2, "memory": 8 * 2**30}, {"CPU": 4, "memory": 8 * 2**30}]
+
+
+@pytest.mark.parametrize(
+    ("bundle", "workers", "strategy", "expected"),
+    [
+        ({"CPU": 1}, 8, "PACK", None),
+        ({"CPU": 1}, 9, "PACK", "9 workers need {CPU=9} in total; the cluster has {CPU=8}"),
+        ({"GPU": 1}, 2, "STRICT_PACK", None),
+        ({"GPU": 1}, 3, "PACK", "need {GPU=3} in total; the cluster has {GPU=2}"),
+        ({"CPU": 3}, 2, "STRICT_PACK", "STRICT_PACK needs one node with {CPU=6}"),
+        ({"CPU": 1}, 2, "STRICT_SPREAD", None),
+        ({"CPU": 1}, 3, "STRICT_SPREAD", "STRICT_SPREAD needs 3 nodes"),
+        ({"CPU": 3}, 2, "SPREAD", None),
+        ({"CPU": 3}, 1, "PACK", None),
+        ({"CPU": 3}, 3, "PACK", "3 workers need {CPU=9} in total; the cluster has {CPU=8}"),
+        ({"CPU": 3}, 2, "PACK", None),
+        ({"CPU": 2.5}, 3, "PACK", "3 workers of {CPU=2.5} do not fit on the nodes (at most 2 do)"),
+        ({"CPU": 1, "GPU": 1}, 1, "PACK", None),
+        ({"CPU": 5}, 1, "PACK", "no node can hold one worker's {CPU=5}"),
+        ({"memory": 9 * 2**30}, 1, "PACK", "memory=9 GiB"),
+        ({"TPU": 1}, 1, "PACK", "the cluster has {TPU=0}"),
+    ],
+)
+def test_infeasible_requests_are_explained(bundle, workers, strategy, expected):
+    why = infeasibility(bundle, workers, strategy, NODES)
+    if expected is None:
+        assert why is None
+    else:
+        assert why is not None and expected in why
+
+
+def test_bundles_that_fit_in_total_but_not_per_node_are_infeasible():
+    why = infeasibility({"CPU": 3}, 2, "PACK", [{"CPU": 4}, {"CPU": 2}])
+    assert why is not None and "at most 1 do" in why
+
+
+# -- Ray Data ---------------------------------------------------------------------------------
+
+
+def test_is_ray_dataset_never_imports_ray(monkeypatch):
+    monkeypatch.delitem(sys.modules, "ray.data", raising=False)
+    assert not is_ray_dataset(object())
+    assert "ray.data" not in sys.modules
+
+
+def test_a_shard_adds_to_pandas_and_count_to_ray_s_iterator():
+    import pandas as pd
+    import pyarrow as pa
+
+    class FakeIterator:
+        def iter_batches(self, batch_size=256, batch_format="default"):
+            table = pa.table({"id": [0, 1, 2]})
+            yield table.to_pandas() if batch_format == "pandas" else table
+
+        def schema(self):
+            return "id: int64"
+
+    shard = RayDataShard(FakeIterator())
+    assert shard.count() == 3
+    pd.testing.assert_frame_equal(shard.to_pandas(), pd.DataFrame({"id": [0, 1, 2]}))
+    assert shard.schema() == "id: int64"
