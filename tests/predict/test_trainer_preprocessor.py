@@ -79,8 +79,9 @@ def test_train_with_a_preprocessor_then_batch_predict_raw_parquet(tmp_path):
     model = torch.nn.Linear(2, 1)
     got = (
         BatchPredictor.from_checkpoint(result.checkpoint, TorchPredictor, model=model)
-        .predict(str(folder), num_workers=2, batch_size=128, feature_columns=["x"],
-                 keep_columns=["id"])
+        .predict(
+            str(folder), num_workers=2, batch_size=128, feature_columns=["x"], keep_columns=["id"]
+        )
         .to_pandas()
     )
     assert got["id"].tolist() == list(range(len(df)))
@@ -98,7 +99,9 @@ def test_train_with_a_preprocessor_then_batch_predict_raw_parquet(tmp_path):
 
 def test_a_preprocessor_needs_a_train_dataset(tmp_path):
     trainer = DataParallelTrainer(
-        lambda: None, datasets={"valid": raw_frame(10)}, preprocessor=make_preprocessor(),
+        lambda: None,
+        datasets={"valid": raw_frame(10)},
+        preprocessor=make_preprocessor(),
         scaling_config=ScalingConfig(num_workers=1, engine="thread"),
         run_config=RunConfig(name="noprep", storage_path=str(tmp_path)),
     )
