@@ -30,6 +30,7 @@ def test_public_names_match_ray_train_torch():
     assert sorted(ptorch.__all__) == sorted(
         [
             "TorchTrainer",
+            "TorchPredictor",  # AIR-era ray.train.torch
             "TorchCheckpoint",
             "TorchConfig",
             "accelerate",
