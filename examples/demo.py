@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import tempfile
 import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import phalanx as train
-from phalanx import Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig, ScalingConfig
+from phalanx import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
+from phalanx.torch import TorchTrainer, prepare_model
 
 
 def make_data(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,11 +31,7 @@ def make_data(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 def train_func(config: dict) -> dict:
     ctx = train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
-    )
+    model = prepare_model(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))  # DDP
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     start_epoch = 0
     if checkpoint := train.get_checkpoint():
@@ -71,14 +66,7 @@ def train_func(config: dict) -> dict:
                 {"epoch": epoch, "loss": loss.item(), "accuracy": accuracy},
                 checkpoint=Checkpoint.from_directory(d) if rank == 0 else None,
             )
-    dist.destroy_process_group()
     return {"final_accuracy": accuracy}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:
@@ -88,10 +76,8 @@ def main() -> None:
     parser.add_argument("--storage", default=os.path.join(tempfile.gettempdir(), "phalanx_demo"))
     parser.add_argument("--name", default=f"demo-{int(time.time())}")
     args = parser.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
 
-    trainer = DataParallelTrainer(
+    trainer = TorchTrainer(
         train_func,
         train_loop_config={"lr": 0.05, "epochs": args.epochs, "rows": 20_000, "batch_size": 128},
         scaling_config=ScalingConfig(num_workers=args.workers),
