@@ -62,3 +62,13 @@ def test_bad_arguments_fail_before_any_worker_starts(parquet_folder):
         bp.predict(folder, keep_columns=["nope"])
     with pytest.raises(TypeError, match="Predictor subclass"):
         BatchPredictor(checkpoint, TorchPredictor(torch.nn.Linear(2, 1)))  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_a_progress_bar_counts_every_row(parquet_folder, capsys):
+    folder, _ = parquet_folder
+    checkpoint, _, _ = make_checkpoint(make_frame())
+    bp = BatchPredictor.from_checkpoint(checkpoint, TorchPredictor, model=torch.nn.Linear(2, 1))
+    out = bp.predict(folder, num_workers=2, batch_size=64, feature_columns=["x"], progress=True)
+    assert out.count() == 1003
+    assert "1003/1003" in capsys.readouterr().out

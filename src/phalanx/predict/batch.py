@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from phalanx.callbacks import Callback
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig
 from phalanx.predict.base import Predictor
@@ -80,11 +82,13 @@ class BatchPredictor:
         num_cpus_per_worker: float | None = None,
         num_gpus_per_worker: float | None = None,
         output_path: str | None = None,
+        progress: bool | None = None,
         **predict_kwargs: Any,
     ) -> Any:
         """Predictions for ``data`` (anything ``datasets=`` accepts; files are read by the
         workers) as a :class:`phalanx.data.Dataset`, rows in input order. With
-        ``output_path`` the parts are written there as Parquet and the Dataset reads them."""
+        ``output_path`` the parts are written there as Parquet and the Dataset reads them.
+        ``progress``: show a progress bar (default: when stderr is a terminal)."""
         from phalanx.data import as_dataset, read_parquet
 
         dataset = as_dataset(data, DATASET)
@@ -107,8 +111,16 @@ class BatchPredictor:
                 "batch_size": batch_size,
                 "parts_dir": parts_dir,
             }
+            show = sys.stderr.isatty() if progress is None else progress
+            callbacks = [ProgressBar(dataset.count())] if show else []
             _run_workers(
-                config, dataset, workers, scratch, num_cpus_per_worker, num_gpus_per_worker
+                config,
+                dataset,
+                workers,
+                scratch,
+                num_cpus_per_worker,
+                num_gpus_per_worker,
+                callbacks,
             )
             parts = [os.path.join(parts_dir, _part(r)) for r in range(workers)]
             parts = [p for p in parts if os.path.exists(p)]
@@ -129,6 +141,7 @@ def _run_workers(
     scratch: str,
     cpus: float | None,
     gpus: float | None,
+    callbacks: list[Any],
 ) -> None:
     from phalanx import DataParallelTrainer, RunConfig, ScalingConfig
 
@@ -144,7 +157,7 @@ def _run_workers(
         _score_shard,
         train_loop_config=config,
         scaling_config=scaling,
-        run_config=RunConfig(storage_path=scratch, name="scoring", verbose=0),
+        run_config=RunConfig(storage_path=scratch, name="scoring", verbose=0, callbacks=callbacks),
         datasets={DATASET: dataset},
         dataset_config=DataConfig(equal_split=False),  # scoring keeps every row
     )
@@ -165,6 +178,7 @@ def _score_shard(config: dict[str, Any]) -> None:
     shard = phalanx.get_dataset_shard(DATASET)
     path = os.path.join(config["parts_dir"], _part(rank))
     writer = None
+    ticks = _ProgressTicks(shard.count())
     try:
         for batch in shard.iter_batches(
             batch_size=config["batch_size"], batch_format=predictor.batch_format
@@ -173,11 +187,70 @@ def _score_shard(config: dict[str, Any]) -> None:
             if writer is None:
                 writer = pq.ParquetWriter(path + ".tmp", table.schema)
             writer.write_table(table)
+            ticks.advance(table.num_rows)
     finally:
         if writer is not None:
             writer.close()
     if writer is not None:
         os.replace(path + ".tmp", path)  # a part is visible only when complete
+    ticks.finish()
+
+
+class _ProgressTicks:
+    """Reports progress exactly ``TICKS`` times per rank (every rank must report() as often as
+    the others, whatever the size of its shard)."""
+
+    TICKS = 20
+
+    def __init__(self, total: int) -> None:
+        self.total = max(total, 1)
+        self.done = 0
+        self.sent = 0
+
+    def advance(self, rows: int) -> None:
+        import phalanx
+
+        self.done += rows
+        while self.sent < self.TICKS - 1 and self.done * self.TICKS >= (self.sent + 1) * self.total:
+            self.sent += 1
+            phalanx.report({"rows": self.done})
+
+    def finish(self) -> None:
+        import phalanx
+
+        while self.sent < self.TICKS:
+            self.sent += 1
+            phalanx.report({"rows": self.done})
+
+
+class ProgressBar(Callback):
+    """A rich progress bar on the driver, fed by the scoring workers' progress reports."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._progress: Any = None
+
+    def before_run(self, run_context: Any) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        self._progress = Progress(
+            "scoring",
+            BarColumn(),
+            MofNCompleteColumn(),
+            "rows",
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self._task = self._progress.add_task("scoring", total=self.total)
+        self._progress.start()
+
+    def after_report(
+        self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any
+    ) -> None:
+        self._progress.update(self._task, completed=sum(m.get("rows", 0) for m in metrics))
+
+    def after_run(self, run_context: Any, result: Any) -> None:
+        self._progress.stop()
 
 
 def _to_arrow(out: Any) -> pa.Table:
