@@ -112,3 +112,53 @@ def test_a_preprocessor_needs_a_train_dataset(tmp_path):
 def test_a_non_preprocessor_is_rejected_at_construction():
     with pytest.raises(ConfigError, match="preprocessor="):
         DataParallelTrainer(lambda: None, preprocessor=object())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("library", ["xgboost", "lightgbm"])
+def test_gbdt_with_a_preprocessor_then_batch_predict_raw_parquet(tmp_path, library):
+    lib = pytest.importorskip(library)
+    from phalanx.predict import LightGBMPredictor, XGBoostPredictor
+
+    df = raw_frame(2000)
+    df["y"] = (df["a"] - 10 + 4 * (df["b"] + 4) > 0).astype(int)
+    if library == "xgboost":
+        from phalanx.xgboost import XGBoostTrainer as Trainer
+
+        params, predictor_cls = {"objective": "binary:logistic", "max_depth": 3}, XGBoostPredictor
+    else:
+        from phalanx.lightgbm import LightGBMTrainer as Trainer
+
+        params = {"objective": "binary", "num_leaves": 7, "verbose": -1}
+        predictor_cls = LightGBMPredictor
+    preprocessor = StandardScaler(["a", "b"])
+    result = Trainer(
+        datasets={"train": df.drop(columns=["id"])},
+        label_column="y",
+        params=params,
+        num_boost_round=10,
+        preprocessor=preprocessor,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name=library, storage_path=str(tmp_path / "runs")),
+    ).fit()
+    assert "preprocessor.pkl" in os.listdir(result.checkpoint.path)
+
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    raw = df.drop(columns=["y"])
+    raw.iloc[:1200].to_parquet(folder / "p0.parquet")
+    raw.iloc[1200:].to_parquet(folder / "p1.parquet")
+    got = (
+        BatchPredictor.from_checkpoint(result.checkpoint, predictor_cls)
+        .predict(str(folder), num_workers=2, feature_columns=["a", "b"], keep_columns=["id"])
+        .to_pandas()
+    )
+    assert got["id"].tolist() == list(range(len(df)))
+    single = predictor_cls.from_checkpoint(result.checkpoint)
+    want = np.asarray(single.predict(raw, feature_columns=["a", "b"])["predictions"])
+    np.testing.assert_allclose(np.asarray(got["predictions"]), want, rtol=1e-6)
+    model = Trainer.get_model(result.checkpoint)
+    scaled = preprocessor.transform_batch(raw)[["a", "b"]]
+    by_hand = model.predict(lib.DMatrix(scaled) if library == "xgboost" else scaled)
+    np.testing.assert_allclose(want, by_hand, rtol=1e-5)
+    assert ((want > 0.5) == df["y"].to_numpy()).mean() > 0.9  # it learned

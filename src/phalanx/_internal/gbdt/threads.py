@@ -19,23 +19,9 @@ import logging
 import os
 from collections.abc import Iterator
 
-__all__ = ["cpu_share", "default_threads", "release_openmp_threads"]
+__all__ = ["cpu_share", "default_threads"]
 
 logger = logging.getLogger(__name__)
-
-_OMP_PAUSE_HARD = 2
-
-
-def release_openmp_threads() -> None:
-    """Stop the OpenMP thread pool of every libgomp loaded in this process (Linux only)."""
-    for lib in _libgomps():
-        pause = getattr(lib, "omp_pause_resource_all", None)
-        if pause is None:  # an old libgomp without OpenMP 5 pause support
-            continue
-        pause.argtypes = [ctypes.c_int]
-        pause.restype = ctypes.c_int
-        if pause(_OMP_PAUSE_HARD) != 0:
-            logger.debug("omp_pause_resource_all failed for %s.", lib)
 
 
 def cpu_share(cpus_per_worker: float | None, local_world_size: int) -> int:

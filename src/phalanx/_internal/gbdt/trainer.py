@@ -14,12 +14,10 @@ from typing import Any, ClassVar
 
 from phalanx._internal.gbdt import checks
 from phalanx._internal.gbdt.spec import TRAIN, GBDTSpec
-from phalanx._internal.gbdt.threads import release_openmp_threads
 from phalanx.backend import BackendConfig
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
-from phalanx.result import Result
 from phalanx.trainer import DataParallelTrainer, _check_type
 
 __all__ = ["DEFAULT_NUM_BOOST_ROUND", "GBDTTrainer", "Library"]
@@ -150,12 +148,6 @@ class GBDTTrainer(DataParallelTrainer):
         self.params = spec.params
         self.num_boost_round = spec.num_boost_round
         return functools.partial(lib.train_loop, spec), dataset_config
-
-    def fit(self) -> Result:
-        # Workers are forked from a copy of this process; a live OpenMP pool would hang them
-        # (the driver may have trained a baseline, or probed params, before).
-        release_openmp_threads()
-        return super().fit()
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint) -> Any:  # pragma: no cover - overridden

@@ -1,0 +1,20 @@
+"""phalanx.lightgbm: distributed LightGBM (Ray Train's ``ray.train.lightgbm``).
+
+``LightGBMTrainer`` trains one model on the shards of several workers through LightGBM's own
+network; ``get_network_params()`` gives your training function the parameters for it, and
+``ReportCallback`` (alias ``RayTrainReportCallback``) reports each round's eval metrics and saves
+checkpoints from your own ``lightgbm.train`` call.
+"""
+
+from phalanx.lightgbm.callback import RayTrainReportCallback, ReportCallback
+from phalanx.lightgbm.config import LightGBMConfig
+from phalanx.lightgbm.network import get_network_params
+from phalanx.lightgbm.trainer import LightGBMTrainer
+
+__all__ = [
+    "LightGBMConfig",
+    "LightGBMTrainer",
+    "RayTrainReportCallback",
+    "ReportCallback",
+    "get_network_params",
+]

@@ -1,0 +1,12 @@
+"""phalanx.xgboost: distributed XGBoost (Ray Train's ``ray.train.xgboost``).
+
+``XGBoostTrainer`` trains one model on the shards of several workers through XGBoost's own
+collective; ``ReportCallback`` (alias ``RayTrainReportCallback``) reports each round's eval
+metrics and saves checkpoints from your own ``xgboost.train`` call.
+"""
+
+from phalanx.xgboost.callback import RayTrainReportCallback, ReportCallback
+from phalanx.xgboost.config import XGBoostConfig
+from phalanx.xgboost.trainer import XGBoostTrainer
+
+__all__ = ["RayTrainReportCallback", "ReportCallback", "XGBoostConfig", "XGBoostTrainer"]
