@@ -10,6 +10,7 @@ from typing import Any
 import lightgbm
 
 import phalanx
+from phalanx._internal.gbdt.reporting import find_or_add_reporter
 from phalanx._internal.gbdt.spec import TRAIN, Frame, GBDTSpec, read_frames, split_frame
 from phalanx._internal.gbdt.trainer import GBDTTrainer, Library
 from phalanx.checkpoint import Checkpoint
@@ -146,12 +147,7 @@ def train_loop(spec: GBDTSpec, config: dict[str, Any] | None = None) -> None:
     kwargs = dict(spec.train_kwargs)
     params = _params(spec, kwargs.pop("early_stopping_rounds", None))
     callbacks = list(kwargs.pop("callbacks", None) or [])
-    reporter = next((c for c in callbacks if isinstance(c, ReportCallback)), None)
-    if reporter is None:
-        reporter = ReportCallback(
-            frequency=spec.checkpoint_frequency, checkpoint_at_end=spec.checkpoint_at_end
-        )
-        callbacks.append(reporter)
+    reporter = find_or_add_reporter(callbacks, ReportCallback, spec)
     params.update(get_network_params())  # last: frees the reserved port for LightGBM
     booster = lightgbm.train(
         params,

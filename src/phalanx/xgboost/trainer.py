@@ -12,6 +12,7 @@ from typing import Any
 import xgboost
 
 import phalanx
+from phalanx._internal.gbdt.reporting import find_or_add_reporter
 from phalanx._internal.gbdt.spec import TRAIN, GBDTSpec, read_frames, split_frame
 from phalanx._internal.gbdt.trainer import GBDTTrainer, Library
 from phalanx.checkpoint import Checkpoint
@@ -130,12 +131,7 @@ def train_loop(spec: GBDTSpec, config: dict[str, Any] | None = None) -> None:
     dmatrices = {name: _dmatrix(frame) for name, frame in read_frames(spec, COLUMN_KEYS).items()}
     kwargs = dict(spec.train_kwargs)
     callbacks = list(kwargs.pop("callbacks", None) or [])
-    reporter = next((c for c in callbacks if isinstance(c, ReportCallback)), None)
-    if reporter is None:
-        reporter = ReportCallback(
-            frequency=spec.checkpoint_frequency, checkpoint_at_end=spec.checkpoint_at_end
-        )
-        callbacks.append(reporter)
+    reporter = find_or_add_reporter(callbacks, ReportCallback, spec)
     reporter._total_rounds = spec.num_boost_round
     kwargs.setdefault("verbose_eval", False)
     xgboost.train(

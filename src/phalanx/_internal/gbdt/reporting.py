@@ -129,3 +129,15 @@ def _valid_metrics(metrics: Any) -> bool:
 
 def _same(names: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
     return [(name, name) for name in names]
+
+
+def find_or_add_reporter(callbacks: list[Any], reporter_cls: type, spec: Any) -> Any:
+    """The user's report callback among ``callbacks``, or a new one (appended) that reports every
+    round and checkpoints as ``spec`` (the built-in loop's settings) says."""
+    reporter = next((c for c in callbacks if isinstance(c, reporter_cls)), None)
+    if reporter is None:
+        reporter = reporter_cls(
+            frequency=spec.checkpoint_frequency, checkpoint_at_end=spec.checkpoint_at_end
+        )
+        callbacks.append(reporter)
+    return reporter
