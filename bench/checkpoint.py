@@ -35,14 +35,12 @@ module level; workers run functions shipped by value from ``__main__``.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import platform
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +52,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from common import free_port, median, package_version, spin
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "checkpoint.md"
@@ -107,12 +107,6 @@ class Case:
 # by value from __main__. Only the standard library and numpy.
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def _payload(size: int) -> memoryview:
     """``size`` random bytes (float64 draws: ~8x faster than Generator.bytes, no copy)."""
     import numpy as np
@@ -144,7 +138,7 @@ def _train_loop(cfg: dict[str, Any], rank: int, report: ReportFn, ckpt_report: R
     t_loop = time.perf_counter()
     t_start = time.time()
     for step in range(cfg["steps"]):
-        _spin(STEP_S)
+        spin(STEP_S)
         is_ckpt = step % CKPT_EVERY == 0
         if is_ckpt and rank == 0:
             with _checkpoint_dir(cfg["tmp"], cfg["keep_dir"]) as d:
@@ -325,7 +319,7 @@ def _drive_raw(case: Case, cfg: dict[str, Any], tmp: Path, args: Any) -> Record:
     kept: list[int] = []
     t0 = time.perf_counter()
     for step in range(cfg["steps"]):
-        _spin(STEP_S)
+        spin(STEP_S)
         if step % CKPT_EVERY != 0:
             continue
         for name, seconds in _raw_checkpoint(case, cfg, tmp, store, step, payload, s3):
@@ -480,19 +474,13 @@ def run_one(args: argparse.Namespace) -> Record:
 # --------------------------------------------------------------------------- orchestration
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def moto_server(needed: bool, logs: Path) -> Iterator[int]:
     """A moto S3 server in its own process (its own GIL), with the bench bucket; yields the port."""
     if not needed:
         yield 0
         return
-    port = _free_port()
+    port = free_port()
     exe = shutil.which("moto_server") or "moto_server"
     with (logs / "moto.log").open("w") as log:
         proc = subprocess.Popen(
@@ -613,27 +601,23 @@ def _plan(cases: list[Case], systems: list[str], ray_cases: set[str]) -> list[tu
 # --------------------------------------------------------------------------- summary
 
 
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
 def summarize(rec: Record) -> Record:
     """Per-run medians and maxima (seconds)."""
     if not rec["ok"]:
         return {}
     if rec["system"] == "raw":
         raw = rec.get("raw", {})
-        out = {f"{k}_med": _median(v) for k, v in raw.items()}
+        out = {f"{k}_med": median(v) for k, v in raw.items()}
         out.update({f"{k}_max": max(v) for k, v in raw.items() if v})
         out["fit_s"] = rec["fit_s"]
         return out
     blocked = rec.get("blocked_s", [])
     latency = [c["t_commit"] - c["t_report"] for c in rec.get("commits", [])]
     return {
-        "blocked_med": _median(blocked),
+        "blocked_med": median(blocked),
         "blocked_min": min(blocked) if blocked else None,
         "blocked_max": max(blocked) if blocked else None,
-        "committed_med": _median(latency),
+        "committed_med": median(latency),
         "committed_max": max(latency) if latency else None,
         "n_reports": len(blocked),
         "n_committed": len(latency),
@@ -706,7 +690,7 @@ def _metric(by_rep: dict[int, Record], name: str) -> dict[int, float]:
 
 
 def _pair(a: dict[int, float], b: dict[int, float]) -> float | None:
-    return _median([a[k] / b[k] for k in a.keys() & b.keys() if b[k] > 0])
+    return median([a[k] / b[k] for k in a.keys() & b.keys() if b[k] > 0])
 
 
 def case_table(runs: list[Record], case: Case) -> Record:
@@ -717,15 +701,15 @@ def case_table(runs: list[Record], case: Case) -> Record:
     row["n"]["raw"] = len(raw)
     for label, by in (("phalanx", phx), ("raytrain", ray)):
         for m in ("blocked_med", "committed_med", "fit_s"):
-            row[f"{label}_{m}"] = _median(list(_metric(by, m).values()))
+            row[f"{label}_{m}"] = median(list(_metric(by, m).values()))
         maxes = list(_metric(by, "blocked_max").values())
         row[f"{label}_blocked_max"] = max(maxes) if maxes else None
         mins = list(_metric(by, "blocked_min").values())
         row[f"{label}_blocked_min"] = min(mins) if mins else None
-    row["raw_blocked"] = _median(list(_metric(raw, raw_blocked).values()))
-    row["raw_committed"] = _median(list(_metric(raw, raw_committed).values()))
+    row["raw_blocked"] = median(list(_metric(raw, raw_blocked).values()))
+    row["raw_committed"] = median(list(_metric(raw, raw_committed).values()))
     row["raw_blocked_metric"], row["raw_committed_metric"] = raw_blocked, raw_committed
-    row["raw_write_fsync"] = _median(list(_metric(raw, "write_fsync_s_med").values()))
+    row["raw_write_fsync"] = median(list(_metric(raw, "write_fsync_s_med").values()))
     for m in ("blocked_med", "committed_med", "fit_s"):
         row[f"ratio_ray_{m}"] = _pair(_metric(phx, m), _metric(ray, m))
     row["ratio_raw_blocked"] = _pair(_metric(phx, "blocked_med"), _metric(raw, raw_blocked))
@@ -758,16 +742,9 @@ def machine_info(workdir: Path) -> Record:
     }
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def package_versions() -> Record:
     names = ("torch", "ray", "phalanx", "s3fs", "fsspec", "moto", "boto3", "pyarrow", "numpy")
-    return {"python": platform.python_version(), **{n: _version(n) for n in names}}
+    return {"python": platform.python_version(), **{n: package_version(n) for n in names}}
 
 
 def _ms(v: float | None) -> str:
@@ -842,7 +819,7 @@ def _raw_lines(runs: list[Record], cases: list[Case]) -> list[str]:
             continue
         seen.add((case.storage, case.size_mb))
         raw = _raw_for(runs, case)
-        cells = [_ms(_median(list(_metric(raw, f"{m}_med").values()))) for m in metrics]
+        cells = [_ms(median(list(_metric(raw, f"{m}_med").values()))) for m in metrics]
         lines.append(f"| {case.storage} | {case.size_mb} MB | " + " | ".join(cells) + " |")
     return lines
 
@@ -865,7 +842,7 @@ def _phase_lines(runs: list[Record], cases: list[Case]) -> list[str]:
             by = _by_rep(runs, system, case)
             if not by:
                 continue
-            cells = [_s3(_median(list(_metric(by, m).values()))) for m, _ in PHASES]
+            cells = [_s3(median(list(_metric(by, m).values()))) for m, _ in PHASES]
             lines.append(f"| {case.key} | {system} | " + " | ".join(cells) + " |")
     return lines
 

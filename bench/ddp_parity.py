@@ -24,10 +24,8 @@ bench/results/ddp_parity.{md,json}. Only the standard library is imported at mod
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -38,6 +36,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from common import machine, median, versions
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("raw", "phalanx", "raytrain")
@@ -256,10 +256,6 @@ def launch(system: str, rep: int, args: argparse.Namespace, logs: Path) -> Recor
     return rec
 
 
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
 def _vals(runs: list[Record], system: str, key: str) -> dict[int, float]:
     return {r["rep"]: r[key] for r in runs if r["system"] == system and r["ok"] and key in r}
 
@@ -268,13 +264,13 @@ def _cell(runs: list[Record], system: str, key: str) -> str:
     v = list(_vals(runs, system, key).values())
     if not v:
         return "-"
-    return f"{_median(v):.2f} ({min(v):.2f}..{max(v):.2f})"
+    return f"{median(v):.2f} ({min(v):.2f}..{max(v):.2f})"
 
 
 def _ratio(runs: list[Record], key: str, a: str, b: str) -> str:
     va, vb = _vals(runs, a, key), _vals(runs, b, key)
     ratios = [va[k] / vb[k] for k in va.keys() & vb.keys() if vb[k] > 0]
-    return f"{_median(ratios):.3f}x" if ratios else "-"
+    return f"{median(ratios):.3f}x" if ratios else "-"
 
 
 COLUMNS = [
@@ -331,42 +327,13 @@ def write_report(runs: list[Record], meta: Record, out: Path) -> None:
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
-def _machine() -> Record:
-    cpu = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-           if ln.startswith("model name")]  # fmt: skip
-    mem = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
-               if ln.startswith("MemTotal"))  # fmt: skip
-    return {
-        "nproc": os.cpu_count(),
-        "memory_gib": round(mem / 2**20, 1),
-        "cpu_model": cpu[0] if cpu else platform.processor(),
-        "platform": platform.platform(),
-        "load_start": os.getloadavg()[0],
-    }
-
-
-def _versions() -> Record:
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    return {
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "ray": version("ray"),
-        "phalanx": version("phalanx"),
-    }
-
-
 def run_all(args: argparse.Namespace) -> None:
     systems = [s for s in args.systems.split(",") if s]
     meta: Record = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python", *sys.argv]),
-        "machine": _machine(),
-        "versions": _versions(),
+        "machine": machine(),
+        "versions": versions(),
         "rows": args.rows,
         "epochs": args.epochs,
         "batch_size": args.batch_size,

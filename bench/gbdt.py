@@ -45,8 +45,6 @@ import json
 import os
 import platform
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +52,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from common import median, reap_session
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("single", "phalanx", "raytrain", "collective")
@@ -348,35 +348,6 @@ def run_one(args: argparse.Namespace) -> Record:
 # --------------------------------------------------------------------------- orchestration
 
 
-def _session_pids(sid: int) -> list[int]:
-    """Live processes whose session id is ``sid`` (the session of a run this script started)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry.name))
-    return pids
-
-
-def _reap_session(sid: int) -> list[str]:
-    """Kill what a finished run left behind in its own session; return their names."""
-    left = []
-    for pid in _session_pids(sid):
-        try:
-            name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()[-60:]
-            os.kill(pid, signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            continue
-        left.append(f"{pid} {name}")
-    return left
-
-
 def launch(lib: str, system: str, rep: int, args: argparse.Namespace, logs: Path) -> Record:
     stem = f"{lib}-{system}-{rep}"
     json_out, log = logs / f"{stem}.json", logs / f"{stem}.log"
@@ -394,7 +365,7 @@ def launch(lib: str, system: str, rep: int, args: argparse.Namespace, logs: Path
             rc = proc.wait()
     e2e_s = time.perf_counter() - t0
     time.sleep(1.0)  # let what exits on its own do so
-    left = _reap_session(proc.pid)
+    left = reap_session(proc.pid)
     rec: Record = {"lib": lib, "system": system, "rep": rep, "e2e_s": e2e_s, "ok": False}
     rec["leftover"] = left
     if rc == 0 and json_out.exists():
@@ -409,10 +380,6 @@ def launch(lib: str, system: str, rep: int, args: argparse.Namespace, logs: Path
 KEYS = ("fit_s", "e2e_s", "auc", "ray_init_s")
 
 
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
 def _vals(runs: list[Record], lib: str, system: str, key: str) -> dict[int, float]:
     return {
         r["rep"]: r[key]
@@ -425,16 +392,16 @@ def _cell(runs: list[Record], lib: str, system: str, key: str, digits: int = 2) 
     v = list(_vals(runs, lib, system, key).values())
     if not v:
         return "n/a"
-    return f"{_median(v):.{digits}f} ({min(v):.{digits}f}..{max(v):.{digits}f})"
+    return f"{median(v):.{digits}f} ({min(v):.{digits}f}..{max(v):.{digits}f})"
 
 
 def _ratio(runs: list[Record], lib: str, key: str, a: str, b: str) -> str:
     va, vb = _vals(runs, lib, a, key), _vals(runs, lib, b, key)
     ratios = [va[k] / vb[k] for k in va.keys() & vb.keys() if vb[k] > 0]
-    return f"{_median(ratios):.3f}x" if ratios else "n/a"
+    return f"{median(ratios):.3f}x" if ratios else "n/a"
 
 
-def _machine() -> Record:
+def machine() -> Record:
     mem = 0.0
     with open("/proc/meminfo") as f:
         for line in f:
@@ -449,7 +416,7 @@ def _machine() -> Record:
     return {"nproc": os.cpu_count(), "memory_gib": round(mem, 1), "cpu_model": model}
 
 
-def _versions() -> Record:
+def versions() -> Record:
     out = {"python": platform.python_version()}
     for name in ("xgboost", "lightgbm", "ray", "phalanx", "numpy", "pandas", "pyarrow"):
         try:
@@ -505,7 +472,7 @@ def report(runs: list[Record], meta: Record) -> str:
     ]
     for lib in meta["libs"]:
         a, s = _vals(runs, lib, "phalanx", "auc"), _vals(runs, lib, "single", "auc")
-        diff = _median([a[k] - s[k] for k in a.keys() & s.keys()])
+        diff = median([a[k] - s[k] for k in a.keys() & s.keys()])
         lines.append(
             f"| {lib} | {_ratio(runs, lib, 'fit_s', 'phalanx', 'single')} | "
             f"{_ratio(runs, lib, 'fit_s', 'phalanx', 'raytrain')} | "
@@ -543,8 +510,8 @@ def main() -> None:
     meta: Record = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python bench/gbdt.py " + " ".join(sys.argv[1:]),
-        "machine": _machine(),
-        "versions": _versions(),
+        "machine": machine(),
+        "versions": versions(),
         "load_start": os.getloadavg()[0],
         "rows": args.rows,
         "rounds": args.rounds,

@@ -48,11 +48,9 @@ bench/results/recovery.{md,json}. Only the standard library is imported at modul
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import itertools
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -66,6 +64,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from common import machine, median, reap_session, versions
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("phalanx", "phalanx-preload", "raytrain", "torchrun")
@@ -428,35 +428,6 @@ def run_one(args: argparse.Namespace) -> Record:
 # --------------------------------------------------------------------------- orchestration
 
 
-def _session_pids(sid: int) -> list[int]:
-    """Live processes whose session id is ``sid`` (the session of a run this script started)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry.name))
-    return pids
-
-
-def _reap_session(sid: int) -> list[str]:
-    """Kill what a finished run left behind in its own session; return their names."""
-    left = []
-    for pid in _session_pids(sid):
-        try:
-            name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()[-60:]
-            os.kill(pid, signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            continue
-        left.append(f"{pid} {name}")
-    return left
-
-
 def launch(system: str, rep: int, args: argparse.Namespace, logs: Path) -> Record:
     json_out, log = logs / f"{system}-{rep}.json", logs / f"{system}-{rep}.log"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", system, "--json-out",
@@ -475,7 +446,7 @@ def launch(system: str, rep: int, args: argparse.Namespace, logs: Path) -> Recor
             rc = proc.wait()
     e2e_s = time.perf_counter() - t0
     time.sleep(1.0)  # let what exits on its own do so
-    left = _reap_session(proc.pid)
+    left = reap_session(proc.pid)
     rec: Record = {"system": system, "rep": rep, "e2e_s": e2e_s, "ok": False, "leftover": left}
     if rc == 0 and json_out.exists():
         rec.update(json.loads(json_out.read_text()))
@@ -483,10 +454,6 @@ def launch(system: str, rep: int, args: argparse.Namespace, logs: Path) -> Recor
     if not rec["ok"]:
         rec["log_tail"] = f"rc={rc}: " + log.read_text(errors="replace")[-3000:]
     return rec
-
-
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
 
 
 def _vals(runs: list[Record], system: str, key: str) -> dict[int, float]:
@@ -497,13 +464,13 @@ def _cell(runs: list[Record], system: str, key: str) -> str:
     v = list(_vals(runs, system, key).values())
     if not v:
         return "n/a"
-    return f"{_median(v):.3f} ({min(v):.3f}..{max(v):.3f})"
+    return f"{median(v):.3f} ({min(v):.3f}..{max(v):.3f})"
 
 
 def _ratio(runs: list[Record], key: str, a: str, b: str) -> str:
     va, vb = _vals(runs, a, key), _vals(runs, b, key)
     ratios = [va[k] / vb[k] for k in va.keys() & vb.keys() if vb[k] > 0]
-    return f"{_median(ratios):.3f}x" if ratios else "n/a"
+    return f"{median(ratios):.3f}x" if ratios else "n/a"
 
 
 COLUMNS = [
@@ -588,7 +555,7 @@ def _targets(runs: list[Record], systems: list[str]) -> list[str]:
     """B5: detection <= 0.2 s; back to training <= 1.5 s + load; <= 0.1x Ray Train."""
     lines = []
     for s in (s for s in systems if s.startswith("phalanx")):
-        detect = _median(list(_vals(runs, s, "detect_s").values()))
+        detect = median(list(_vals(runs, s, "detect_s").values()))
         back = [r["restore_s"] - r["load_s"] for r in runs if r["system"] == s and r["ok"]]
         if detect is None or not back:
             continue
@@ -629,35 +596,6 @@ def _notes(runs: list[Record], systems: list[str]) -> list[str]:
     return notes
 
 
-def _machine() -> Record:
-    cpu = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-           if ln.startswith("model name")]  # fmt: skip
-    mem = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
-               if ln.startswith("MemTotal"))  # fmt: skip
-    return {
-        "nproc": os.cpu_count(),
-        "memory_gib": round(mem / 2**20, 1),
-        "cpu_model": cpu[0] if cpu else platform.processor(),
-        "platform": platform.platform(),
-        "load_start": os.getloadavg()[0],
-    }
-
-
-def _versions() -> Record:
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    return {
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "ray": version("ray"),
-        "phalanx": version("phalanx"),
-    }
-
-
 def _summary(rec: Record) -> str:
     keys = ("detect_s", "restart_s", "restore_s", "prepare_s", "step1_s", "fit_total_s", "e2e_s")
     text = " ".join(f"{k}={rec[k]:.3f}" for k in keys if k in rec)
@@ -669,8 +607,8 @@ def run_all(args: argparse.Namespace) -> None:
     meta: Record = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python", *sys.argv]),
-        "machine": _machine(),
-        "versions": _versions(),
+        "machine": machine(),
+        "versions": versions(),
         "rows": args.rows,
         "epochs": args.epochs,
         "batch_size": args.batch_size,

@@ -32,8 +32,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +41,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from common import free_port, median, package_version, spin
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("phalanx", "phalanx_ray", "raytrain", "raw")
@@ -69,12 +69,6 @@ def _write_json(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj))
     tmp.rename(path)
-
-
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
 
 
 def _thread_info() -> dict[str, Any]:
@@ -128,7 +122,7 @@ def _report_loop(cfg: dict[str, Any], report: ReportFn) -> Record:
     lat_ns: list[int] = []
     t0 = time.perf_counter()
     for step in range(cfg["steps"]):
-        _spin(BUSY_S)
+        spin(BUSY_S)
         metrics = {"step": step, "loss": 1.0 / (step + 1)}
         t = time.perf_counter_ns()
         report(metrics)
@@ -193,12 +187,6 @@ def _latency_summary(lat_ns: list[int]) -> Record:
         "max_us": s[-1] / 1e3,
         "mean_us": sum(s) / len(s) / 1e3,
     }
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _import_system(system: str, phalanx_trainer: str, extra: list[str]) -> None:
@@ -385,7 +373,7 @@ def run_one(args: argparse.Namespace) -> Record:
         cfg: dict[str, Any] = {
             "workload": workload,
             "out_dir": str(out),
-            "master_port": _free_port(),
+            "master_port": free_port(),
             "world_size": WORLD_SIZE,
             "steps": _steps_for(system, workload, args),
             "report_every": DDP_REPORT_EVERY if workload == "ddp" else 1,
@@ -570,13 +558,6 @@ def machine_info() -> Record:
     }
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def package_versions() -> Record:
     code = "import phalanx; print(getattr(phalanx, '__version__', 'importable, no __version__'))"
     res = subprocess.run(
@@ -584,14 +565,10 @@ def package_versions() -> Record:
     )
     return {
         "python": platform.python_version(),
-        "torch": _version("torch"),
-        "ray": _version("ray"),
+        "torch": package_version("torch"),
+        "ray": package_version("ray"),
         "phalanx": res.stdout.strip() if res.returncode == 0 else "not importable",
     }
-
-
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
 
 
 def _values(runs: list[Record], system: str, workload: str, metric: str) -> dict[int, float]:
@@ -606,14 +583,14 @@ def _values(runs: list[Record], system: str, workload: str, metric: str) -> dict
 def _pair_ratio(runs: list[Record], workload: str, metric: str, a: str, b: str) -> float | None:
     va, vb = _values(runs, a, workload, metric), _values(runs, b, workload, metric)
     ratios = [va[k] / vb[k] for k in va.keys() & vb.keys() if vb[k] > 0]
-    return _median(ratios)
+    return median(ratios)
 
 
 def _cell(runs: list[Record], system: str, workload: str, metric: str, unit: str) -> str:
     vals = list(_values(runs, system, workload, metric).values())
     if not vals:
         return "-"
-    med = _fmt(_median(vals), unit)
+    med = _fmt(median(vals), unit)
     return med if len(vals) == 1 else f"{med} ({_fmt(min(vals), unit)}..{_fmt(max(vals), unit)})"
 
 
@@ -738,7 +715,7 @@ def _header(
 ) -> list[str]:
     m, v = meta["machine"], meta["versions"]
     load = f"load avg {m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end"
-    ray_init = _fmt(_median(_all(runs, "raytrain", "ray_init_s")))
+    ray_init = _fmt(median(_all(runs, "raytrain", "ray_init_s")))
     extra = f" and {', '.join(meta['driver_imports'])}" if meta["driver_imports"] else ""
     phx_trainer = "TorchTrainer" if meta["phalanx_trainer"] == "torch" else "DataParallelTrainer"
     lines = [
@@ -765,7 +742,7 @@ def _header(
         "Ray's default settings (Train V2).",
         "- phalanx_ray: phalanx on its Ray engine (one actor per worker in a placement group) on "
         "a fresh local Ray started like raytrain's (median "
-        f"{_fmt(_median(_all(runs, 'phalanx_ray', 'ray_init_s')))} s, outside fit()); same "
+        f"{_fmt(median(_all(runs, 'phalanx_ray', 'ray_init_s')))} s, outside fit()); same "
         "trainer as phalanx.",
         f"- phalanx: {phx_trainer} for ddp (DataParallelTrainer: gloo init_process_group "
         "in the train fn).",
