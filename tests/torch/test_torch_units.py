@@ -13,7 +13,7 @@ import phalanx.torch as ptorch
 from phalanx._internal.engines.base import WorkerMetadata
 from phalanx._internal.worker_group.ranks import RankInfo, assign_ranks
 from phalanx.torch import TorchCheckpoint, TorchConfig, TorchTrainer
-from phalanx.torch.backend import TorchBackend, resolve_backend
+from phalanx.torch.backend import TorchBackend, _check_one_gpu_per_nccl_rank, resolve_backend
 from phalanx.torch.environment import (
     cpu_share,
     device_indices,
@@ -251,6 +251,30 @@ def test_worker_specs_without_sharing_keep_each_workers_own_gpus():
     assert all(s.cpus_per_worker == 4 for s in specs)
     assert all(not s.nccl for s in specs)
     assert specs[0].env_defaults["GLOO_SOCKET_IFNAME"] == loopback_interface()
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gpus", "backend", "refused"),
+    [
+        (["a", "a"], [(0,), (0,)], "nccl", True),  # two ranks on one GPU: NCCL's duplicate GPU
+        (["a", "a"], [(0,), (0,)], "cpu:gloo,cuda:nccl", True),
+        (["a", "a"], [(0,), (0,)], "gloo", False),  # gloo shares a GPU fine (seen on an H200)
+        (["a", "b"], [(0,), (0,)], "nccl", False),  # GPU 0 of two different nodes
+        (["a", "a"], [(0,), (1,)], "nccl", False),
+    ],
+)
+def test_nccl_ranks_sharing_a_gpu_are_refused_before_the_process_group(
+    nodes, gpus, backend, refused
+):
+    group = _gpu_group(nodes, gpus)
+    if not refused:
+        _check_one_gpu_per_nccl_rank(group, backend)
+        return
+    with pytest.raises(
+        phalanx.ConfigError, match=r"Ranks \[0, 1\] were given the same GPU \(0"
+    ) as e:
+        _check_one_gpu_per_nccl_rank(group, backend)
+    assert "HINT" in str(e.value) and "backend='gloo'" in str(e.value)
 
 
 @pytest.mark.parametrize(

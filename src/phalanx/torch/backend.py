@@ -22,6 +22,7 @@ from phalanx.errors import ConfigError, WorkerFailure, WorkerGroupError
 from phalanx.torch.config import TorchConfig
 from phalanx.torch.environment import (
     LOOPBACK_ADDRESS,
+    gpus_shared_by_ranks,
     loopback_interface,
     master_address,
     shared_visible_devices,
@@ -54,6 +55,7 @@ class TorchBackend(Backend):
         _check_engine(worker_group)
         timeout_s = float(backend_config.timeout_s)
         backend = resolve_backend(backend_config, worker_group.get_resources_per_worker())
+        _check_one_gpu_per_nccl_rank(worker_group, backend)
         addr = master_address(
             [w.metadata.node_id for w in worker_group.workers],
             worker_group.workers[0].metadata.host,
@@ -134,6 +136,25 @@ def resolve_backend(config: TorchConfig, resources_per_worker: dict[str, float])
 def _uses_nccl(backend: str) -> bool:
     return backend == "nccl" or any(
         item.split(":", 1)[-1] == "nccl" for item in backend.split(",") if ":" in item
+    )
+
+
+def _check_one_gpu_per_nccl_rank(worker_group: Any, backend: str) -> None:
+    """Refuse, before any process group forms, ranks that NCCL would refuse later."""
+    if not _uses_nccl(backend):
+        return
+    workers = worker_group.workers
+    shared = gpus_shared_by_ranks(
+        [w.metadata.node_id for w in workers], [w.metadata.gpu_ids for w in workers]
+    )
+    if not shared:
+        return
+    (node, gpu), ranks = next(iter(shared.items()))
+    raise ConfigError(
+        f"Ranks {ranks} were given the same GPU ({gpu}, on node {node[:12]}), and the torch "
+        f'backend {backend!r} cannot run two ranks on one GPU (NCCL fails with "Duplicate GPU '
+        "detected\").\nHINT: give each worker a whole GPU (resources_per_worker={'GPU': 1}), or "
+        "use TorchConfig(backend='gloo') to share GPUs between ranks."
     )
 
 

@@ -79,6 +79,22 @@ def shared_visible_devices(node_ids: Sequence[str], gpu_ids: Sequence[Sequence[i
     return [",".join(str(i) for i in sorted(per_node[node])) for node in node_ids]
 
 
+def gpus_shared_by_ranks(
+    node_ids: Sequence[str], gpu_ids: Sequence[Sequence[int]]
+) -> dict[tuple[str, int], list[int]]:
+    """Each GPU that more than one rank was given, as ``(node, gpu id) -> ranks``. NCCL refuses
+    two ranks on one device ("Duplicate GPU detected"), deep inside the first collective.
+
+    >>> gpus_shared_by_ranks(["a", "a", "b"], [(0,), (0,), (0,)])
+    {('a', 0): [0, 1]}
+    """
+    owners: dict[tuple[str, int], list[int]] = {}
+    for rank, (node, ids) in enumerate(zip(node_ids, gpu_ids, strict=True)):
+        for gpu in ids:
+            owners.setdefault((node, gpu), []).append(rank)
+    return {key: ranks for key, ranks in owners.items() if len(ranks) > 1}
+
+
 def device_indices(gpu_ids: Sequence[int], cuda_visible_devices: str | None) -> list[int]:
     """CUDA device indices of this worker's GPUs, lowest physical id first.
 
