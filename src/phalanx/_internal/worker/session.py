@@ -17,6 +17,7 @@ import cloudpickle
 
 from phalanx._internal.storage.filesystem import is_local
 from phalanx._internal.storage.run_storage import RunStorage
+from phalanx._internal.worker.metrics import checked_metrics
 from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
 from phalanx._internal.worker.uploader import (
     BackgroundUploader,
@@ -73,7 +74,7 @@ class Session:
         checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC,
         delete_local_checkpoint_after_upload: bool | None = None,
     ) -> None:
-        _check_metrics(metrics)
+        metrics = _check_metrics(metrics)
         mode = _upload_mode(checkpoint_upload_mode)
         if self._uploader is not None:
             self._uploader.raise_error()
@@ -145,15 +146,9 @@ def _upload_mode(value: CheckpointUploadMode | str) -> CheckpointUploadMode:
         ) from None
 
 
-def _check_metrics(metrics: Any) -> None:
-    if not isinstance(metrics, dict):
-        raise TypeError(f"report() takes a dict of metrics, got {type(metrics).__name__}.")
-    for key, value in metrics.items():
-        if type(value).__module__.startswith("torch"):
-            raise TypeError(
-                f"Metric {key!r} is a {type(value).__name__}; metrics must be plain values.\n"
-                "HINT: report value.item() (or value.tolist()) instead of the tensor."
-            )
+def _check_metrics(metrics: Any) -> dict[str, Any]:
+    """Refuse what the metrics history cannot hold exactly; numpy values become Python ones."""
+    return checked_metrics(metrics)
 
 
 def init_session(spec: SessionSpec) -> None:
