@@ -287,5 +287,7 @@ def test_metrics_must_be_plain_values(storage):
     def loop():
         train.report({"loss": torch.tensor(1.0)})
 
-    with pytest.raises(TrainingFailedError, match=r"HINT: report value.item\(\)"):
+    with pytest.raises(
+        TrainingFailedError, match=r"Metric .loss. is a Tensor.*\n.*HINT: .*\.item\(\)"
+    ):
         fit(loop, storage, workers=1)

@@ -32,6 +32,23 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: Any) -> bool:
+    """int or float, not bool: ``hang_timeout_s=True`` is a mistake, not one second."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_resources(cls: str, name: str, resources: Any) -> None:
+    """None or a dict of resource name to a number >= 0 (no bools, no NaN)."""
+    if resources is None:
+        return
+    allowed = "None or a dict of resource name to a number >= 0"
+    if not isinstance(resources, dict):
+        raise _fail(cls, name, resources, allowed)
+    for key, amount in resources.items():
+        if not isinstance(key, str) or not key or not _is_number(amount) or not amount >= 0:
+            raise _fail(cls, name, resources, allowed, f"{key!r}: {amount!r} is not allowed.")
+
+
 @dataclass(frozen=True)
 class ScalingConfig:
     """How many workers to start and what each one gets.
@@ -67,24 +84,22 @@ class ScalingConfig:
             )
         if self.engine is not None and self.engine not in ENGINES:
             raise _fail("ScalingConfig", "engine", self.engine, f"None or one of {ENGINES}")
+        _check_resources("ScalingConfig", "trainer_resources", self.trainer_resources)
+        accelerator = self.accelerator_type
+        if accelerator is not None and (not isinstance(accelerator, str) or not accelerator):
+            raise _fail(
+                "ScalingConfig",
+                "accelerator_type",
+                accelerator,
+                "None or an accelerator name such as 'A100'",
+            )
         self._validate_resources()
 
     def _validate_resources(self) -> None:
         resources = self.resources_per_worker
         if resources is None:
             return
-        if not isinstance(resources, dict):
-            raise _fail("ScalingConfig", "resources_per_worker", resources, "a dict")
-        for key, amount in resources.items():
-            if not isinstance(key, str) or not isinstance(amount, int | float) or amount < 0:
-                raise _fail(
-                    "ScalingConfig",
-                    "resources_per_worker",
-                    resources,
-                    "a dict of resource name to a number >= 0",
-                )
-            if isinstance(amount, float) and math.isnan(amount):
-                raise _fail("ScalingConfig", "resources_per_worker", resources, "free of NaN")
+        _check_resources("ScalingConfig", "resources_per_worker", resources)
         gpus = resources.get("GPU", 0)
         if gpus > 0 and not self.use_gpu:
             raise _fail(
@@ -161,11 +176,18 @@ class FailureConfig:
             if not _is_int(value) or value < -1:
                 raise _fail("FailureConfig", name, value, "an integer >= -1 (-1: retry forever)")
         hang = self.hang_timeout_s
-        if hang is not None and (not isinstance(hang, int | float) or not hang > 0):
-            raise _fail("FailureConfig", "hang_timeout_s", hang, "None or a number of seconds > 0")
+        if hang is not None and (not _is_number(hang) or not hang > 0 or math.isinf(hang)):
+            raise _fail(
+                "FailureConfig",
+                "hang_timeout_s",
+                hang,
+                "None (no watchdog) or a finite number of seconds > 0",
+            )
         grace = self.preemption_grace_s
-        if not isinstance(grace, int | float) or not grace >= 0:
-            raise _fail("FailureConfig", "preemption_grace_s", grace, "a number of seconds >= 0")
+        if not _is_number(grace) or not grace >= 0 or math.isinf(grace):
+            raise _fail(
+                "FailureConfig", "preemption_grace_s", grace, "a finite number of seconds >= 0"
+            )
 
 
 @dataclass(frozen=True)
@@ -207,6 +229,13 @@ class CheckpointConfig:
                 self.checkpoint_frequency,
                 "an integer >= 0",
             )
+        if self.checkpoint_at_end is not None and not isinstance(self.checkpoint_at_end, bool):
+            raise _fail(
+                "CheckpointConfig",
+                "checkpoint_at_end",
+                self.checkpoint_at_end,
+                "None, True or False",
+            )
 
 
 @dataclass(frozen=True)
@@ -227,6 +256,8 @@ class DataConfig:
             isinstance(split, list | tuple) and all(isinstance(s, str) for s in split)
         ):
             raise _fail("DataConfig", "datasets_to_split", split, "'all' or a list of names")
+        if not isinstance(self.equal_split, bool):
+            raise _fail("DataConfig", "equal_split", self.equal_split, "True or False")
 
 
 @dataclass(frozen=True)
@@ -256,8 +287,10 @@ class RunConfig:
             not isinstance(self.name, str) or not self.name or "/" in self.name
         ):
             raise _fail("RunConfig", "name", self.name, "a non-empty string without '/'")
-        if self.storage_path is not None and not isinstance(self.storage_path, str | os.PathLike):
-            raise _fail("RunConfig", "storage_path", self.storage_path, "a path or URI string")
+        _check_storage_path(self.storage_path)
+        _check_storage_filesystem(self.storage_filesystem)
+        if not _is_int(self.verbose) or not 0 <= self.verbose <= 3:
+            raise _fail("RunConfig", "verbose", self.verbose, "an integer from 0 to 3")
         if self.failure_config is None:
             object.__setattr__(self, "failure_config", FailureConfig())
         if self.checkpoint_config is None:
@@ -274,6 +307,8 @@ class RunConfig:
         from phalanx.callbacks import Callback
 
         callbacks = self.callbacks if self.callbacks is not None else []
+        if not isinstance(callbacks, list | tuple):
+            raise _fail("RunConfig", "callbacks", callbacks, "a list of phalanx.Callback objects")
         object.__setattr__(self, "callbacks", list(callbacks))
         for callback in self.callbacks:
             if not isinstance(callback, Callback):
@@ -284,3 +319,53 @@ class RunConfig:
                     "a list of phalanx.Callback objects",
                     f"{type(callback).__name__} is not a phalanx.Callback; subclass it.",
                 )
+
+
+def _check_storage_path(path: Any) -> None:
+    """None, a local path, or a URI whose protocol fsspec knows (installed or not: a missing
+    package is a StorageError at fit(), with fsspec's install hint)."""
+    if path is None:
+        return
+    if not isinstance(path, str | os.PathLike):
+        raise _fail("RunConfig", "storage_path", path, "None, a path or a URI string")
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.strip():
+        raise _fail(
+            "RunConfig",
+            "storage_path",
+            path,
+            "None (the default location) or a non-empty path or URI",
+            "leave storage_path unset for $PHALANX_STORAGE_PATH or ~/phalanx_results.",
+        )
+    if "://" in text:
+        import fsspec
+
+        protocol = text.split("://", 1)[0]
+        if protocol not in fsspec.available_protocols():
+            raise _fail(
+                "RunConfig",
+                "storage_path",
+                path,
+                "a local path or a URI with a protocol fsspec knows (s3://, gs://, file://, ...)",
+                f"{protocol!r} is not a known protocol; check the spelling.",
+            )
+
+
+def _check_storage_filesystem(filesystem: Any) -> None:
+    if filesystem is None:
+        return
+    import fsspec
+
+    if isinstance(filesystem, fsspec.AbstractFileSystem):
+        return
+    if type(filesystem).__module__.startswith("pyarrow"):
+        import pyarrow.fs as pafs
+
+        if isinstance(filesystem, pafs.FileSystem):
+            return
+    raise _fail(
+        "RunConfig",
+        "storage_filesystem",
+        filesystem,
+        "None, an fsspec filesystem or a pyarrow.fs.FileSystem",
+    )
