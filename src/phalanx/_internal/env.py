@@ -17,6 +17,11 @@ def default_storage_path() -> str:
     return os.environ.get("PHALANX_STORAGE_PATH") or os.path.expanduser("~/phalanx_results")
 
 
+def user_cache_dir() -> str:
+    """The user's own cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
+    return os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+
+
 def engine_override() -> str | None:
     """``PHALANX_ENGINE=local|ray|thread`` forces an engine when ScalingConfig.engine is None."""
     return os.environ.get("PHALANX_ENGINE") or None

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from phalanx._internal.controller.attempt import Attempt
@@ -44,6 +45,7 @@ from phalanx.errors import (
     ConfigError,
     ControllerError,
     ReportMismatchError,
+    StorageError,
     TrainingFailedError,
     WorkerGroupError,
 )
@@ -119,19 +121,32 @@ class Controller:
         }
         self._notify("before_run", self.run_context)
         state = State.START
+        failed = True
         try:
             while state in steps:
                 state = steps[state]()
+            failed = False
         except BaseException as exc:  # Ctrl-C, a callback, storage: stop every worker first
             self._teardown(graceful=False)
-            self._end_attempt(exc)
+            _quietly("record the end of the attempt", partial(self._end_attempt, exc))
             raise
         finally:
             self.engine.close()
-            self.history.flush()
-            self.storage.remove_staging()
-            self.manager.close()
+            self._close_storage(quiet=failed)
         return self._finish(state)
+
+    def _close_storage(self, quiet: bool) -> None:
+        """Flush the history, drop uncommitted parts, finish deletions. On the way out of a
+        failure a broken storage is logged, so the error raised is the one that ended the run."""
+        for action, step in (
+            ("write the metrics history", self.history.flush),
+            ("remove uncommitted checkpoint parts", self.storage.remove_staging),
+            ("finish deleting evicted checkpoints", self.manager.close),
+        ):
+            if quiet:
+                _quietly(action, step)
+            else:
+                step()
 
     # -- START ----------------------------------------------------------------------------------
 
@@ -381,7 +396,9 @@ class Controller:
     def _finish(self, state: State) -> Result:
         if state is State.FINISHED:
             self._end_attempt(None)
-        self.manager.save()
+            self.manager.save()
+        else:  # the run's own error matters more than a storage too broken to record it
+            _quietly("save the run's snapshot", self.manager.save)
         result = Result(
             metrics=self.last_metrics,
             checkpoint=self.manager.latest_checkpoint,
@@ -410,6 +427,13 @@ class Controller:
                 raise ControllerError(
                     f"Callback {type(callback).__name__}.{hook} raised {type(exc).__name__}: {exc}"
                 ) from exc
+
+
+def _quietly(action: str, step: Callable[[], Any]) -> None:
+    try:
+        step()
+    except StorageError as exc:
+        logger.error("Could not %s while the run was failing: %s", action, exc)
 
 
 def _drain(events: Events, timeout_s: float | None) -> list[tuple[int, tuple[Any, ...]]]:

@@ -8,6 +8,7 @@ import pickle
 from phalanx._internal.storage.run_storage import ERROR_PICKLE_FILE, ERROR_TEXT_FILE, RunStorage
 from phalanx.errors import (
     PreemptionError,
+    StorageError,
     TrainingFailedError,
     WorkerFailure,
     WorkerGroupError,
@@ -34,7 +35,14 @@ def outcome_name(error: BaseException | None) -> str:
 
 
 def save_error(storage: RunStorage, error: BaseException) -> None:
-    storage.write_atomic(ERROR_TEXT_FILE, str(error).encode())
+    """``error.txt`` (what ``Result.from_path`` reads) and ``error.pkl`` (loaded only on request).
+
+    A storage too broken to hold them is logged: the run's own error is what the user needs."""
+    try:
+        storage.write_atomic(ERROR_TEXT_FILE, str(error).encode())
+    except StorageError as exc:
+        logger.error("The run's error could not be saved with the run: %s", exc)
+        return
     try:
         storage.write_atomic(ERROR_PICKLE_FILE, pickle.dumps(error))
     except Exception:

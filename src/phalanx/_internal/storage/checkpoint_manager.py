@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from phalanx._internal.storage.filesystem import storage_errors
 from phalanx._internal.storage.history import encode_json
 from phalanx._internal.storage.run_storage import SNAPSHOT_FILE, RunStorage
 from phalanx.checkpoint import Checkpoint
@@ -82,9 +84,11 @@ class CheckpointManager:
         a crash that came before the snapshot was written, or evicted just before one."""
         known = {c.dir_name for c in self.checkpoints}
         fs, run_path = self.storage.filesystem, self.storage.run_path
+        with storage_errors("list the run directory", self.storage.run_uri):
+            listing = fs.ls(run_path, detail=False)
         orphans = [
             name
-            for name in (p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(run_path, detail=False))
+            for name in (p.rstrip("/").rsplit("/", 1)[-1] for p in listing)
             if name.startswith("checkpoint_0") and name not in known
         ]
         for name in orphans:
@@ -112,12 +116,20 @@ class CheckpointManager:
         Raises ConfigError (after keeping the checkpoint) if the score attribute is missing.
         """
         missing = self._missing_score(tracked.metrics)
+        before = (list(self.checkpoints), self.latest)
         self.checkpoints.append(tracked)
         self.latest = tracked
         evicted = self._apply_retention()
-        self.save()
+        try:
+            self.save()
+        except StorageError:  # the snapshot is the commit: without it the checkpoint is not one
+            self.checkpoints, self.latest = before
+            with contextlib.suppress(StorageError):
+                self.storage.delete_checkpoint(tracked.dir_name)
+            raise
         for gone in evicted:  # in the background: deleting from an object store takes a while
-            self._deleter().submit(self.storage.delete_checkpoint, gone.dir_name)
+            future = self._deleter().submit(self.storage.delete_checkpoint, gone.dir_name)
+            future.add_done_callback(_log_failed_deletion)
         if missing:
             raise ConfigError(
                 f"CheckpointConfig(checkpoint_score_attribute={missing!r}) is invalid: the "
@@ -182,6 +194,13 @@ class CheckpointManager:
         evicted = [c for c in self.checkpoints if c.dir_name not in kept]
         self.checkpoints = [c for c in self.checkpoints if c.dir_name in kept]
         return evicted
+
+
+def _log_failed_deletion(future: Future[None]) -> None:
+    """An evicted checkpoint that could not be deleted costs space, not correctness: say so."""
+    error = future.exception()
+    if error is not None:
+        logger.warning("An evicted checkpoint could not be deleted: %s", error)
 
 
 def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -6,14 +6,31 @@ A ``pyarrow.fs.FileSystem`` given by the user is wrapped with fsspec's ``ArrowFS
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import os
 import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-__all__ = ["copy_tree", "is_local", "move_tree_contents", "resolve_filesystem"]
+from phalanx._internal import env
+from phalanx.errors import StorageError
+
+__all__ = [
+    "copy_tree",
+    "is_local",
+    "move_tree_contents",
+    "private_log_dir",
+    "resolve_filesystem",
+    "storage_error",
+    "storage_errors",
+]
 
 
 def resolve_filesystem(path: str | os.PathLike[str], filesystem: Any = None) -> tuple[Any, str]:
@@ -93,3 +110,99 @@ def copy_tree(src_fs: Any, src: str, dst_fs: Any, dst: str) -> None:
         rel = os.path.relpath(path, src)
         with src_fs.open(path, "rb") as fin, dst_fs.open(f"{dst}/{rel}", "wb") as fout:
             shutil.copyfileobj(fin, fout, 16 << 20)
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_CREDENTIAL_WORDS = (
+    "Credential",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "RefreshError",
+)
+
+
+@contextlib.contextmanager
+def storage_errors(action: str, path: str) -> Iterator[None]:
+    """Turn any failure of the storage inside the block into a StorageError naming ``path``.
+
+    Filesystems raise OSError, but also their SDK's own errors (botocore's NoCredentialsError,
+    EndpointConnectionError, ...): every one of them is a storage failure for the user.
+    """
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise storage_error(action, path, exc) from exc
+
+
+def storage_error(action: str, path: str, exc: BaseException) -> StorageError:
+    """What phalanx was doing, where, the cause, and a HINT chosen by the cause."""
+    return StorageError(
+        f"Could not {action} {path!r}: {type(exc).__name__}: {exc}\nHINT: {_hint(exc, path)}"
+    )
+
+
+def _hint(exc: BaseException, path: str) -> str:
+    names = " ".join(t.__name__ for t in type(exc).__mro__) + " " + str(exc)
+    code = getattr(exc, "errno", None)
+    if code in _NO_SPACE:
+        return (
+            f"the filesystem holding {path!r} is full (or over its quota): free space there, "
+            "keep fewer checkpoints (CheckpointConfig(num_to_keep=...)) or pick another "
+            "RunConfig(storage_path=...)."
+        )
+    if any(word in names for word in _CREDENTIAL_WORDS):
+        return (
+            "no valid credentials for this storage: set them for its SDK (for S3: "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or an instance role), or pass "
+            "RunConfig(storage_filesystem=...) built with credentials."
+        )
+    if isinstance(exc, PermissionError) or code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (
+            "permission denied: check that you (or your credentials) may write there, or pick "
+            "another RunConfig(storage_path=...)."
+        )
+    if isinstance(exc, ImportError):
+        return "install the package this protocol needs (named above), e.g. pip install s3fs."
+    if isinstance(exc, ConnectionError | TimeoutError) or "Connect" in names:
+        return "the storage service cannot be reached: check its endpoint URL and the network."
+    if isinstance(exc, FileNotFoundError):
+        return "check that the bucket or parent directory exists and is spelled right."
+    return "pick a storage_path that is reachable and writable (RunConfig(storage_path=...))."
+
+
+# -- private directories ------------------------------------------------------------------------
+
+_private_dirs: dict[str, str] = {}
+
+
+def private_log_dir(name: str, run_uri: str) -> str:
+    """A directory only this user can use, for the rank logs of a run on remote storage.
+
+    ``<user cache>/phalanx/logs/<name>-<hash of the run URI>`` (mode 0700; stable, so a resumed
+    run appends to the same logs). Never a fixed shared path such as ``/tmp/phalanx_logs/<name>``,
+    which another local user could pre-create (a symlink) to make the run write into their
+    target. When the cache path is not a plain directory of ours, a fresh ``mkdtemp`` is used.
+    """
+    if run_uri in _private_dirs:
+        return _private_dirs[run_uri]
+    digest = hashlib.sha256(run_uri.encode()).hexdigest()[:12]
+    path = os.path.join(env.user_cache_dir(), "phalanx", "logs", f"{name}-{digest}")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        if not _is_private_dir(path):
+            path = tempfile.mkdtemp(prefix=f"phalanx_logs_{name}_")
+    except OSError:  # no writable home (a container): a private temporary directory
+        path = tempfile.mkdtemp(prefix=f"phalanx_logs_{name}_")
+    _private_dirs[run_uri] = path
+    return path
+
+
+def _is_private_dir(path: str) -> bool:
+    info = os.lstat(path)  # lstat: a symlink is not ours, whatever it points to
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077

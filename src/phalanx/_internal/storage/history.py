@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
+from phalanx._internal.storage.filesystem import storage_errors
 from phalanx._internal.storage.run_storage import ALL_RANKS_HISTORY_FILE, HISTORY_FILE, RunStorage
 
 FLUSH_INTERVAL_S = 1.0
@@ -77,14 +79,30 @@ class MetricsHistory:
             text = "\n".join(lines) + "\n"
             lines.clear()
             if self.storage.local:
-                with open(self.storage.path(name), "a") as f:
-                    f.write(text)
+                _append(self.storage.path(name), text)
             else:
                 previous = self._remote_text.get(name)
                 if previous is None:
                     previous = (self.storage.read(name) or b"").decode()
                 self._remote_text[name] = previous + text
                 self.storage.write_atomic(name, self._remote_text[name].encode())
+
+
+def _append(path: str, text: str) -> None:
+    """Append whole lines or nothing: on a full disk the file is cut back to where it was."""
+    with storage_errors("append to", path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            size = os.fstat(fd).st_size
+            data = memoryview(text.encode())
+            try:
+                while data:
+                    data = data[os.write(fd, data) :]
+            except BaseException:
+                os.ftruncate(fd, size)
+                raise
+        finally:
+            os.close(fd)
 
 
 def read_history(storage: RunStorage, all_ranks: bool = False) -> list[dict[str, Any]]:

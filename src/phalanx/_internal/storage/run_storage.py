@@ -20,6 +20,7 @@ round that never committed are deleted when the attempt ends or the run resumes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,7 +31,10 @@ from phalanx._internal.storage.filesystem import (
     copy_tree,
     is_local,
     move_tree_contents,
+    private_log_dir,
     resolve_filesystem,
+    storage_error,
+    storage_errors,
 )
 from phalanx.errors import StorageError
 
@@ -54,7 +58,8 @@ class RunStorage:
 
     @classmethod
     def create(cls, storage_path: str, name: str, filesystem: Any = None) -> RunStorage:
-        fs, root = resolve_filesystem(storage_path, filesystem)
+        with storage_errors("open the storage at", os.fspath(storage_path)):
+            fs, root = resolve_filesystem(storage_path, filesystem)
         return cls(fs, root.rstrip("/") or "/", name)
 
     @property
@@ -87,24 +92,17 @@ class RunStorage:
         """Where per-rank logs are written (the run directory when storage is local)."""
         if self.local:
             return self.path(LOG_DIR)
-        import tempfile
-
-        return os.path.join(tempfile.gettempdir(), "phalanx_logs", self.name)
+        return private_log_dir(self.name, self.run_uri)
 
     # -- set-up ---------------------------------------------------------------------------------
 
     def prepare(self) -> None:
         """Create the run directory and prove it is writable; drop leftovers of cut-off commits."""
         fs = self.filesystem
-        try:
+        with storage_errors("write to the run directory", self.run_uri):
             fs.makedirs(self.run_path, exist_ok=True)
             with fs.open(self.path(MARKER_FILE), "w") as f:
                 f.write("phalanx run directory\n")
-        except OSError as exc:
-            raise StorageError(
-                f"Cannot write to the run directory {self.run_path!r}: {exc}.\n"
-                "HINT: pick a storage_path you can write to (RunConfig(storage_path=...))."
-            ) from exc
         self.remove_staging()
 
     def remove_staging(self) -> None:
@@ -112,8 +110,10 @@ class RunStorage:
         staging = self.path(STAGING_DIR)
         if self.local:  # a worker that is being torn down may still be writing here
             shutil.rmtree(staging, ignore_errors=True)
-        elif self.filesystem.exists(staging):
-            self.filesystem.rm(staging, recursive=True)
+            return
+        with storage_errors("remove uncommitted checkpoint parts in", staging):
+            if self.filesystem.exists(staging):
+                self.filesystem.rm(staging, recursive=True)
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -129,10 +129,8 @@ class RunStorage:
                 move_tree_contents(source.path, target)
             else:
                 copy_tree(source.filesystem, source.path, self.filesystem, target)
-        except OSError as exc:
-            raise StorageError(
-                f"Could not save checkpoint {dir_name!r} to {target!r}: {exc}"
-            ) from exc
+        except Exception as exc:
+            raise storage_error(f"save checkpoint {dir_name!r} to", target, exc) from exc
 
     def commit(
         self,
@@ -146,6 +144,16 @@ class RunStorage:
         Local: the staged directory is renamed into place. Elsewhere (and for NO_UPLOAD
         checkpoints) the parts are in place already; the snapshot entry is what commits them.
         """
+        with storage_errors(f"commit checkpoint {dir_name!r} in", self.run_uri):
+            return self._commit(dir_name, attempt, metadata, extra_files)
+
+    def _commit(
+        self,
+        dir_name: str,
+        attempt: int,
+        metadata: dict[str, Any] | None,
+        extra_files: dict[str, bytes] | None,
+    ) -> str:
         fs = self.filesystem
         staged, final = self.staging_path(dir_name, attempt), self.checkpoint_path(dir_name)
         if self.local and os.path.isdir(staged):
@@ -172,31 +180,44 @@ class RunStorage:
         path = self.checkpoint_path(dir_name)
         if self.local:
             shutil.rmtree(path, ignore_errors=True)
-        elif self.filesystem.exists(path):
-            self.filesystem.rm(path, recursive=True)
+            return
+        with storage_errors("delete checkpoint", path):
+            if self.filesystem.exists(path):
+                self.filesystem.rm(path, recursive=True)
 
     # -- small files ----------------------------------------------------------------------------
 
     def write_atomic(self, relative: str, data: bytes) -> None:
         """Write a small file so that readers see the old or the new content, never a mix."""
         final = self.path(relative)
-        if self.local:
+        with storage_errors("write", final if self.local else self._uri(final)):
+            if not self.local:
+                with self.filesystem.open(final, "wb") as f:
+                    f.write(data)
+                return
             tmp = f"{final}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-            return
-        with self.filesystem.open(final, "wb") as f:
-            f.write(data)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, final)
+            except BaseException:  # a full disk, Ctrl-C: no half-written .tmp stays behind
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
 
     def read(self, relative: str) -> bytes | None:
         path = self.path(relative)
-        if not self.filesystem.exists(path):
-            return None
-        with self.filesystem.open(path, "rb") as f:
-            return bytes(f.read())
+        with storage_errors("read", path if self.local else self._uri(path)):
+            if not self.filesystem.exists(path):
+                return None
+            with self.filesystem.open(path, "rb") as f:
+                return bytes(f.read())
+
+    def _uri(self, path: str) -> str:
+        """``path`` inside this storage as the user wrote it (``s3://bucket/...``)."""
+        return self.run_uri + path[len(self.run_path) :]
 
 
 def _write_files(fs: Any, directory: str, files: dict[str, bytes] | None) -> None:
