@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.history import read_history
-from phalanx._internal.storage.run_storage import ERROR_PICKLE_FILE, RunStorage
+from phalanx._internal.storage.run_storage import ERROR_PICKLE_FILE, ERROR_TEXT_FILE, RunStorage
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import CheckpointConfig
-from phalanx.errors import StorageError
+from phalanx.errors import StorageError, TrainingFailedError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,8 +77,20 @@ class Result:
         return pick(scored, key=lambda pair: pair[1])[0]
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike[str], storage_filesystem: Any = None) -> Result:
-        """Reload the Result of a run from its directory (local path or URI)."""
+    def from_path(
+        cls,
+        path: str | os.PathLike[str],
+        storage_filesystem: Any = None,
+        *,
+        load_error_pickle: bool = False,
+    ) -> Result:
+        """Reload the Result of a run from its directory (local path or URI).
+
+        ``error`` (when the run failed) is a :class:`~phalanx.TrainingFailedError` with the
+        saved message (``error.txt``). The original exception object is kept in ``error.pkl``, a
+        pickle: loading it runs code from the run directory, so it is loaded only with
+        ``load_error_pickle=True``, for run directories you trust.
+        """
         path = os.fspath(path).rstrip("/")
         parent, name = path.rsplit("/", 1) if "/" in path else (".", path)
         storage = RunStorage.create(parent, name, storage_filesystem)
@@ -89,15 +101,9 @@ class Result:
                 "HINT: pass result.path, i.e. <storage_path>/<name>."
             )
         history = read_history(storage)
-        error = None
-        raw = storage.read(ERROR_PICKLE_FILE)
-        if raw is not None:
-            try:
-                error = pickle.loads(raw)
-            except Exception:
-                error = None
+        error = _load_error(storage, load_error_pickle)
         metrics = _user_metrics(history[-1]) if history else None
-        return cls(
+        result = cls(
             metrics=metrics,
             checkpoint=manager.latest_checkpoint,
             error=error,
@@ -106,6 +112,26 @@ class Result:
             attempts=max(manager.attempts, 1),
             _storage=storage,
         )
+        if isinstance(error, TrainingFailedError) and error.result is None:
+            error.result = result
+        return result
+
+
+def _load_error(storage: RunStorage, load_pickle: bool) -> BaseException | None:
+    """The run's error from ``error.txt``; from ``error.pkl`` only when the caller asks."""
+    if load_pickle:
+        raw = storage.read(ERROR_PICKLE_FILE)
+        if raw is not None:
+            try:
+                return pickle.loads(raw)  # type: ignore[no-any-return]
+            except Exception as exc:
+                raise StorageError(
+                    f"{storage.path(ERROR_PICKLE_FILE)!r} could not be unpickled: "
+                    f"{type(exc).__name__}: {exc}.\nHINT: leave load_error_pickle unset to "
+                    "get the error's message from error.txt."
+                ) from exc
+    text = storage.read(ERROR_TEXT_FILE)
+    return TrainingFailedError(text.decode(errors="replace")) if text is not None else None
 
 
 AUTO_FILLED = ("training_iteration", "timestamp", "checkpoint_dir_name")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 from dataclasses import dataclass, field
 
 import pytest
@@ -330,11 +331,14 @@ def test_checkpoint_from_model_returns_the_whole_model():
     model = _mlp()
     checkpoint = TorchCheckpoint.from_model(model, preprocessor={"scale": 2.0})
     try:
-        loaded = checkpoint.get_model()
+        # Before: a silent retry with weights_only=False ran the checkpoint's pickled code.
+        with pytest.raises(pickle.UnpicklingError, match=r"HINT: .*get_model\(weights_only=False"):
+            checkpoint.get_model()
+        loaded = checkpoint.get_model(weights_only=False)  # the user's explicit choice
         x = torch.randn(3, 4)
         assert torch.equal(loaded(x), model(x))
         with pytest.warns(UserWarning, match="ignored"):
-            checkpoint.get_model(_mlp())
+            checkpoint.get_model(_mlp(), weights_only=False)
         assert checkpoint.get_preprocessor() == {"scale": 2.0}
     finally:
         _remove(checkpoint)

@@ -64,9 +64,17 @@ class TorchCheckpoint(Checkpoint):
                 pickle.dump(preprocessor, f)
         return cls(directory)
 
-    def get_model(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
+    def get_model(
+        self, model: torch.nn.Module | None = None, *, weights_only: bool | None = None
+    ) -> torch.nn.Module:
         """The stored model: a state dict is loaded into ``model``; a pickled model is returned
-        as is (``model`` is then ignored)."""
+        as is (``model`` is then ignored).
+
+        ``weights_only`` goes to ``torch.load``; ``None`` keeps torch's own default (True since
+        torch 2.6: tensors and plain containers only, no code runs). A whole pickled model
+        (:meth:`from_model`) needs ``weights_only=False``, which runs code from the checkpoint:
+        pass it only for checkpoints you trust. (Ray Train always loads with
+        ``weights_only=False``.)"""
         with self.as_directory() as directory:
             path = os.path.join(directory, MODEL_FILENAME)
             if not os.path.exists(path):
@@ -74,7 +82,7 @@ class TorchCheckpoint(Checkpoint):
                     f"{self!r} has no {MODEL_FILENAME}.\nHINT: create it with "
                     "TorchCheckpoint.from_state_dict(...) or TorchCheckpoint.from_model(...)."
                 )
-            saved = _load(path)
+            saved = _load(path, weights_only)
         if isinstance(saved, torch.nn.Module):
             if model is not None:
                 warnings.warn(
@@ -91,7 +99,8 @@ class TorchCheckpoint(Checkpoint):
         return model
 
     def get_preprocessor(self) -> Any:
-        """The preprocessor saved with the model, or None."""
+        """The preprocessor saved with the model, or None. It is a pickle (as in Ray AIR):
+        loading it runs code from the checkpoint, so only load checkpoints you trust."""
         with self.as_directory() as directory:
             path = os.path.join(directory, PREPROCESSOR_FILENAME)
             if not os.path.exists(path):
@@ -100,8 +109,18 @@ class TorchCheckpoint(Checkpoint):
                 return pickle.load(f)
 
 
-def _load(path: str) -> Any:
-    try:  # a state dict loads without running pickled code
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # a whole model (from_model): trusted checkpoints only
-        return torch.load(path, map_location="cpu", weights_only=False)
+def _load(path: str, weights_only: bool | None) -> Any:
+    options = {} if weights_only is None else {"weights_only": weights_only}
+    try:
+        return torch.load(path, map_location="cpu", **options)
+    except pickle.UnpicklingError as exc:
+        if weights_only is False:
+            raise
+        raise pickle.UnpicklingError(
+            f"{path} cannot be loaded with weights_only=True (torch's default): it holds more "
+            "than tensors, e.g. a whole pickled model (TorchCheckpoint.from_model), and loading "
+            "that runs code stored in the checkpoint.\nHINT: if you trust where this checkpoint "
+            "came from, call TorchCheckpoint(path).get_model(weights_only=False) (and pass that "
+            "model to TorchPredictor(model)); otherwise save state dicts "
+            f"(TorchCheckpoint.from_state_dict).\ntorch said: {exc}"
+        ) from exc
