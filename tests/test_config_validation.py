@@ -136,6 +136,8 @@ def test_good_values_are_accepted(tmp_path):
     for path in (pathlib.Path(tmp_path), "s3://bucket/x", "memory://x", "file:///tmp/x"):
         RunConfig(storage_path=path)
     RunConfig(storage_filesystem=fsspec.filesystem("memory"), verbose=0, callbacks=())
+    # a filesystem of the user's own, with its own protocol
+    RunConfig(storage_path="mine://bucket/x", storage_filesystem=fsspec.filesystem("memory"))
     trainer(
         train_loop_config={"a": 1},
         metadata={"a": [1, 2.5, None]},

@@ -287,7 +287,7 @@ class RunConfig:
             not isinstance(self.name, str) or not self.name or "/" in self.name
         ):
             raise _fail("RunConfig", "name", self.name, "a non-empty string without '/'")
-        _check_storage_path(self.storage_path)
+        _check_storage_path(self.storage_path, known_protocols=self.storage_filesystem is None)
         _check_storage_filesystem(self.storage_filesystem)
         if not _is_int(self.verbose) or not 0 <= self.verbose <= 3:
             raise _fail("RunConfig", "verbose", self.verbose, "an integer from 0 to 3")
@@ -321,9 +321,10 @@ class RunConfig:
                 )
 
 
-def _check_storage_path(path: Any) -> None:
+def _check_storage_path(path: Any, known_protocols: bool) -> None:
     """None, a local path, or a URI whose protocol fsspec knows (installed or not: a missing
-    package is a StorageError at fit(), with fsspec's install hint)."""
+    package is a StorageError at fit(), with fsspec's install hint). With a storage_filesystem
+    the protocol is that filesystem's business."""
     if path is None:
         return
     if not isinstance(path, str | os.PathLike):
@@ -337,7 +338,7 @@ def _check_storage_path(path: Any) -> None:
             "None (the default location) or a non-empty path or URI",
             "leave storage_path unset for $PHALANX_STORAGE_PATH or ~/phalanx_results.",
         )
-    if "://" in text:
+    if "://" in text and known_protocols:
         import fsspec
 
         protocol = text.split("://", 1)[0]

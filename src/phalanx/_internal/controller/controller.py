@@ -356,8 +356,8 @@ class Controller:
         assert attempt is not None
         failures = attempt.failures
         self._teardown(graceful=False)
-        self.storage.remove_staging()
-        self.manager.remove_orphans()  # parts of rounds that never committed
+        _quietly("remove uncommitted checkpoint parts", self.storage.remove_staging)
+        _quietly("remove uncommitted checkpoints", self.manager.remove_orphans)
         error = self.error or attempt.error or failure_error(failures)
         self._end_attempt(error)
         exceptions = {r: f.exception or RuntimeError(f.summary()) for r, f in failures.items()}
