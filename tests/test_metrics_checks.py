@@ -4,6 +4,7 @@ with the key and a HINT; numpy values become Python numbers; NaN and inf keep wo
 from __future__ import annotations
 
 import datetime
+import enum
 import math
 
 import numpy as np
@@ -11,6 +12,14 @@ import pytest
 
 import phalanx as train
 from phalanx import DataParallelTrainer, Result, RunConfig, ScalingConfig, TrainingFailedError
+
+
+class Size(enum.IntEnum):
+    BIG = 10
+
+
+class Colour(str, enum.Enum):  # noqa: UP042 - the mixin, whose str() is "Colour.RED"
+    RED = "red"
 
 
 def fit_reporting(metrics, storage, engine="thread"):
@@ -79,6 +88,8 @@ def test_numpy_values_and_tuples_become_python_values_that_round_trip(storage):
         "ninf": -math.inf,
         "plain": "text",
         "none": None,
+        "int_enum": Size.BIG,
+        "str_enum": Colour.RED,
     }
     result = fit_reporting(metrics, storage)
     expected = {
@@ -92,11 +103,14 @@ def test_numpy_values_and_tuples_become_python_values_that_round_trip(storage):
         "nested": {"a": [1, {"b": 0.25}]},
         "plain": "text",
         "none": None,
+        "int_enum": 10,
+        "str_enum": "red",
     }
     reloaded = Result.from_path(result.path).metrics
     for got in (result.metrics, reloaded):
         assert {k: v for k, v in got.items() if k not in ("nan", "np_inf", "ninf")} == expected
         assert type(got["f32"]) is float and type(got["i64"]) is int and type(got["flag"]) is bool
+        assert type(got["int_enum"]) is int and type(got["str_enum"]) is str
         assert math.isnan(got["nan"]) and got["np_inf"] == math.inf and got["ninf"] == -math.inf
 
 

@@ -86,8 +86,9 @@ def _convert(value: Any, key: str, depth: int) -> Any:
         return value if same else items
     if isinstance(value, float | int | str) and not isinstance(value, bool):
         # a subclass (an IntEnum, a str subclass) would come back from JSON as the base type
-        base = float if isinstance(value, float) else int if isinstance(value, int) else str
-        return base(value)
+        if isinstance(value, str):
+            return str.__str__(value)  # the characters, not str() of an Enum ("Color.RED")
+        return float(value) if isinstance(value, float) else int(value)
     raise _refuse_value(value, key)
 
 
