@@ -28,6 +28,23 @@ def _fail(cls: str, name: str, value: Any, allowed: str, hint: str = "") -> Conf
     return ConfigError(message + (f"\nHINT: {hint}" if hint else ""))
 
 
+def _check_run_name(name: Any) -> None:
+    """The run directory is ``<storage_path>/<name>``: one path component, or it escapes."""
+    from phalanx._internal.storage.paths import RESERVED_PREFIX, component_problem
+
+    problem = component_problem(name)
+    if problem is None and name.startswith(RESERVED_PREFIX):
+        problem = f"names starting with {RESERVED_PREFIX!r} are phalanx's own"
+    if problem is not None:
+        raise _fail(
+            "RunConfig",
+            "name",
+            name,
+            f"one directory name inside storage_path ({problem})",
+            "use a plain name such as 'resnet_exp1' (no '/', '\\', '.' or '..').",
+        )
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -283,10 +300,8 @@ class RunConfig:
     verbose: int = 1
 
     def __post_init__(self) -> None:
-        if self.name is not None and (
-            not isinstance(self.name, str) or not self.name or "/" in self.name
-        ):
-            raise _fail("RunConfig", "name", self.name, "a non-empty string without '/'")
+        if self.name is not None:
+            _check_run_name(self.name)
         _check_storage_path(self.storage_path, known_protocols=self.storage_filesystem is None)
         _check_storage_filesystem(self.storage_filesystem)
         if not _is_int(self.verbose) or not 0 <= self.verbose <= 3:

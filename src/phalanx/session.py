@@ -30,16 +30,29 @@ def report(
 
     Every rank must call ``report`` the same number of times: the k-th call of each rank forms
     round k, and rank 0's metrics are the run's. Without a checkpoint this never waits for the
-    driver. With one, this rank's files are moved (same filesystem) or copied into the run's
-    storage before it returns; the checkpoint is committed once every rank that passed one in
-    this round has saved its part. The directory you pass is emptied when its files are moved.
+    driver. The checkpoint is committed once every rank that passed one in this round has saved
+    its part; the parts merge into one directory. A missing or empty directory is an error.
 
-    ``checkpoint_upload_mode``: ``SYNC`` (default) persists this rank's part before returning;
-    ``ASYNC`` moves the files aside (a rename) and returns at once, persisting in a background
-    thread (commits stay in order; the next checkpoint waits for this one; the end of training
-    waits for all); ``NO_UPLOAD`` takes a checkpoint written directly inside the run directory.
-    ``delete_local_checkpoint_after_upload``: remove your directory after a SYNC copy to remote
-    storage (ASYNC always cleans up its private copy).
+    The directory you pass is yours (as in Ray Train). ``checkpoint_upload_mode``:
+
+    - ``SYNC`` (default): its files are copied into storage before ``report()`` returns (a
+      reflink or in-kernel copy where the filesystem has one); the directory is left as it was.
+    - ``ASYNC``: ``report()`` returns at once and the part is saved by a background thread
+      (commits stay in order; the next checkpoint waits for this one; the end of training
+      waits for all).
+    - ``NO_UPLOAD``: the checkpoint was written in place, at
+      ``get_context().get_storage().build_checkpoint_path_from_name(name)``; other ranks of
+      the round pass the same ``checkpoint_dir_name`` and their parts join it.
+
+    ``delete_local_checkpoint_after_upload`` (default: True for ``ASYNC``, False otherwise):
+    True lets phalanx move your files (a rename on the same filesystem, no copy) and remove the
+    directory once they are safe; ``ASYNC`` moves them aside at once, so the directory is free
+    when ``report()`` returns (a ``tempfile.TemporaryDirectory`` is fine). With ``ASYNC`` and
+    False the directory is read in the background, as in Ray: keep it unchanged and in place
+    until the upload completes (use ``tempfile.mkdtemp()``, not a ``TemporaryDirectory``); the
+    next ``report()`` with a checkpoint returns only after it, and so does the training
+    function.
+    ``checkpoint_dir_name``: one plain directory name (default ``checkpoint_<round>``).
 
     Example::
 

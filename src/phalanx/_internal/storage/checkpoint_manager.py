@@ -13,6 +13,7 @@ from typing import Any
 
 from phalanx._internal.storage.filesystem import storage_errors
 from phalanx._internal.storage.history import encode_json
+from phalanx._internal.storage.paths import checkpoint_name_problem
 from phalanx._internal.storage.run_storage import SNAPSHOT_FILE, RunStorage
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import CheckpointConfig
@@ -77,7 +78,21 @@ class CheckpointManager:
                 f"The snapshot {self.storage.path(SNAPSHOT_FILE)!r} is unreadable: {exc}.\n"
                 "HINT: use a new RunConfig(name=...) or remove the damaged run directory."
             ) from exc
+        self._check_entries()
         return True
+
+    def _check_entries(self) -> None:
+        """Every entry must name a directory inside the run: retention deletes what it names."""
+        for tracked in self.checkpoints:
+            problem = checkpoint_name_problem(tracked.dir_name)
+            if problem is not None:
+                raise StorageError(
+                    f"The snapshot {self.storage.path(SNAPSHOT_FILE)!r} lists the checkpoint "
+                    f"{tracked.dir_name!r}, which is not a directory inside the run ({problem}); "
+                    "phalanx never writes such an entry, so the file was edited or damaged. "
+                    "Nothing was deleted.\nHINT: fix or remove that entry, or use a new "
+                    "RunConfig(name=...)."
+                )
 
     def remove_orphans(self) -> list[str]:
         """Delete ``checkpoint_*`` directories the snapshot does not know: committed just before

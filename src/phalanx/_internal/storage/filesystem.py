@@ -1,6 +1,7 @@
 """Resolve storage paths to a filesystem, and the few file operations phalanx needs.
 
-Everything goes through fsspec; the local filesystem gets fast paths (rename instead of copy).
+Everything goes through fsspec; the local filesystem gets fast paths (a rename where the user
+allows their files to be moved, a reflink or in-kernel copy otherwise: see ``copy.py``).
 A ``pyarrow.fs.FileSystem`` given by the user is wrapped with fsspec's ``ArrowFSWrapper``.
 """
 
@@ -20,6 +21,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from phalanx._internal import env
+from phalanx._internal.storage import copy as local_copy
 from phalanx.errors import StorageError
 
 __all__ = [
@@ -86,17 +88,17 @@ def move_tree_contents(src: str, dst: str) -> None:
             if exc.errno != 18:  # EXDEV: another device, fall back to a copy
                 raise
             if entry.is_dir(follow_symlinks=False):
-                shutil.copytree(entry.path, target, dirs_exist_ok=True)
+                local_copy.copy_tree(entry.path, target)
                 shutil.rmtree(entry.path)
             else:
-                shutil.copy2(entry.path, target)
+                local_copy.copy_file(entry.path, target)
                 os.unlink(entry.path)
 
 
 def copy_tree(src_fs: Any, src: str, dst_fs: Any, dst: str) -> None:
     """Copy a directory tree between any two filesystems."""
     if is_local(src_fs) and is_local(dst_fs):
-        shutil.copytree(src, dst, dirs_exist_ok=True)
+        local_copy.copy_tree(src, dst)
         return
     if is_local(src_fs):
         dst_fs.makedirs(dst, exist_ok=True)

@@ -27,6 +27,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
+from phalanx._internal.storage import copy as local_copy
 from phalanx._internal.storage.filesystem import (
     copy_tree,
     is_local,
@@ -36,6 +37,7 @@ from phalanx._internal.storage.filesystem import (
     storage_error,
     storage_errors,
 )
+from phalanx._internal.storage.paths import check_checkpoint_dir_name, component_problem
 from phalanx.errors import StorageError
 
 SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
@@ -46,6 +48,7 @@ LOG_DIR = "logs"
 ERROR_TEXT_FILE = "error.txt"
 ERROR_PICKLE_FILE = "error.pkl"
 MARKER_FILE = ".phalanx_run"
+IN_PLACE_SUFFIX = ".in_place"  # .staging/<dir_name>.<attempt>.in_place: a NO_UPLOAD part exists
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,15 @@ class RunStorage:
     filesystem: Any
     storage_path: str
     name: str
+
+    def __post_init__(self) -> None:
+        problem = component_problem(self.name)
+        if problem is not None:  # the guard every path below relies on
+            raise StorageError(
+                f"Refusing the run name {self.name!r}: {problem}, so the run directory would "
+                f"not be one directory inside {self.storage_path!r}.\n"
+                "HINT: RunConfig(name=...) takes a plain directory name."
+            )
 
     @classmethod
     def create(cls, storage_path: str, name: str, filesystem: Any = None) -> RunStorage:
@@ -80,10 +92,23 @@ class RunStorage:
         return f"{scheme}://{self.run_path.lstrip('/')}"
 
     def path(self, *parts: str) -> str:
+        """A path inside the run directory; anything that would leave it is refused."""
+        for part in parts:
+            if any(c in ("", ".", "..") or "\\" in c for c in part.split("/")):
+                raise StorageError(
+                    f"Refusing to touch {part!r} in the run directory {self.run_path!r}: it is "
+                    "not a plain name, so the path could point outside the run.\n"
+                    "HINT: checkpoint names are single directory names such as 'epoch_3'."
+                )
         return "/".join((self.run_path, *parts))
 
     def checkpoint_path(self, dir_name: str) -> str:
         return self.path(dir_name)
+
+    def build_checkpoint_path_from_name(self, checkpoint_dir_name: str) -> str:
+        """Where the checkpoint ``checkpoint_dir_name`` of this run lives (Ray's StorageContext
+        method): write a ``NO_UPLOAD`` checkpoint there, then report it with that name."""
+        return self.checkpoint_path(check_checkpoint_dir_name(checkpoint_dir_name))
 
     def staging_path(self, dir_name: str, attempt: int) -> str:
         return self.path(STAGING_DIR, f"{dir_name}.{attempt}")
@@ -117,20 +142,36 @@ class RunStorage:
 
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def stage_part(self, source: Any, dir_name: str, attempt: int) -> None:
+    def stage_part(self, source: Any, dir_name: str, attempt: int, move: bool = False) -> None:
         """Put one rank's checkpoint files into the staging directory of ``dir_name``.
 
-        ``source`` is a :class:`~phalanx.Checkpoint`. A local directory on the same filesystem is
-        moved entry by entry (rename, no copy); anything else is copied.
+        ``source`` is a :class:`~phalanx.Checkpoint`. Its files are copied (the user's directory
+        is theirs), unless ``move``: then a local directory on the same filesystem is moved entry
+        by entry (a rename, no copy) and the emptied directory removed.
         """
         target = self.staging_path(dir_name, attempt) if self.local else self.path(dir_name)
         try:
             if self.local and is_local(source.filesystem):
-                move_tree_contents(source.path, target)
+                if move:
+                    move_tree_contents(source.path, target)
+                    _remove_if_empty(source.path)
+                else:  # storage may live inside the checkpoint directory: never copy it
+                    local_copy.copy_tree(source.path, target, exclude=self.storage_path)
             else:
                 copy_tree(source.filesystem, source.path, self.filesystem, target)
+                if move and is_local(source.filesystem):
+                    shutil.rmtree(source.path)
         except Exception as exc:
             raise storage_error(f"save checkpoint {dir_name!r} to", target, exc) from exc
+
+    def mark_in_place(self, dir_name: str, attempt: int) -> None:
+        """A ``NO_UPLOAD`` part of ``dir_name`` lives in place: the commit merges staged parts of
+        other ranks into it instead of refusing an existing directory."""
+        if self.local:
+            marker = self.staging_path(dir_name, attempt) + IN_PLACE_SUFFIX
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            with open(marker, "a"):
+                pass
 
     def commit(
         self,
@@ -157,23 +198,45 @@ class RunStorage:
         fs = self.filesystem
         staged, final = self.staging_path(dir_name, attempt), self.checkpoint_path(dir_name)
         if self.local and os.path.isdir(staged):
-            if metadata:
-                _merge_metadata(fs, staged, metadata)
-            _write_files(fs, staged, extra_files)
-            if os.path.exists(final):
-                raise StorageError(
-                    f"Checkpoint directory {final!r} already exists.\n"
-                    "HINT: checkpoint_dir_name must be unique within a run."
-                )
-            _fsync_tree(staged)  # durable before visible; costs the driver, not training
-            os.rename(staged, final)
-            _fsync_dir(os.path.dirname(final))
-            return final
-        if not fs.exists(final):  # every part was empty
+            return self._commit_staged(staged, final, metadata, extra_files)
+        if self.local and not os.path.isdir(final):
+            raise StorageError(
+                f"Checkpoint {dir_name!r} has no files: no rank's part reached {final!r}.\n"
+                "HINT: with checkpoint_upload_mode=NO_UPLOAD, write the files to "
+                "get_context().get_storage().build_checkpoint_path_from_name(name) first."
+            )
+        if not fs.exists(final):  # object stores: the NO_UPLOAD parts may be listed late
             fs.makedirs(final, exist_ok=True)
         if metadata:
             _merge_metadata(fs, final, metadata)
         _write_files(fs, final, extra_files)
+        return final
+
+    def _commit_staged(
+        self,
+        staged: str,
+        final: str,
+        metadata: dict[str, Any] | None,
+        extra_files: dict[str, bytes] | None,
+    ) -> str:
+        fs = self.filesystem
+        in_place = os.path.exists(final)
+        if in_place and not os.path.exists(staged + IN_PLACE_SUFFIX):
+            raise StorageError(
+                f"Checkpoint directory {final!r} already exists.\n"
+                "HINT: checkpoint_dir_name must be unique within a run."
+            )
+        if in_place:  # NO_UPLOAD ranks wrote their part there: the others' parts join it
+            move_tree_contents(staged, final)
+            os.rmdir(staged)
+        target = final if in_place else staged
+        if metadata:
+            _merge_metadata(fs, target, metadata)
+        _write_files(fs, target, extra_files)
+        _fsync_tree(target)  # durable before visible; costs the driver, not training
+        if not in_place:
+            os.rename(staged, final)
+        _fsync_dir(os.path.dirname(final))
         return final
 
     def delete_checkpoint(self, dir_name: str) -> None:
@@ -218,6 +281,14 @@ class RunStorage:
     def _uri(self, path: str) -> str:
         """``path`` inside this storage as the user wrote it (``s3://bucket/...``)."""
         return self.run_uri + path[len(self.run_path) :]
+
+
+def _remove_if_empty(path: str) -> None:
+    """Remove a directory the user let us empty; keep it if they wrote to it meanwhile."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _write_files(fs: Any, directory: str, files: dict[str, bytes] | None) -> None:

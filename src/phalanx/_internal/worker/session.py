@@ -1,8 +1,9 @@
 """The worker-side session behind ``report``, ``get_context``, ``get_checkpoint``.
 
 The driver calls :func:`init_session` on every worker before training, then
-:func:`run_train_fn`. ``report()`` stages a checkpoint part (a rename on the same filesystem)
-and queues the metrics to the driver; it never waits for the driver.
+:func:`run_train_fn`. ``report()`` stages a checkpoint part (a copy of the user's directory, or
+a rename when they allow their files to be moved; see ``uploader.py``) and queues the metrics to
+the driver; it never waits for the driver.
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from typing import Any
 import cloudpickle
 
 from phalanx._internal.storage.filesystem import is_local
+from phalanx._internal.storage.paths import check_checkpoint_dir_name
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.metrics import checked_metrics
 from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
 from phalanx._internal.worker.uploader import (
     BackgroundUploader,
     CheckpointUploadMode,
-    delete_local,
+    check_deletable,
+    check_source,
     in_place_dir_name,
-    private_copy,
+    move_aside,
+    same_device,
 )
 from phalanx.checkpoint import Checkpoint
 from phalanx.context import PreemptionInfo, TrainContext
@@ -84,24 +88,16 @@ class Session:
                 f"report(checkpoint=...) takes a phalanx.Checkpoint, got "
                 f"{type(checkpoint).__name__}. HINT: Checkpoint.from_directory(path)."
             )
-        dir_name = None
-        if checkpoint is not None:
-            dir_name = checkpoint_dir_name or f"checkpoint_{index:06d}"
-            if mode is CheckpointUploadMode.NO_UPLOAD:
-                dir_name = in_place_dir_name(self.storage, checkpoint)
+        dir_name, delete = None, False
+        if checkpoint is not None:  # every check before the round is taken
+            dir_name = self._dir_name(checkpoint, checkpoint_dir_name, mode, index)
+            delete = self._delete(checkpoint, mode, delete_local_checkpoint_after_upload)
         message = ("report", index, metrics, dir_name, time.time())
         self.next_round += 1
-        if checkpoint is None or mode is CheckpointUploadMode.NO_UPLOAD:
+        if checkpoint is None:
             self._send(message)
-        elif mode is CheckpointUploadMode.ASYNC and is_local(checkpoint.filesystem):
-            self._background().upload(private_copy(checkpoint), dir_name, message)  # type: ignore[arg-type]
         else:
-            if self._uploader is not None:  # a sync checkpoint after async ones: keep order
-                self._uploader.wait()
-            self.storage.stage_part(checkpoint, dir_name, self.attempt)  # type: ignore[arg-type]
-            if delete_local_checkpoint_after_upload:
-                delete_local(checkpoint)
-            self._send(message)
+            self._persist(checkpoint, dir_name, mode, delete, message)  # type: ignore[arg-type]
         if dir_name is not None:
             self.latest_checkpoint = Checkpoint(
                 self.storage.checkpoint_path(dir_name), self.storage.filesystem
@@ -112,6 +108,56 @@ class Session:
                 f"rank {self.context.world_rank} stopped after round {index} (preemption of "
                 f"rank(s) {list(self.preemption.preempted_ranks)})"
             )
+
+    def _dir_name(
+        self, checkpoint: Checkpoint, name: str | None, mode: CheckpointUploadMode, index: int
+    ) -> str:
+        if name is not None:
+            check_checkpoint_dir_name(name)
+        if mode is CheckpointUploadMode.NO_UPLOAD:
+            return in_place_dir_name(self.storage, checkpoint, name)
+        check_source(checkpoint)
+        return name or f"checkpoint_{index:06d}"
+
+    def _delete(
+        self, checkpoint: Checkpoint, mode: CheckpointUploadMode, delete: bool | None
+    ) -> bool:
+        if mode is CheckpointUploadMode.NO_UPLOAD:
+            return False  # the files are the checkpoint already
+        if delete is None:
+            delete = mode.default_delete_local_checkpoint_after_upload()
+        if delete:
+            check_deletable(self.storage, checkpoint)
+        return bool(delete)
+
+    def _persist(
+        self,
+        checkpoint: Checkpoint,
+        dir_name: str,
+        mode: CheckpointUploadMode,
+        delete: bool,
+        message: tuple[Any, ...],
+    ) -> None:
+        """Save this rank's part of ``dir_name`` as ``mode`` says, then send ``message``.
+
+        The user's directory is only read, unless ``delete``: then its files are moved (a
+        rename on the same filesystem) and the directory removed once they are safe.
+        """
+        if mode is CheckpointUploadMode.NO_UPLOAD:
+            self.storage.mark_in_place(dir_name, self.attempt)
+            self._send(message)
+            return
+        if mode is CheckpointUploadMode.SYNC or (delete and same_device(checkpoint, self.storage)):
+            # a move within one filesystem is as fast as queuing it: ASYNC needs no thread
+            if self._uploader is not None:
+                self._uploader.wait()  # the documented promise: the previous upload is done
+            self.storage.stage_part(checkpoint, dir_name, self.attempt, move=delete)
+            self._send(message)  # behind pending async uploads: reports stay in order
+        elif delete and is_local(checkpoint.filesystem):  # the directory is free at once
+            scratch = Checkpoint(move_aside(checkpoint))
+            self._background().upload(scratch, dir_name, message, scratch=True)
+        else:  # read in the background: the user keeps the directory unchanged until then
+            self._background().upload(checkpoint, dir_name, message, scratch=False)
 
     def _send(self, message: tuple[Any, ...]) -> None:
         if self._uploader is not None and self._uploader.busy:

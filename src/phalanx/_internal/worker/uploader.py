@@ -1,10 +1,15 @@
-"""Persisting a rank's checkpoint parts: sync, async (a background thread), or already in place.
+"""Persisting a rank's checkpoint part: sync, async (a background thread), or already in place.
 
-In async mode ``report()`` first moves the checkpoint's files into a private directory next to
-them (a rename: the user's temporary directory may vanish right after ``report()`` returns),
-then returns; one thread uploads parts in report order and sends each report once its part is
-durable. Reports without a checkpoint queue behind pending uploads, so the driver still sees
-reports in order, and never wait. At most one upload is outstanding: the next checkpoint waits.
+The directory a user reports is theirs (Ray's contract). ``SYNC`` copies its files into storage
+and leaves it exactly as it was. Files are moved (a rename, no copy) only when the user allows
+it with ``delete_local_checkpoint_after_upload=True``, the default for ``ASYNC``; the directory
+is then removed once its files are safe. ``ASYNC`` with ``delete_local_checkpoint_after_upload=
+False`` reads the directory in the background: it must stay unchanged until the upload is done
+(the next ``report()`` with a checkpoint, or the end of the training function, waits for it).
+
+One thread uploads parts in report order and sends each report once its part is durable.
+Reports without a checkpoint queue behind pending uploads, so the driver still sees reports in
+order, and never wait. At most one upload is outstanding: the next checkpoint waits.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from queue import SimpleQueue
 from typing import Any
 
 from phalanx._internal.storage.filesystem import is_local, move_tree_contents
+from phalanx._internal.storage.paths import checkpoint_name_problem
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.runtime import Outbox
 from phalanx.checkpoint import Checkpoint
@@ -32,30 +38,106 @@ class CheckpointUploadMode(enum.Enum):
     ASYNC = "async"  # report() returns at once; persisted in the background, in order
     NO_UPLOAD = "no_upload"  # the checkpoint was written inside the run directory already
 
+    def default_delete_local_checkpoint_after_upload(self) -> bool:
+        """What ``delete_local_checkpoint_after_upload=None`` means: True for ASYNC only (Ray)."""
+        return self is CheckpointUploadMode.ASYNC
 
-def private_copy(checkpoint: Checkpoint) -> str:
-    """Move a local checkpoint's files into a new private directory (rename when possible)."""
+
+def check_source(checkpoint: Checkpoint) -> None:
+    """A reported directory must exist and hold files: an empty checkpoint is never committed."""
+    fs, path = checkpoint.filesystem, checkpoint.path
+    if is_local(fs):
+        try:
+            with os.scandir(path) as entries:
+                empty = next(entries, None) is None
+        except FileNotFoundError:
+            empty = None
+        except NotADirectoryError:
+            empty = None
+    else:
+        empty = None if not fs.isdir(path) else not fs.ls(path, detail=False)
+    if empty is None:
+        raise FileNotFoundError(
+            f"report(checkpoint=...) was given {path!r}, which is not a directory (missing, or "
+            "a file). A checkpoint is a directory of files.\nHINT: write your files into a "
+            "directory first, then pass Checkpoint.from_directory(that_directory)."
+        )
+    if empty:
+        raise ValueError(
+            f"report(checkpoint=...) was given the empty directory {path!r}: nothing would be "
+            "saved. The files were probably written elsewhere, or not yet.\nHINT: save your "
+            "model into that directory before calling report(), or pass checkpoint=None."
+        )
+
+
+def check_deletable(storage: RunStorage, checkpoint: Checkpoint) -> None:
+    """``delete_local_checkpoint_after_upload=True`` removes the directory: refuse directories
+    that hold the run itself (as Ray does) or that other programs share."""
+    if not is_local(checkpoint.filesystem):
+        return
+    path = os.path.realpath(checkpoint.path)
+    shared = {os.path.realpath(p) for p in (tempfile.gettempdir(), os.path.expanduser("~"))}
+    shared |= {os.path.realpath(os.getcwd()), "/"}
+    run = os.path.realpath(storage.run_path) if storage.local else None
+    inside = run is not None and (run == path or run.startswith(path.rstrip("/") + "/"))
+    if path in shared or inside:
+        what = "holds the run directory " + repr(run) if inside else "is shared with others"
+        raise ValueError(
+            f"report(checkpoint={path!r}) with delete_local_checkpoint_after_upload=True (the "
+            f"default for ASYNC) would remove that directory, and it {what}.\nHINT: write the "
+            "checkpoint into a directory of its own (tempfile.mkdtemp()), or pass "
+            "delete_local_checkpoint_after_upload=False."
+        )
+
+
+def in_place_dir_name(
+    storage: RunStorage, checkpoint: Checkpoint, checkpoint_dir_name: str | None
+) -> str:
+    """NO_UPLOAD: the checkpoint must already be a directory directly inside the run directory."""
+    run_path = storage.run_path.rstrip("/")
+    path = checkpoint.path.rstrip("/")
+    same_fs = type(checkpoint.filesystem) is type(storage.filesystem)
+    name = os.path.basename(path)
+    if not same_fs or os.path.dirname(path) != run_path or checkpoint_name_problem(name):
+        raise ValueError(
+            f"checkpoint_upload_mode=NO_UPLOAD needs a checkpoint directly inside the run "
+            f"directory {run_path!r}, got {path!r}.\nHINT: write it to "
+            "phalanx.get_context().get_storage().build_checkpoint_path_from_name(name), or use "
+            "SYNC."
+        )
+    if checkpoint_dir_name is not None and checkpoint_dir_name != name:
+        raise ValueError(
+            f"checkpoint_upload_mode=NO_UPLOAD: the checkpoint is the directory {name!r}, but "
+            f"checkpoint_dir_name={checkpoint_dir_name!r}.\nHINT: write the files to "
+            "get_context().get_storage().build_checkpoint_path_from_name(checkpoint_dir_name)."
+        )
+    return name
+
+
+def same_device(checkpoint: Checkpoint, storage: RunStorage) -> bool:
+    """Whether a rename can carry the checkpoint's files into the run's staging area."""
+    if not (storage.local and is_local(checkpoint.filesystem)):
+        return False
+    try:
+        return os.stat(checkpoint.path).st_dev == os.stat(storage.run_path).st_dev
+    except OSError:
+        return False
+
+
+def move_aside(checkpoint: Checkpoint) -> str:
+    """Move a local checkpoint's files into a new private directory next to it (a rename on
+    the same filesystem) and remove the emptied directory; return the private directory."""
     parent = os.path.dirname(checkpoint.path.rstrip("/"))
     try:
         private = tempfile.mkdtemp(prefix=".phalanx-upload-", dir=parent)
     except OSError:
         private = tempfile.mkdtemp(prefix="phalanx-upload-")
     move_tree_contents(checkpoint.path, private)
+    try:
+        os.rmdir(checkpoint.path)
+    except OSError:
+        pass  # written to meanwhile, or removed: leave it to its owner
     return private
-
-
-def in_place_dir_name(storage: RunStorage, checkpoint: Checkpoint) -> str:
-    """NO_UPLOAD: the checkpoint must already be a directory directly inside the run directory."""
-    run_path = storage.run_path.rstrip("/")
-    path = checkpoint.path.rstrip("/")
-    same_fs = type(checkpoint.filesystem) is type(storage.filesystem)
-    if not same_fs or os.path.dirname(path) != run_path:
-        raise ValueError(
-            f"checkpoint_upload_mode=NO_UPLOAD needs a checkpoint directly inside the run "
-            f"directory {run_path!r}, got {path!r}.\nHINT: write it to "
-            "os.path.join(phalanx.get_context().get_storage().run_path, name), or use SYNC."
-        )
-    return os.path.basename(path)
 
 
 class BackgroundUploader:
@@ -81,19 +163,26 @@ class BackgroundUploader:
         """Queue a report behind pending uploads."""
         self._submit(lambda: self._outbox.send(message))
 
-    def upload(self, private_dir: str, dir_name: str, message: tuple[Any, ...]) -> None:
-        """Persist ``private_dir`` as this rank's part of ``dir_name``, then send ``message``."""
+    def upload(
+        self, source: Checkpoint, dir_name: str, message: tuple[Any, ...], scratch: bool
+    ) -> None:
+        """Persist ``source`` as this rank's part of ``dir_name``, then send ``message``.
+
+        ``scratch``: ``source`` is phalanx's private directory (moved aside): its files are
+        moved when possible and it is removed afterwards. Otherwise it is the user's and is
+        only read.
+        """
         self._upload_done.wait()  # at most one outstanding upload
         self.raise_error()
         self._upload_done.clear()
 
         def task() -> None:
             try:
-                source = Checkpoint(private_dir)
-                self._storage.stage_part(source, dir_name, self._attempt)
+                self._storage.stage_part(source, dir_name, self._attempt, move=scratch)
                 self._outbox.send(message)
             finally:
-                shutil.rmtree(private_dir, ignore_errors=True)
+                if scratch:
+                    shutil.rmtree(source.path, ignore_errors=True)
                 self._upload_done.set()
 
         self._submit(task)
@@ -136,8 +225,3 @@ class BackgroundUploader:
             self._tasks.put(None)
             self._thread.join()
             self._thread = None
-
-
-def delete_local(checkpoint: Checkpoint) -> None:
-    if is_local(checkpoint.filesystem):
-        shutil.rmtree(checkpoint.path, ignore_errors=True)
