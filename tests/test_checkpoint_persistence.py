@@ -127,7 +127,9 @@ def test_a_shared_temp_dir_keeps_every_foreign_file_and_the_run_is_not_copied_in
     try:
         before = tree(shared)
         # the default storage_path under the temp dir, as with ~/phalanx_results on a tmpfs home
-        result = run(report_shared_dir, str(shared / "runs"), workers=1, config={"shared": str(shared)})
+        result = run(
+            report_shared_dir, str(shared / "runs"), workers=1, config={"shared": str(shared)}
+        )
     finally:
         sock.close()
     after = tree(shared)
@@ -152,7 +154,7 @@ def test_async_refuses_to_delete_the_shared_temp_dir(tmp_path, storage, monkeypa
         train.report({}, checkpoint=Checkpoint.from_directory(tempfile.gettempdir()),
                      checkpoint_upload_mode="async")  # fmt: skip
 
-    with pytest.raises(TrainingFailedError, match="shared with others(.|\n)*HINT"):
+    with pytest.raises(TrainingFailedError, match=r"(?s)shared with others.*HINT"):
         run(loop, storage, workers=1, engine="thread")
     assert tree(shared)["other.lock"][0] == b"pid 4242"
     assert (shared / "model.pt").exists()
@@ -164,6 +166,7 @@ def report_same_dir_twice(config):
         os.makedirs(d, exist_ok=True)  # ASYNC (delete=True by default) removed it
         if step == 0:
             write(os.path.join(d, "model.pt"), b"step 0")
+            write(os.path.join(d, "config.json"), b"{}")  # written once, in both checkpoints
         else:  # rewritten: the old file gone, a new one
             if os.path.exists(os.path.join(d, "model.pt")):
                 os.remove(os.path.join(d, "model.pt"))
@@ -180,8 +183,14 @@ def test_the_same_directory_reported_twice_gives_two_correct_checkpoints(tmp_pat
         ((m["step"], cp) for cp, m in result.best_checkpoints), key=lambda x: x[0]
     )
     assert (m0, m1) == (0, 1)
-    assert {k: v[0] for k, v in tree(first.path).items()} == {"model.pt": b"step 0"}
-    assert {k: v[0] for k, v in tree(second.path).items()} == {"model_v2.pt": b"step 1"}
+    assert {k: v[0] for k, v in tree(first.path).items()} == {
+        "model.pt": b"step 0",
+        "config.json": b"{}",
+    }
+    expected = {"model_v2.pt": b"step 1"}
+    if mode == "sync":  # ASYNC removed the directory after step 0: config.json went with it
+        expected["config.json"] = b"{}"
+    assert {k: v[0] for k, v in tree(second.path).items()} == expected
     assert result.checkpoint == second
     survivors = os.path.join(str(tmp_path), "rank_0")
     # SYNC leaves the directory as the user left it; ASYNC (delete=True) removed it
@@ -329,3 +338,242 @@ def test_no_upload_with_another_checkpoint_dir_name_fails_at_report(storage):
 
     with pytest.raises(TrainingFailedError, match="checkpoint_dir_name='b'"):
         run(loop, storage, workers=1, engine="thread")
+
+
+# --------------------------------------------------------------------------- paths stay inside
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "a/b", "../x", "a\\b", ".phalanx_lock", 3])
+def test_run_config_refuses_a_name_that_is_not_one_directory(name):
+    with pytest.raises(ConfigError, match=r"(?s)RunConfig\(name=.*HINT"):
+        RunConfig(name=name)
+
+
+BAD_DIR_NAMES = ["../x", "..", ".", "a/b", "/abs", "logs", ".staging", "metrics.jsonl",
+                 "checkpoint_manager_snapshot.json", ".phalanx_upload", ""]  # fmt: skip
+
+
+def report_bad_names(config):
+    d = os.path.join(config["root"], f"rank_{train.get_context().get_world_rank()}")
+    write(os.path.join(d, "w"), b"x")
+    errors = []
+    for name in config["names"]:
+        try:
+            train.report({}, checkpoint=Checkpoint.from_directory(d), checkpoint_dir_name=name)
+        except ValueError as exc:
+            errors.append(str(exc))
+    train.report({"ok": True}, checkpoint=Checkpoint.from_directory(d), checkpoint_dir_name="ok")
+    return errors
+
+
+@pytest.mark.slow
+def test_report_refuses_a_checkpoint_dir_name_outside_the_run_and_writes_nothing(tmp_path):
+    storage = tmp_path / "runs"
+    result = run(report_bad_names, str(storage), config={"root": str(tmp_path / "user"),
+                                                          "names": BAD_DIR_NAMES})  # fmt: skip
+    assert len(result.return_value) == len(BAD_DIR_NAMES)
+    assert all("HINT:" in e for e in result.return_value)
+    assert sorted(os.listdir(tmp_path)) == ["runs", "user"]  # no ../x
+    assert sorted(os.listdir(storage)) == ["exp"]
+    assert result.checkpoint.path.endswith("/exp/ok")
+    assert [c.path.rsplit("/", 1)[-1] for c, _ in result.best_checkpoints] == ["ok"]
+
+
+def test_the_storage_layer_refuses_paths_that_leave_the_run(tmp_path):
+    victim = tmp_path / "victim"
+    write(str(victim / "precious"), b"keep")
+    storage = RunStorage.create(str(tmp_path / "runs"), "exp")
+    for bad in ("../../victim", "..", ".", "a/../../victim", ""):
+        with pytest.raises(StorageError, match="Refusing"):
+            storage.delete_checkpoint(bad)
+        with pytest.raises(StorageError, match="Refusing"):
+            storage.checkpoint_path(bad)
+    with pytest.raises(StorageError, match="Refusing the run name"):
+        RunStorage.create(str(tmp_path / "runs"), "..")
+    assert (victim / "precious").read_bytes() == b"keep"
+
+
+def crafted_snapshot_loop(config):
+    d = os.path.join(config["root"], f"r{train.get_context().get_world_rank()}")
+    for step in range(config["steps"]):
+        write(os.path.join(d, "w"), str(step).encode())
+        train.report({"step": step}, checkpoint=Checkpoint.from_directory(d))
+
+
+def craft(snapshot: bytes) -> bytes:
+    """Add an entry ``../victim`` that retention would evict first (the oldest round)."""
+    state = json.loads(snapshot)
+    state["checkpoints"].insert(0, {"dir_name": "../victim", "metrics": {}, "round": -1})
+    return json.dumps(state).encode()
+
+
+@pytest.mark.slow
+def test_a_crafted_snapshot_entry_is_refused_and_retention_never_deletes_outside(tmp_path):
+    storage = tmp_path / "runs"
+    victim = storage / "victim"  # a sibling of the run: '../victim' seen from the run
+    write(str(victim / "precious"), b"keep")
+    config = {"root": str(tmp_path / "user"), "steps": 2}
+    first = run(crafted_snapshot_loop, str(storage), keep=2, config=config)
+    snapshot = os.path.join(first.path, run_storage.SNAPSHOT_FILE)
+    with open(snapshot, "rb") as f:
+        crafted = craft(f.read())
+    with open(snapshot, "wb") as f:
+        f.write(crafted)
+    with pytest.raises(StorageError, match=r"(?s)'\.\./victim'.*Nothing was deleted.*HINT"):
+        run(crafted_snapshot_loop, str(storage), keep=2, config={**config, "steps": 4})
+    assert (victim / "precious").read_bytes() == b"keep"
+
+
+def test_reserved_names_cover_every_entry_phalanx_keeps_in_a_run():
+    kept = {
+        run_storage.SNAPSHOT_FILE,
+        run_storage.HISTORY_FILE,
+        run_storage.ALL_RANKS_HISTORY_FILE,
+        run_storage.STAGING_DIR,
+        run_storage.LOG_DIR,
+        run_storage.ERROR_TEXT_FILE,
+        run_storage.ERROR_PICKLE_FILE,
+        run_storage.MARKER_FILE,
+    }
+    assert all(paths.checkpoint_name_problem(n) for n in kept)
+    assert paths.checkpoint_name_problem("checkpoint_000001") is None
+
+
+# --------------------------------------------------------------------------- the same on S3
+
+BUCKET = "phalanx-persist"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A real S3-compatible server on 127.0.0.1 (moto) and an s3fs filesystem pointed at it."""
+    s3fs = pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = {"endpoint_url": f"http://{host}:{port}", "region_name": "us-east-1"}
+    fs = s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs=endpoint)
+    import boto3
+
+    boto3.client("s3", aws_access_key_id="testing", aws_secret_access_key="testing",
+                 **endpoint).create_bucket(Bucket=BUCKET)  # fmt: skip
+    yield fs
+    server.stop()
+
+
+def s3_run(loop, s3, config, workers=2, keep=None, name=None):
+    return run(loop, f"s3://{BUCKET}/runs", name=name or f"exp-{uuid.uuid4().hex[:6]}",
+               workers=workers, config=config, keep=keep, fs=s3)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "mode,delete,removed",
+    [("sync", None, False), ("async", None, True), ("async", False, False), ("sync", True, True)],
+)
+def test_s3_upload_modes_keep_or_remove_the_users_directory_as_asked(
+    tmp_path, s3, mode, delete, removed
+):
+    dirs = user_dirs(tmp_path)
+    before = [tree(d) for d in dirs]
+    result = s3_run(report_with_delete, s3, {"dirs": dirs, "mode": mode, "delete": delete})
+    assert [os.path.exists(d) for d in dirs] == [not removed] * 2
+    if not removed:
+        assert [tree(d) for d in dirs] == before
+    for rank in range(2):
+        data = s3.cat(f"{result.checkpoint.path}/model_{rank}.pt")
+        assert data == before[rank][f"model_{rank}.pt"][0]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".phalanx-upload")]
+
+
+@pytest.mark.slow
+def test_s3_mixed_upload_modes_in_one_round_commit_one_merged_checkpoint(tmp_path, s3):
+    result = s3_run(mixed_modes_loop, s3, {"root": str(tmp_path)}, workers=3)
+    check_mixed(result, s3)
+
+
+@pytest.mark.slow
+def test_s3_crafted_snapshot_entry_never_deletes_a_sibling(tmp_path, s3):
+    name = f"exp-{uuid.uuid4().hex[:6]}"
+    s3.pipe(f"{BUCKET}/runs/victim/precious", b"keep")
+    config = {"root": str(tmp_path / "user"), "steps": 2}
+    s3_run(crafted_snapshot_loop, s3, config, workers=1, keep=2, name=name)
+    snapshot = f"{BUCKET}/runs/{name}/{run_storage.SNAPSHOT_FILE}"
+    s3.pipe(snapshot, craft(s3.cat(snapshot)))
+    with pytest.raises(StorageError, match=r"'\.\./victim'"):
+        s3_run(crafted_snapshot_loop, s3, {**config, "steps": 4}, workers=1, keep=2, name=name)
+    assert s3.cat(f"{BUCKET}/runs/victim/precious") == b"keep"
+
+
+# --------------------------------------------------------------------------- the copy itself
+
+
+def test_copy_file_keeps_bytes_and_mode_whatever_method_the_filesystem_allows(tmp_path):
+    src, dst = tmp_path / "a", tmp_path / "b"
+    data = os.urandom(3 << 20) + b"tail"
+    src.write_bytes(data)
+    os.chmod(src, 0o600)
+    method = local_copy.copy_file(str(src), str(dst))
+    assert method in ("reflink", "copy_file_range", "sendfile", "read_write")
+    assert dst.read_bytes() == data and stat.S_IMODE(os.stat(dst).st_mode) == 0o600
+    (tmp_path / "empty").write_bytes(b"")
+    local_copy.copy_file(str(tmp_path / "empty"), str(tmp_path / "empty2"))
+    assert (tmp_path / "empty2").read_bytes() == b""
+
+
+def test_copy_file_falls_back_when_a_method_is_refused(tmp_path, monkeypatch):
+    src, dst = tmp_path / "a", tmp_path / "b"
+    src.write_bytes(b"x" * 100_000)
+
+    def refuse(*args):
+        raise OSError(18, "Invalid cross-device link")  # EXDEV: not available here
+
+    monkeypatch.setattr(local_copy, "_refused", {})
+    monkeypatch.setattr(local_copy.fcntl, "ioctl", refuse)
+    monkeypatch.setattr(local_copy.os, "copy_file_range", refuse)
+    assert local_copy.copy_file(str(src), str(dst)) in ("sendfile", "read_write")
+    assert dst.read_bytes() == b"x" * 100_000
+
+
+def test_copy_tree_follows_links_skips_special_files_and_the_excluded_path(tmp_path):
+    src = tmp_path / "src"
+    write(str(src / "d" / "f"), b"f")
+    os.symlink(src / "d" / "f", src / "link")
+    os.mkfifo(src / "fifo")
+    write(str(src / "storage" / "run" / "big"), b"must not be copied")
+    n = local_copy.copy_tree(str(src), str(tmp_path / "dst"), exclude=str(src / "storage"))
+    assert n == 2
+    assert {k: v if v is None else v[0] for k, v in tree(tmp_path / "dst").items()} == {
+        "d": None,
+        "d/f": b"f",
+        "link": b"f",
+    }
+
+
+def test_ranks_moving_same_named_subdirectories_into_one_part_at_once_merge_them(tmp_path):
+    """Two ranks' parts both have ``nested/``: whichever rename lands second merges into it."""
+    import threading
+
+    from phalanx._internal.storage.filesystem import move_tree_contents
+
+    for trial in range(150):
+        root = tmp_path / str(trial)
+        for rank in range(2):
+            write(str(root / f"u{rank}" / "nested" / "deep" / f"f{rank}"), b"x")
+        errors = []
+
+        def move(rank, root=root, errors=errors):
+            try:
+                move_tree_contents(str(root / f"u{rank}"), str(root / "part"))
+            except OSError as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=move, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert sorted(os.listdir(root / "part" / "nested" / "deep")) == ["f0", "f1"]

@@ -118,7 +118,8 @@ def send_report(
         save_model(f"{directory}/{filename}")
         checkpoint = Checkpoint.from_directory(directory)
         checkpoint.set_metadata({"framework": framework})
-        phalanx.report(metrics, checkpoint=checkpoint)
+        # phalanx's own directory: its files may move (a rename) instead of being copied
+        phalanx.report(metrics, checkpoint=checkpoint, delete_local_checkpoint_after_upload=True)
 
 
 def _valid_metrics(metrics: Any) -> bool:

@@ -85,7 +85,12 @@ def move_tree_contents(src: str, dst: str) -> None:
         try:
             os.replace(entry.path, target)
         except OSError as exc:
-            if exc.errno != 18:  # EXDEV: another device, fall back to a copy
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(target):
+                # another rank moved a directory of the same name there first: merge into it
+                move_tree_contents(entry.path, target)
+                os.rmdir(entry.path)
+                continue
+            if exc.errno != errno.EXDEV:  # another device: fall back to a copy
                 raise
             if entry.is_dir(follow_symlinks=False):
                 local_copy.copy_tree(entry.path, target)
