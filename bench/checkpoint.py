@@ -6,6 +6,7 @@ Run from the repository root:
     python bench/checkpoint.py                       # the default plan, 3 reps (~20 min)
     python bench/checkpoint.py --reps 1 --cases local:64:sync,s3:64:async
     python bench/checkpoint.py --systems phalanx,raw --reps 5
+    python bench/checkpoint.py --sizes 8 --reps 1 --systems phalanx,raw   # a smoke run
 
 A case is ``STORAGE:SIZE_MB:MODE``:
 
@@ -16,13 +17,18 @@ A case is ``STORAGE:SIZE_MB:MODE``:
   s3     ``storage_path`` is a bucket on a moto server (``moto_server`` in its own process on
          127.0.0.1), the temporary directory is on /tmp.
 
-Mode ``sync`` or ``async`` (``checkpoint_upload_mode``). The training loop (2 workers): 80 steps
+Mode: ``sync`` (SYNC: the directory is copied and left as it was), ``syncdel`` (SYNC with
+``delete_local_checkpoint_after_upload=True``: the files may be moved), ``async`` (ASYNC, whose
+default is ``delete_local_checkpoint_after_upload=True``), ``asynckeep`` (ASYNC with
+``delete_local_checkpoint_after_upload=False``: read in the background). ``--sizes`` replaces
+the sizes of every case (e.g. ``--sizes 8`` for a smoke run). The training loop (2 workers): 80 steps
 of 5 ms busy work; every 20 steps rank 0 writes SIZE_MB random bytes to ``model.bin`` in a fresh
 directory (not timed) and calls ``report(..., checkpoint=...)``; ``CheckpointConfig(num_to_keep=3)``.
 phalanx: every rank reports every step. Ray Train: every rank reports only at the checkpoint
 steps (its report() blocks ~seconds per call). The raw floor (one process, no framework): the
-same bytes written to a file on the same disk + fsync, then a rename into the storage directory;
-for xfs a copy from /dev/shm + fsync; for s3 an ``s3fs`` ``put_file`` of the same bytes.
+same bytes written to a file on the same disk + fsync (the floor a SYNC copy is held to), a
+plain ``shutil.copytree`` of the checkpoint directory into storage, a rename into the storage
+directory; for xfs a copy from /dev/shm + fsync; for s3 an ``s3fs`` ``put_file``.
 
 Metrics: blocked = wall time of rank 0's ``report()`` call that carries a checkpoint;
 committed = that call's start (``time.time()`` in the metrics) to the driver-side callback's
@@ -59,14 +65,21 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "checkpoint.md"
 SYSTEMS = ("phalanx", "raytrain", "raw")
 STORAGES = ("local", "xfs", "s3")
-MODES = ("sync", "async")
+MODES = ("sync", "syncdel", "async", "asynckeep")
+# mode -> (checkpoint_upload_mode, delete_local_checkpoint_after_upload)
+MODE_ARGS: dict[str, tuple[str, bool | None]] = {
+    "sync": ("sync", None),
+    "syncdel": ("sync", True),
+    "async": ("async", None),
+    "asynckeep": ("async", False),
+}
 # S3 (moto) takes ~3 s per 64 MB here and a Ray Train run 70-100 s (load avg ~15): to keep the
 # whole run near 20 minutes (3 reps), S3 runs at 64 MB only and Ray Train on two cases.
-DEFAULT_CASES = (
-    "local:64:sync,local:64:async,local:256:sync,local:256:async,local:1024:sync,"
-    "local:1024:async,xfs:256:sync,xfs:256:async,s3:64:sync,s3:64:async"
+DEFAULT_CASES = ",".join(
+    [f"local:{size}:{mode}" for size in (64, 256, 1024) for mode in MODES]
+    + ["xfs:256:sync,xfs:256:async,s3:64:sync,s3:64:async"]
 )
-DEFAULT_RAY_CASES = "local:256:sync,s3:64:async"
+DEFAULT_RAY_CASES = "local:256:sync,local:256:async,s3:64:async"
 WORLD_SIZE = 2
 STEPS = 80
 CKPT_EVERY = 20
@@ -164,11 +177,17 @@ def _train_loop(cfg: dict[str, Any], rank: int, report: ReportFn, ckpt_report: R
 def _phalanx_train_fn(config: dict[str, Any]) -> None:
     import phalanx as train
 
-    mode = train.CheckpointUploadMode(config["mode"])
+    upload, delete = config["mode_args"]
+    mode = train.CheckpointUploadMode(upload)
 
     def ckpt_report(metrics: dict[str, Any], d: str) -> None:
         ckpt = train.Checkpoint.from_directory(d)
-        train.report(metrics, checkpoint=ckpt, checkpoint_upload_mode=mode)
+        train.report(
+            metrics,
+            checkpoint=ckpt,
+            checkpoint_upload_mode=mode,
+            delete_local_checkpoint_after_upload=delete,
+        )
 
     _train_loop(config, train.get_context().get_world_rank(), train.report, ckpt_report)
 
@@ -176,10 +195,12 @@ def _phalanx_train_fn(config: dict[str, Any]) -> None:
 def _ray_train_fn(config: dict[str, Any]) -> None:
     import ray.train
 
-    mode = ray.train.CheckpointUploadMode[config["mode"].upper()]
-    # ASYNC uploads after report() returns: the directory must outlive the call, and Ray deletes
-    # it after the upload (cfg["keep_dir"]; the default for ASYNC, passed explicitly here).
-    delete = mode is ray.train.CheckpointUploadMode.ASYNC
+    upload, delete = config["mode_args"]
+    mode = ray.train.CheckpointUploadMode[upload.upper()]
+    # ASYNC uploads after report() returns: the directory must outlive the call; Ray deletes it
+    # after the upload when delete_local_checkpoint_after_upload is True (ASYNC's default).
+    if delete is None:
+        delete = mode is ray.train.CheckpointUploadMode.ASYNC
 
     def ckpt_report(metrics: dict[str, Any], d: str) -> None:
         ray.train.report(
@@ -190,7 +211,8 @@ def _ray_train_fn(config: dict[str, Any]) -> None:
         )
 
     rank = ray.train.get_context().get_world_rank()
-    _train_loop({**config, "keep_dir": delete}, rank, ray.train.report, ckpt_report)
+    keep = delete or mode is ray.train.CheckpointUploadMode.ASYNC
+    _train_loop({**config, "keep_dir": keep}, rank, ray.train.report, ckpt_report)
 
 
 def _commit_log_line(path: str, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
@@ -238,7 +260,9 @@ def _loop_config(case: Case, tmp: Path, out: Path, system: str) -> dict[str, Any
         "tmp": str(work),
         "out_dir": str(out),
         "report_every_step": system == "phalanx",
-        "keep_dir": False,
+        "mode_args": MODE_ARGS[case.mode],
+        # ASYNC without delete reads the directory after report() returns: it must outlive it
+        "keep_dir": case.mode == "asynckeep",
     }
 
 
@@ -388,6 +412,10 @@ def _raw_checkpoint(
         dst = store / f"copy_{step:06d}"
         out.append(("copy_fsync_s", _timed(lambda: _copy_fsync(work / "model.bin", dst))))
         dst.unlink()
+    if case.storage != "s3":  # what a SYNC copy is compared with: a plain copytree, no fsync
+        copied = store / f"copytree_{step:06d}"
+        out.append(("copytree_s", _timed(lambda: shutil.copytree(work, copied))))
+        shutil.rmtree(copied)
     aside = Path(cfg["tmp"]) / f"aside-{step}"  # async: move the files aside, same filesystem
     out.append(("rename_s", _timed(lambda: os.rename(work, aside))))
     shutil.rmtree(aside)
@@ -634,19 +662,26 @@ def _diff(rec: Record, a: str, b: str) -> float | None:
     return rec[a] - rec[b] if rec.get(a) is not None and rec.get(b) is not None else None
 
 
-FLOOR = {"local": "rename_s", "xfs": "write_fsync_s", "s3": "s3fs_put_s"}
+FLOOR = {"local": "write_fsync_s", "xfs": "write_fsync_s", "s3": "s3fs_put_s"}
+MOVE_FLOOR = "rename_s"  # what a report that may move the files (or queue them) is held to
 TARGET_BLOCKED_S = 0.005  # same filesystem, and async: report() blocked <= 5 ms
 TARGET_THROUGHPUT = 0.9  # cross-filesystem (xfs, s3 sync): >= 0.9x the floor's throughput
+
+
+def _moves(case: Case) -> bool:
+    """Whether report() may only move (or queue) the files: B4's ≤ 5 ms blocked target."""
+    return case.mode in ("async", "asynckeep") or (case.mode, case.storage) == ("syncdel", "local")
 
 
 def _raw_floor(case: Case) -> tuple[str, str]:
     """(blocked floor, committed floor) metric names of the raw run for a case.
 
-    local: a rename. xfs: the disk floor, write + fsync of the same bytes from memory.
-    s3: an s3fs put_file. async: report() only has to move the files aside (a rename).
+    A SYNC copy: the disk floor, write + fsync of the same bytes from memory (local, xfs), or
+    an s3fs put_file (s3). A report that may move the files aside or queue them: a rename.
     """
-    blocked = "rename_s" if case.mode == "async" else FLOOR[case.storage]
-    return f"{blocked}_med", f"{FLOOR[case.storage]}_med"
+    blocked = MOVE_FLOOR if _moves(case) else FLOOR[case.storage]
+    committed = MOVE_FLOOR if (case.storage, case.mode) == ("local", "syncdel") else None
+    return f"{blocked}_med", f"{committed or FLOOR[case.storage]}_med"
 
 
 def _target(row: Record) -> str:
@@ -655,7 +690,7 @@ def _target(row: Record) -> str:
     blocked = row["phalanx_blocked_med"]
     if blocked is None:
         return "-"
-    if case.storage == "local" or case.mode == "async":
+    if _moves(case):
         ok = blocked <= TARGET_BLOCKED_S
         return f"blocked ≤ 5 ms: {'yes' if ok else '**no**'}"
     ratio = row["ratio_raw_blocked"]
@@ -714,6 +749,9 @@ def case_table(runs: list[Record], case: Case) -> Record:
         row[f"ratio_ray_{m}"] = _pair(_metric(phx, m), _metric(ray, m))
     row["ratio_raw_blocked"] = _pair(_metric(phx, "blocked_med"), _metric(raw, raw_blocked))
     row["ratio_raw_committed"] = _pair(_metric(phx, "committed_med"), _metric(raw, raw_committed))
+    row["ratio_copytree_blocked"] = _pair(
+        _metric(phx, "blocked_med"), _metric(raw, "copytree_s_med")
+    )
     return row
 
 
@@ -771,7 +809,7 @@ TABLE_HEAD = (
     "| blocked min..max (ms) phalanx / Ray "
     "| committed med (ms) phalanx / Ray / raw | fit() (s) phalanx / Ray | phalanx/Ray blocked "
     "| phalanx/Ray committed | phalanx/Ray fit() | phalanx/raw blocked | phalanx/raw committed "
-    "| B4 target (phalanx) |"
+    "| phalanx/copytree blocked | B4 target (phalanx) |"
 )
 
 
@@ -800,6 +838,7 @@ def _table_line(row: Record) -> str:
         _x(row["ratio_ray_fit_s"]),
         _x(row["ratio_raw_blocked"]),
         _x(row["ratio_raw_committed"]),
+        _x(row["ratio_copytree_blocked"]),
         _target(row),
     ]
     return "| " + " | ".join(cells) + " |"
@@ -807,12 +846,12 @@ def _table_line(row: Record) -> str:
 
 def _raw_lines(runs: list[Record], cases: list[Case]) -> list[str]:
     lines = [
-        "| storage | size | write (ms) | fsync (ms) | write+fsync (ms) | rename (ms) "
-        "| copy tmpfs→disk+fsync (ms) | s3fs put_file (ms) |",
-        "| --- " * 8 + "|",
+        "| storage | size | write (ms) | fsync (ms) | write+fsync (ms) | shutil.copytree (ms) "
+        "| rename (ms) | copy tmpfs→disk+fsync (ms) | s3fs put_file (ms) |",
+        "| --- " * 9 + "|",
     ]
     seen: set[tuple[str, int]] = set()
-    metrics = ("write_s", "fsync_s", "write_fsync_s", "rename_s", "copy_fsync_s")
+    metrics = ("write_s", "fsync_s", "write_fsync_s", "copytree_s", "rename_s", "copy_fsync_s")
     metrics += ("s3fs_put_s",)
     for case in cases:
         if (case.storage, case.size_mb) in seen:
@@ -899,16 +938,22 @@ def write_report(runs: list[Record], rows: list[Record], meta: Record, cases: li
         "over reps; min..max = best and worst call over all reps). committed: report() call "
         "start → the driver callback's after_report with the checkpoint (Ray: runs in the "
         "controller actor). Ratios: median over reps of per-rep ratios.",
-        "- raw floor (one process, no framework): blocked = rename (local, and every async "
-        "case: the files are moved aside), write + fsync of the same bytes from memory, the "
-        "disk floor (xfs sync), s3fs put_file (s3 sync); committed = rename (local), write + "
-        "fsync (xfs), s3fs put_file (s3). B4 target column: same filesystem and async: "
-        "median blocked ≤ 5 ms; cross-filesystem (xfs, s3 sync): throughput ≥ 0.9x the floor, "
-        "i.e. floor / phalanx ≥ 0.9 (median of per-rep ratios).",
+        "- modes: sync = SYNC (the directory is copied and left as written); syncdel = SYNC "
+        "with delete_local_checkpoint_after_upload=True (the files may move); async = ASYNC "
+        "(delete defaults to True); asynckeep = ASYNC with delete=False (read in the "
+        "background). Same settings for Ray Train.",
+        "- raw floor (one process, no framework): blocked = write + fsync of the same bytes "
+        "from memory (sync; the disk floor a copy is held to), rename (syncdel on local, and "
+        "every async case), s3fs put_file (s3 sync); committed = write + fsync (local, xfs; "
+        "rename for local syncdel), s3fs put_file (s3). phalanx/copytree: SYNC blocked vs a "
+        "plain shutil.copytree (no fsync) of the same directory into storage. B4 target "
+        "column: a report that may move or queue the files (syncdel local, async, asynckeep): "
+        "median blocked ≤ 5 ms; a copy (sync, and syncdel across filesystems): throughput "
+        "≥ 0.9x the floor, i.e. floor / phalanx ≥ 0.9 (median of per-rep ratios).",
         "- Ray Train: `ray.init(address='local', num_cpus=2)` per run, V2 DataParallelTrainer, "
         "default settings; ASYNC via `checkpoint_upload_mode=CheckpointUploadMode.ASYNC` "
-        "(exists in 2.60) with `delete_local_checkpoint_after_upload=True` (the directory must "
-        "outlive report()). Ray Train runs only the cases "
+        "(exists in 2.60); its directory outlives report() (`tempfile.mkdtemp`). Ray Train "
+        "runs only the cases "
         f"{', '.join(meta['ray_cases'])} (~70 s per run here). S3: one moto_server in its own "
         "process on 127.0.0.1; phalanx gets an s3fs.S3FileSystem, Ray Train the same s3fs "
         "through pyarrow's PyFileSystem(FSSpecHandler(...)) (pyarrow's native S3FileSystem "
@@ -917,7 +962,7 @@ def write_report(runs: list[Record], rows: list[Record], meta: Record, cases: li
         "## Results",
         "",
         TABLE_HEAD,
-        "| --- " * 13 + "|",
+        "| --- " * 14 + "|",
         *(_table_line(r) for r in rows),
         "",
         "## Raw floor details (median over reps of per-run medians)",
@@ -941,6 +986,19 @@ def write_report(runs: list[Record], rows: list[Record], meta: Record, cases: li
 # --------------------------------------------------------------------------- main
 
 
+def _with_sizes(cases: list[Case], sizes: str | None) -> list[Case]:
+    """``--sizes``: every case at each given size instead of its own (order kept, no repeats)."""
+    if not sizes:
+        return cases
+    out: list[Case] = []
+    for case in cases:
+        for size in (int(x) for x in sizes.split(",") if x):
+            new = Case(case.storage, size, case.mode)
+            if new not in out:
+                out.append(new)
+    return out
+
+
 def _line(rec: Record) -> str:
     head = f"[rep {rec['rep']}] {rec['case']:16} {rec['system']:8}"
     if not rec["ok"]:
@@ -959,8 +1017,11 @@ def main_orchestrate(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     systems = [s for s in args.systems.split(",") if s]
-    cases = [Case.parse(c) for c in args.cases.split(",") if c]
-    ray_cases = {Case.parse(c).key for c in args.ray_cases.split(",") if c}
+    cases = _with_sizes([Case.parse(c) for c in args.cases.split(",") if c], args.sizes)
+    ray_cases = {
+        c.key
+        for c in _with_sizes([Case.parse(c) for c in args.ray_cases.split(",") if c], args.sizes)
+    }
     base = Path(tempfile.mkdtemp(prefix="b4-", dir=args.tmp_root))
     args.workdir = base
     logs = base / "logs"
@@ -1018,6 +1079,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cases", default=DEFAULT_CASES, help="STORAGE:SIZE_MB:MODE,...")
     p.add_argument("--ray-cases", default=DEFAULT_RAY_CASES, help="the cases Ray Train runs")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--sizes", help="MB,... replacing every case's size (e.g. 8 for a smoke run)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per measurement")
     p.add_argument("--tmp-root", default="/tmp", help="where the local storage lives")
     p.add_argument("--note", action="append", default=[], help="a line for the Notes section")

@@ -21,6 +21,7 @@ round that never committed are deleted when the attempt ends or the run resumes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -153,8 +154,7 @@ class RunStorage:
         try:
             if self.local and is_local(source.filesystem):
                 if move:
-                    move_tree_contents(source.path, target)
-                    _remove_if_empty(source.path)
+                    _move_dir(source.path, target)
                 else:  # storage may live inside the checkpoint directory: never copy it
                     local_copy.copy_tree(source.path, target, exclude=self.storage_path)
             else:
@@ -281,6 +281,21 @@ class RunStorage:
     def _uri(self, path: str) -> str:
         """``path`` inside this storage as the user wrote it (``s3://bucket/...``)."""
         return self.run_uri + path[len(self.run_path) :]
+
+
+def _move_dir(src: str, dst: str) -> None:
+    """Move the directory ``src`` to ``dst``: one rename when ``dst`` is free (metadata only:
+    no mkdir, no rmdir), else entry by entry into the part another rank started there."""
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    if not os.path.islink(src):
+        try:
+            os.rename(src, dst)
+            return
+        except OSError as exc:  # taken by another rank's part, another device, a mount point
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EXDEV, errno.EBUSY):
+                raise
+    move_tree_contents(src, dst)
+    _remove_if_empty(src)
 
 
 def _remove_if_empty(path: str) -> None:

@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import threading
+import uuid
 from collections.abc import Callable
 from queue import SimpleQueue
 from typing import Any
@@ -128,6 +129,13 @@ def move_aside(checkpoint: Checkpoint) -> str:
     """Move a local checkpoint's files into a new private directory next to it (a rename on
     the same filesystem) and remove the emptied directory; return the private directory."""
     parent = os.path.dirname(checkpoint.path.rstrip("/"))
+    if not os.path.islink(checkpoint.path):  # one rename of the whole directory, when allowed
+        private = os.path.join(parent, f".phalanx-upload-{uuid.uuid4().hex[:12]}")
+        try:
+            os.rename(checkpoint.path, private)
+            return private
+        except OSError:
+            pass  # a read-only parent, a mount point: move the entries instead
     try:
         private = tempfile.mkdtemp(prefix=".phalanx-upload-", dir=parent)
     except OSError:
