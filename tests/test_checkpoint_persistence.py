@@ -288,12 +288,14 @@ MODES = ("sync", "no_upload", "async")
 
 
 def mixed_modes_loop(config):
-    """Each round, each rank uses another upload mode; rank r writes shard_r."""
+    """Each round, each rank uses another upload mode; rank r writes shard_r. With
+    ``named=False`` no rank passes checkpoint_dir_name: the NO_UPLOAD rank asks for the default."""
     ctx = train.get_context()
     rank, storage = ctx.get_world_rank(), ctx.get_storage()
     for step in range(3):
         mode = MODES[(rank + step) % 3]
-        name = f"ckpt_step_{step}"
+        named = config.get("named", True)
+        name = f"ckpt_step_{step}" if named else storage.make_default_checkpoint_dir_name()
         if mode == "no_upload":
             d = storage.build_checkpoint_path_from_name(name)
             storage.filesystem.makedirs(d, exist_ok=True)
@@ -303,14 +305,16 @@ def mixed_modes_loop(config):
             write(os.path.join(d, f"shard_{rank}"), f"{step}:{rank}".encode())
         train.report({"step": step}, checkpoint=Checkpoint.from_directory(d)
                      if mode != "no_upload" else Checkpoint(d, storage.filesystem),
-                     checkpoint_dir_name=name, checkpoint_upload_mode=mode)  # fmt: skip
+                     checkpoint_dir_name=name if named else None,
+                     checkpoint_upload_mode=mode)  # fmt: skip
 
 
-def check_mixed(result, fs):
+def check_mixed(result, fs, named=True):
     assert sorted(m["step"] for _, m in result.best_checkpoints) == [0, 1, 2]
     for checkpoint, metrics in result.best_checkpoints:
         step = metrics["step"]
-        assert checkpoint.path.endswith(f"/ckpt_step_{step}")
+        name = f"ckpt_step_{step}" if named else f"checkpoint_{step:06d}"
+        assert checkpoint.path.endswith(f"/{name}")
         shards = {p.rsplit("/", 1)[-1] for p in fs.ls(checkpoint.path, detail=False)}
         assert {f"shard_{r}" for r in range(3)} <= shards
         for rank in range(3):
@@ -318,13 +322,15 @@ def check_mixed(result, fs):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("named", [True, False], ids=["same_dir_name", "default_dir_name"])
 def test_sync_no_upload_and_async_ranks_in_one_round_commit_one_merged_checkpoint(
-    tmp_path, storage
+    tmp_path, storage, named
 ):
     import fsspec
 
-    result = run(mixed_modes_loop, storage, workers=3, config={"root": str(tmp_path)})
-    check_mixed(result, fsspec.filesystem("file"))
+    config = {"root": str(tmp_path), "named": named}
+    result = run(mixed_modes_loop, storage, workers=3, config=config)
+    check_mixed(result, fsspec.filesystem("file"), named)
     staging = os.path.join(result.path, ".staging")
     assert not os.path.exists(staging) or not os.listdir(staging)
 

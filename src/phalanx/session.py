@@ -42,7 +42,8 @@ def report(
       waits for all).
     - ``NO_UPLOAD``: the checkpoint was written in place, at
       ``get_context().get_storage().build_checkpoint_path_from_name(name)``; other ranks of
-      the round pass the same ``checkpoint_dir_name`` and their parts join it.
+      the round pass the same ``checkpoint_dir_name`` and their parts join it (without one,
+      use ``get_storage().make_default_checkpoint_dir_name()`` as the name).
 
     ``delete_local_checkpoint_after_upload`` (default: True for ``ASYNC``, False otherwise):
     True lets phalanx move your files (a rename on the same filesystem, no copy) and remove the

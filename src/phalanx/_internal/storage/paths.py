@@ -24,6 +24,12 @@ RESERVED_IN_RUN = frozenset(
 RESERVED_PREFIX = ".phalanx"  # private files phalanx may add (locks, upload scratch)
 
 
+def default_checkpoint_dir_name(round_index: int) -> str:
+    """The name of a checkpoint reported without ``checkpoint_dir_name``: the same on every rank
+    with no coordination, because every rank's k-th report is round k."""
+    return f"checkpoint_{round_index:06d}"
+
+
 def component_problem(value: object) -> str | None:
     """Why ``value`` cannot be one path component, or None if it can."""
     if not isinstance(value, str):

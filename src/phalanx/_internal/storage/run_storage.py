@@ -38,7 +38,11 @@ from phalanx._internal.storage.filesystem import (
     storage_error,
     storage_errors,
 )
-from phalanx._internal.storage.paths import check_checkpoint_dir_name, component_problem
+from phalanx._internal.storage.paths import (
+    check_checkpoint_dir_name,
+    component_problem,
+    default_checkpoint_dir_name,
+)
 from phalanx.errors import StorageError
 
 SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
@@ -110,6 +114,15 @@ class RunStorage:
         """Where the checkpoint ``checkpoint_dir_name`` of this run lives (Ray's StorageContext
         method): write a ``NO_UPLOAD`` checkpoint there, then report it with that name."""
         return self.checkpoint_path(check_checkpoint_dir_name(checkpoint_dir_name))
+
+    def make_default_checkpoint_dir_name(self) -> str:
+        """The name this rank's next ``report()`` gives a checkpoint passed without
+        ``checkpoint_dir_name`` (Ray's StorageContext method; call it in a training function).
+        A ``NO_UPLOAD`` rank writes there so that other ranks' default-named parts join it."""
+        from phalanx._internal.worker.session import require_session
+
+        session = require_session("get_context().get_storage().make_default_checkpoint_dir_name")
+        return default_checkpoint_dir_name(session.next_round)
 
     def staging_path(self, dir_name: str, attempt: int) -> str:
         return self.path(STAGING_DIR, f"{dir_name}.{attempt}")

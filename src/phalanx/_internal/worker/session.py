@@ -17,7 +17,7 @@ from typing import Any
 import cloudpickle
 
 from phalanx._internal.storage.filesystem import is_local
-from phalanx._internal.storage.paths import check_checkpoint_dir_name
+from phalanx._internal.storage.paths import check_checkpoint_dir_name, default_checkpoint_dir_name
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.metrics import checked_metrics
 from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
@@ -117,7 +117,7 @@ class Session:
         if mode is CheckpointUploadMode.NO_UPLOAD:
             return in_place_dir_name(self.storage, checkpoint, name)
         check_source(checkpoint)
-        return name or f"checkpoint_{index:06d}"
+        return name or default_checkpoint_dir_name(index)
 
     def _delete(
         self, checkpoint: Checkpoint, mode: CheckpointUploadMode, delete: bool | None
