@@ -146,18 +146,25 @@ def test_a_checkpoint_is_visible_only_when_every_part_is_saved(storage, tmp_path
     assert sorted(os.listdir(result.checkpoint.path)) == ["part_0", "part_1"]
 
 
-def test_a_checkpoint_on_the_same_filesystem_is_moved_not_copied(storage):
+@pytest.mark.parametrize("delete", [True, None])
+def test_a_checkpoint_on_the_same_filesystem_is_moved_only_when_the_user_allows_it(storage, delete):
     def loop():
         with tempfile.TemporaryDirectory(dir=train.get_context().get_storage().storage_path) as d:
             path = os.path.join(d, "weights.bin")
             with open(path, "wb") as f:
                 f.write(os.urandom(1 << 20))
             inode = os.stat(path).st_ino
-            train.report({"inode": inode}, checkpoint=Checkpoint.from_directory(d))
+            train.report({"inode": inode}, checkpoint=Checkpoint.from_directory(d),
+                         delete_local_checkpoint_after_upload=delete)  # fmt: skip
+            left = os.path.exists(path) and os.stat(path).st_ino
+        return left
 
     result = fit(loop, storage, workers=1)
     committed = os.stat(os.path.join(result.checkpoint.path, "weights.bin")).st_ino
-    assert committed == result.metrics["inode"]
+    if delete:  # a rename: the same inode, nothing left behind
+        assert committed == result.metrics["inode"] and result.return_value is False
+    else:  # SYNC's default: a copy; the user's file is untouched
+        assert committed != result.metrics["inode"] == result.return_value
 
 
 def test_an_exception_ends_fit_quickly_and_kills_the_other_ranks(storage, tmp_path):
