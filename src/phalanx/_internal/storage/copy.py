@@ -3,7 +3,7 @@
 Each file is copied by the first method that works: a reflink (``ioctl FICLONE``: the new file
 shares the old one's blocks until either is written; btrfs, XFS, bcachefs, ZFS 2.2), then
 ``os.copy_file_range`` (an in-kernel copy, server-side on NFS 4.2), then ``os.sendfile``, then a
-plain read/write loop. A method the filesystem refuses is not tried again for that source device.
+plain read/write loop. A method the filesystems refuse is not tried again for that pair of devices.
 
 Nothing here fsyncs: the driver fsyncs every committed checkpoint before it becomes visible, so
 one flush covers every rank's files (see ``RunStorage.commit``).
@@ -35,7 +35,8 @@ _UNSUPPORTED = {
     errno.ETXTBSY,
     getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
 }
-_refused: dict[tuple[str, int], bool] = {}  # (method, st_dev of the source) -> refused once
+# (method, (source device, target device)) -> the filesystem refused that method once
+_refused: dict[tuple[str, tuple[int, int]], bool] = {}
 
 
 def copy_file(src: str, dst: str) -> str:
@@ -50,7 +51,7 @@ def copy_file(src: str, dst: str) -> str:
 
 
 def _copy_fd(fd_in: int, fd_out: int, info: os.stat_result) -> str:
-    size, dev = info.st_size, info.st_dev
+    size, dev = info.st_size, (info.st_dev, os.fstat(fd_out).st_dev)
     if size == 0:
         return "read_write"
     if not _refused.get(("reflink", dev)):
@@ -75,11 +76,13 @@ def _copy_fd(fd_in: int, fd_out: int, info: os.stat_result) -> str:
     return "read_write"
 
 
-def _give_up(method: str, dev: int, exc: OSError) -> None:
+def _give_up(method: str, dev: tuple[int, int], exc: OSError) -> None:
     if exc.errno not in _UNSUPPORTED:
         raise exc
     _refused[(method, dev)] = True
-    logger.debug("%s is not available on device %d (%s); trying the next method", method, dev, exc)
+    logger.debug(
+        "%s is not available for devices %s (%s); trying the next method", method, dev, exc
+    )
 
 
 def _copy_file_range(fd_in: int, fd_out: int, size: int) -> bool:
