@@ -152,7 +152,7 @@ class Session:
             if self._uploader is not None:
                 self._uploader.wait()  # the documented promise: the previous upload is done
             self.storage.stage_part(checkpoint, dir_name, self.attempt, move=delete)
-            self._send(message)  # behind pending async uploads: reports stay in order
+            self._send(message)
         elif delete and is_local(checkpoint.filesystem):  # the directory is free at once
             scratch = Checkpoint(move_aside(checkpoint))
             self._background().upload(scratch, dir_name, message, scratch=True)
