@@ -16,6 +16,9 @@ from phalanx._internal.storage.filesystem import copy_tree, is_local, resolve_fi
 __all__ = ["Checkpoint"]
 
 METADATA_FILE = ".metadata.json"
+PREPROCESSOR_FILE = "preprocessor.pkl"
+# Where Ray's FrameworkCheckpoint.set_preprocessor keeps it: the pickle, hex-encoded, in metadata.
+RAY_PREPROCESSOR_KEY = "preprocessor_pkl"
 
 
 class Checkpoint:
@@ -38,6 +41,12 @@ class Checkpoint:
     def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
         """A checkpoint of a local directory. Nothing is copied."""
         return cls(os.path.abspath(os.fspath(path)))
+
+    @classmethod
+    def from_checkpoint(cls, other: Checkpoint) -> Checkpoint:
+        """``other`` as this class (AIR's way to get e.g. an XGBoostCheckpoint from
+        ``result.checkpoint``); nothing is copied."""
+        return cls(other.path, other.filesystem)
 
     @property
     def _local(self) -> bool:
@@ -82,6 +91,28 @@ class Checkpoint:
         merged = self.get_metadata()
         merged.update(metadata)
         self.set_metadata(merged)
+
+    def get_preprocessor(self) -> Any:
+        """The preprocessor saved in this checkpoint (by a trainer's ``preprocessor=`` or
+        :meth:`set_preprocessor`; also one saved by Ray's framework checkpoints), or None.
+        Loading it unpickles it: load only checkpoints you trust."""
+        import pickle
+
+        path = f"{self.path}/{PREPROCESSOR_FILE}"
+        if self.filesystem.exists(path):
+            with self.filesystem.open(path, "rb") as f:
+                return pickle.load(f)
+        saved = self.get_metadata().get(RAY_PREPROCESSOR_KEY)
+        return None if saved is None else pickle.loads(bytes.fromhex(saved))
+
+    def set_preprocessor(self, preprocessor: Any) -> None:
+        """Save ``preprocessor`` (cloudpickled) in this checkpoint, where predictors find it."""
+        import cloudpickle
+
+        payload = cloudpickle.dumps(preprocessor)
+        self.filesystem.makedirs(self.path, exist_ok=True)
+        with self.filesystem.open(f"{self.path}/{PREPROCESSOR_FILE}", "wb") as f:
+            f.write(payload)
 
     def __repr__(self) -> str:
         protocol = self.filesystem.protocol

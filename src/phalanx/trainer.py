@@ -121,9 +121,10 @@ class DataParallelTrainer(BaseTrainer):
         engine = resolve_engine(self.scaling_config)
         engine.check(self.scaling_config)
         if self.preprocessor is not None:
-            from phalanx.preprocess.attach import fit_on_train
+            from phalanx.preprocess.attach import fit_on_train, serialize
 
             fit_on_train(self.preprocessor, self.datasets)
+            serialize(self.preprocessor)  # fitted statistics must pickle too: fail before training
         storage = RunStorage.create(
             run_config.storage_path or env.default_storage_path(),
             name,

@@ -98,7 +98,7 @@ def test_metadata_names_the_framework(tmp_path):
 
 
 def test_base_predictor_rejects_other_inputs():
-    with pytest.raises(TypeError, match="pandas DataFrame or a dict"):
+    with pytest.raises(TypeError, match="pandas DataFrame, a numpy array, a dict"):
         Predictor().predict([1, 2])
 
 

@@ -8,7 +8,8 @@ cannot (columns, the file shuffle).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,10 +53,11 @@ class Dataset:
     def count(self) -> int:
         return self._source.num_rows
 
-    def schema(self) -> pa.Schema:
+    def schema(self, fetch_if_missing: bool = True) -> pa.Schema:
+        """The columns' names and types (``.names``, ``.types``), known without reading rows."""
         return self._source.schema
 
-    def columns(self) -> list[str]:
+    def columns(self, fetch_if_missing: bool = True) -> list[str]:
         return list(self._source.schema.names)
 
     def randomize_block_order(self, seed: int | None = None) -> Dataset:
@@ -87,14 +89,113 @@ class Dataset:
             shards.append(DataIterator(subset, Assignment(local)))
         return shards
 
-    def iter_batches(self, **kwargs: Any) -> Iterator[Any]:
-        return self.iterator().iter_batches(**kwargs)
+    # -- reading, as Ray Data's Dataset ----------------------------------------------------------
+
+    def iter_batches(
+        self,
+        *,
+        prefetch_batches: int = 1,
+        batch_size: int | None = 256,
+        batch_format: str | None = "default",
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+    ) -> Iterator[Any]:
+        """Batches over every row: a dict of numpy arrays (``"default"``/``"numpy"``), a
+        pandas DataFrame (``"pandas"``) or a pyarrow Table (``"pyarrow"``)."""
+        return self.iterator().iter_batches(
+            prefetch_batches=prefetch_batches,
+            batch_size=batch_size,
+            batch_format=batch_format or "default",
+            drop_last=drop_last,
+            local_shuffle_buffer_size=local_shuffle_buffer_size,
+            local_shuffle_seed=local_shuffle_seed,
+        )
 
     def iter_torch_batches(self, **kwargs: Any) -> Iterator[Any]:
         return self.iterator().iter_torch_batches(**kwargs)
 
-    def to_pandas(self) -> Any:
+    def iter_rows(self) -> Iterator[dict[str, Any]]:
+        return self.iterator().iter_rows()
+
+    def take_batch(self, batch_size: int = 20, *, batch_format: str | None = "default") -> Any:
+        """The first ``batch_size`` rows as one batch."""
+        batches = self.iter_batches(
+            batch_size=batch_size, batch_format=batch_format, prefetch_batches=0
+        )
+        try:
+            return next(iter(batches))
+        except StopIteration:
+            raise ValueError("take_batch: the dataset has no rows.") from None
+        finally:
+            batches.close()  # type: ignore[attr-defined]
+
+    def take(self, limit: int = 20) -> list[dict[str, Any]]:
+        """Up to ``limit`` rows, as dicts."""
+        if not self.count() or limit <= 0:
+            return []
+        return self.take_batch(limit, batch_format="pyarrow").to_pylist()  # type: ignore[no-any-return]
+
+    def take_all(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Every row, as dicts; ValueError if there are more than ``limit``."""
+        from phalanx.data.transform import check_limit
+
+        check_limit(self.count(), limit, "take_all")
+        return self.iterator().to_arrow().to_pylist()  # type: ignore[no-any-return]
+
+    def show(self, limit: int = 20) -> None:
+        """Print up to ``limit`` rows, one dict per line (as Ray Data's ``show``)."""
+        for row in self.take(limit):
+            sys.stdout.write(f"{row}\n")
+
+    def to_pandas(self, limit: int | None = None) -> Any:
+        """Every row as one DataFrame; ValueError if there are more than ``limit``."""
+        from phalanx.data.transform import check_limit
+
+        check_limit(self.count(), limit, "to_pandas")
         return self.iterator().to_pandas()
+
+    def to_arrow(self) -> pa.Table:
+        return self.iterator().to_arrow()
+
+    def materialize(self) -> Dataset:
+        """The rows read into memory once."""
+        return from_arrow(self.to_arrow())
+
+    def map_batches(
+        self,
+        fn: Any,
+        *,
+        batch_size: int | str | None = None,
+        compute: Any = None,
+        batch_format: str | None = "default",
+        zero_copy_batch: bool = True,
+        fn_args: Iterable[Any] | None = None,
+        fn_kwargs: dict[str, Any] | None = None,
+        fn_constructor_args: Iterable[Any] | None = None,
+        fn_constructor_kwargs: dict[str, Any] | None = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        memory: float | None = None,
+        concurrency: Any = None,
+        **ray_remote_args: Any,
+    ) -> Dataset:
+        """``fn`` applied to every batch (a function, or a callable class built once with
+        ``fn_constructor_args/kwargs``; it may return or yield batches). Unlike Ray Data, this
+        runs now, in this process, and the output is held in memory; the resource arguments
+        are accepted and unused."""
+        from phalanx.data.transform import map_batches
+
+        table = map_batches(
+            self,
+            fn,
+            batch_size,
+            batch_format,
+            fn_args,
+            fn_kwargs,
+            (fn_constructor_args, fn_constructor_kwargs),
+        )
+        return from_arrow(table if table is not None else self._source.schema.empty_table())
 
     def __repr__(self) -> str:
         shuffle = ", shuffle_files=True" if self._shuffle_files else ""

@@ -1,31 +1,34 @@
 """The ``Predictor`` base: a model loaded from a checkpoint, applied to batches.
 
-``predict(data)`` takes a pandas DataFrame or a dict of numpy arrays and returns the same kind:
-the checkpoint's preprocessor is applied to the raw input, the feature columns are picked, the
-model runs (``_predict_numpy`` or ``_predict_pandas``), and ``keep_columns`` of the raw input are
+``predict(data)`` takes a pandas DataFrame, a numpy array, a dict of numpy arrays or a pyarrow
+Table and returns what AIR's did (DataFrame -> DataFrame, array or dict -> dict of arrays, Table
+-> Table): the checkpoint's preprocessor is applied to the raw input, the feature columns are
+picked, the model runs (``_predict_numpy`` or ``_predict_pandas``), and ``keep_columns`` are
 carried over next to the predictions.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from phalanx.checkpoint import PREPROCESSOR_FILE as PREPROCESSOR_FILENAME
 from phalanx.checkpoint import Checkpoint
 
 __all__ = [
     "PREPROCESSOR_FILENAME",
+    "PandasUDFPredictor",
     "Predictor",
     "PredictorNotSerializableError",
     "checkpoint_framework",
     "load_preprocessor",
 ]
 
-PREPROCESSOR_FILENAME = "preprocessor.pkl"
 FRAMEWORK_KEY = "framework"
 # Which framework a checkpoint holds, told by its model file when no metadata says it.
 FRAMEWORK_FILES = {
@@ -69,18 +72,18 @@ def check_framework(checkpoint: Checkpoint, expected: str, predictor: str) -> No
         )
 
 
-def load_preprocessor(checkpoint: Checkpoint) -> Any:
+def load_preprocessor(checkpoint: Checkpoint | None) -> Any:
     """The preprocessor saved in ``checkpoint`` (``preprocessor.pkl``), or None."""
-    with checkpoint.as_directory() as directory:
-        path = os.path.join(directory, PREPROCESSOR_FILENAME)
-        if not os.path.exists(path):
-            return None
-        with open(path, "rb") as f:
-            return pickle.load(f)
+    return None if checkpoint is None else checkpoint.get_preprocessor()
 
 
 class Predictor:
     """Loads a trained model and predicts on batches (Ray AIR's ``ray.train.predictor``).
+
+    ``predict(data)`` takes what AIR's did and returns the same kind: a pandas DataFrame gives
+    a DataFrame; a numpy array or a dict of arrays gives a dict of arrays; a ``pyarrow.Table``
+    gives a Table. A subclass implements ``_predict_pandas`` and/or ``_predict_numpy`` (the one
+    matching the input is used when both are).
 
     Example::
 
@@ -98,6 +101,15 @@ class Predictor:
     def from_checkpoint(cls, checkpoint: Checkpoint, **kwargs: Any) -> Predictor:
         raise NotImplementedError
 
+    @classmethod
+    def from_pandas_udf(cls, pandas_udf: Callable[..., pd.DataFrame]) -> Predictor:
+        """A predictor that calls ``pandas_udf(df, **predict_kwargs)`` on each batch."""
+        return PandasUDFPredictor(pandas_udf)
+
+    @classmethod
+    def preferred_batch_format(cls) -> str:
+        return cls.batch_format
+
     def get_preprocessor(self) -> Any:
         return self._preprocessor
 
@@ -108,40 +120,54 @@ class Predictor:
         self,
         data: Any,
         *,
-        feature_columns: list[str] | None = None,
+        feature_columns: list[str] | list[int] | None = None,
         keep_columns: list[str] | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Predictions for ``data`` (a pandas DataFrame or a dict of numpy arrays), returned as
-        the same kind: a ``predictions`` column (or one column per model output) plus
-        ``keep_columns`` of the raw input."""
-        is_pandas = isinstance(data, pd.DataFrame)
-        if not is_pandas and not isinstance(data, dict):
-            raise TypeError(
-                f"predict got a {type(data).__name__}; it takes a pandas DataFrame or a dict "
-                "of numpy arrays."
-            )
-        _require(data, keep_columns or [], "keep_columns")
-        batch = data
+        """Predictions for ``data``, returned as the same kind (see the class docstring):
+        a ``predictions`` column (or one column per model output) plus ``keep_columns``
+        (taken from the preprocessed batch, as AIR's BatchPredictor did, or else from the raw
+        input). ``feature_columns``: the columns the model gets (indices for a numpy array)."""
+        kind = _input_kind(data)
+        batch = _as_batch(data, kind, self._numpy_native())
         if self._preprocessor is not None:
-            batch = self._preprocessor.transform_batch(batch)
+            batch = _unwrap(self._preprocessor.transform_batch(batch))
+        if keep_columns and kind == "array":
+            raise ValueError(
+                f"keep_columns={keep_columns} cannot be used with a numpy array input: it has "
+                "no column names.\nHINT: pass a dict of arrays or a DataFrame instead."
+            )
+        kept = _kept(keep_columns or [], batch, data, kind)
         if feature_columns is not None:
-            _require(batch, feature_columns, "feature_columns")
-            batch = batch[feature_columns] if is_pandas else {c: batch[c] for c in feature_columns}
-        out = self._run(batch, is_pandas, **kwargs)
-        for c in keep_columns or []:
-            out[c] = data[c].to_numpy() if is_pandas else data[c]
-        return _to_pandas(out) if is_pandas else out
+            batch = _select(batch, list(feature_columns))
+        out = self._run(batch, **kwargs)
+        out.update(kept)
+        if kind == "pandas":
+            return _to_pandas(out)
+        if kind == "arrow":
+            from phalanx.predict.batch import to_arrow
 
-    def _run(self, batch: Any, is_pandas: bool, **kwargs: Any) -> dict[str, np.ndarray]:
-        if type(self)._predict_numpy is not Predictor._predict_numpy:
-            arrays = _pandas_to_numpy(batch) if is_pandas else batch
-            return dict(self._predict_numpy(arrays, **kwargs))
-        frame = batch if is_pandas else _to_pandas(batch)
-        result = self._predict_pandas(frame, **kwargs)
-        return {str(c): result[c].to_numpy() for c in result.columns}
+            return to_arrow(out)
+        return out
 
-    def _predict_numpy(self, data: dict[str, np.ndarray], **kwargs: Any) -> dict[str, np.ndarray]:
+    def _numpy_native(self) -> bool:
+        return type(self)._predict_numpy is not Predictor._predict_numpy
+
+    def _pandas_native(self) -> bool:
+        return type(self)._predict_pandas is not Predictor._predict_pandas
+
+    def _run(self, batch: Any, **kwargs: Any) -> dict[str, Any]:
+        if isinstance(batch, pd.DataFrame) and self._pandas_native() or not self._numpy_native():
+            frame = batch if isinstance(batch, pd.DataFrame) else _numpy_to_frame(batch)
+            result = self._predict_pandas(frame, **kwargs)
+            return {str(c): _column(result[c]) for c in result.columns}
+        arrays = _pandas_to_numpy(batch) if isinstance(batch, pd.DataFrame) else batch
+        output = self._predict_numpy(arrays, **kwargs)
+        return dict(output) if isinstance(output, dict) else {"predictions": np.asarray(output)}
+
+    def _predict_numpy(
+        self, data: np.ndarray | dict[str, np.ndarray], **kwargs: Any
+    ) -> np.ndarray | dict[str, np.ndarray]:
         raise NotImplementedError
 
     def _predict_pandas(self, data: pd.DataFrame, **kwargs: Any) -> pd.DataFrame:
@@ -158,15 +184,127 @@ class Predictor:
         return f"{type(self).__name__}(preprocessor={self._preprocessor!r})"
 
 
-def _require(data: Any, columns: list[str], what: str) -> None:
-    have = [str(c) for c in (data.columns if isinstance(data, pd.DataFrame) else data)]
+class PandasUDFPredictor(Predictor):
+    """What ``Predictor.from_pandas_udf`` returns: a function of a DataFrame as a predictor."""
+
+    def __init__(self, pandas_udf: Callable[..., pd.DataFrame], preprocessor: Any = None):
+        super().__init__(preprocessor)
+        self.pandas_udf = pandas_udf
+
+    @classmethod
+    def from_checkpoint(
+        cls, checkpoint: Checkpoint | None = None, **kwargs: Any
+    ) -> PandasUDFPredictor:
+        return cls(kwargs["pandas_udf"], preprocessor=load_preprocessor(checkpoint))
+
+    def _predict_pandas(self, data: pd.DataFrame, **kwargs: Any) -> pd.DataFrame:
+        return self.pandas_udf(data, **kwargs)
+
+
+TENSOR_COLUMN = "__value__"  # Ray's name for the one column a bare numpy array becomes
+
+
+def _input_kind(data: Any) -> str:
+    if isinstance(data, pd.DataFrame):
+        return "pandas"
+    if isinstance(data, np.ndarray):
+        return "array"
+    if isinstance(data, dict):
+        return "numpy"
+    if isinstance(data, pa.Table):
+        return "arrow"
+    raise TypeError(
+        f"predict got a {type(data).__name__}; it takes a pandas DataFrame, a numpy array, a "
+        "dict of numpy arrays or a pyarrow Table."
+    )
+
+
+def _as_batch(data: Any, kind: str, numpy_native: bool) -> Any:
+    if kind == "arrow":
+        from phalanx.data.batching import arrow_to_numpy
+
+        return arrow_to_numpy(data) if numpy_native else data.to_pandas()
+    return data
+
+
+def _unwrap(batch: Any) -> Any:
+    """A preprocessor's output: a pyarrow Table becomes pandas; a lone tensor column an array."""
+    if isinstance(batch, pa.Table):
+        batch = batch.to_pandas()
+    if isinstance(batch, dict) and list(batch) == [TENSOR_COLUMN]:
+        return batch[TENSOR_COLUMN]
+    return batch
+
+
+def _kept(columns: list[str], batch: Any, raw: Any, kind: str) -> dict[str, Any]:
+    """``keep_columns`` values: from the preprocessed batch, else from the raw input."""
+    kept = {}
+    for c in columns:
+        for source in (batch, raw):
+            if not isinstance(source, np.ndarray) and c in _names(source):
+                kept[c] = _column(source[c])
+                break
+    missing = [c for c in columns if c not in kept]
+    if missing:
+        raise ValueError(
+            f"keep_columns names column(s) {missing} that the data lacks (it has "
+            f"{_describe_names(raw)}).\nHINT: check the spelling; a kept column comes from the "
+            "preprocessed batch or, if the preprocessor dropped it, from the raw input."
+        )
+    return kept
+
+
+def _select(batch: Any, columns: list[Any]) -> Any:
+    if isinstance(batch, np.ndarray):
+        if not all(isinstance(c, int) for c in columns):
+            raise ValueError(
+                f"feature_columns={columns} on a numpy array must be column indices (ints)."
+            )
+        return batch[:, columns]
+    have = _names(batch)
     missing = [c for c in columns if c not in have]
     if missing:
         raise ValueError(
-            f"{what} names column(s) {missing} that the data lacks (it has {have}"
-            f"{' after preprocessing' if what == 'feature_columns' else ''}).\n"
-            "HINT: check the column names, and what the checkpoint's preprocessor outputs."
+            f"feature_columns names column(s) {missing} that the data lacks after "
+            f"preprocessing (it has {_describe_names(batch)}).\nHINT: check the column names, "
+            "and what the checkpoint's preprocessor outputs."
         )
+    return batch[columns] if isinstance(batch, pd.DataFrame) else {c: batch[c] for c in columns}
+
+
+def _names(data: Any) -> list[Any]:
+    if isinstance(data, pd.DataFrame):
+        return list(data.columns)
+    if isinstance(data, pa.Table):
+        return list(data.column_names)
+    return list(data)
+
+
+def _describe_names(data: Any, limit: int = 20) -> str:
+    if isinstance(data, np.ndarray):
+        return f"no column names: a numpy array of shape {data.shape}"
+    names = [str(n) for n in _names(data)]
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{names[:limit]}{more}"
+
+
+def _column(values: Any) -> np.ndarray:
+    array = values.to_numpy() if isinstance(values, pd.Series | pa.ChunkedArray) else values
+    array = np.asarray(array)
+    if array.dtype == object and len(array) and isinstance(array[0], np.ndarray | list):
+        try:
+            array = np.stack([np.asarray(v) for v in array])
+        except ValueError:  # rows of different lengths stay one object per row
+            pass
+    return array
+
+
+def _numpy_to_frame(batch: Any) -> pd.DataFrame:
+    if isinstance(batch, np.ndarray):
+        if batch.ndim <= 2:
+            return pd.DataFrame(batch)
+        return pd.DataFrame({TENSOR_COLUMN: list(batch)})
+    return _to_pandas(batch)
 
 
 def _pandas_to_numpy(df: pd.DataFrame) -> dict[str, np.ndarray]:

@@ -8,12 +8,15 @@ the parts in rank order gives the rows in input order.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -22,7 +25,7 @@ from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig
 from phalanx.predict.base import Predictor
 
-__all__ = ["BatchPredictor"]
+__all__ = ["BatchPredictor", "to_arrow"]
 
 DATASET = "data"
 
@@ -58,6 +61,13 @@ class BatchPredictor:
     ) -> BatchPredictor:
         return cls(checkpoint, predictor_cls, **kwargs)
 
+    @classmethod
+    def from_pandas_udf(cls, pandas_udf: Callable[..., pd.DataFrame]) -> BatchPredictor:
+        """Score with ``pandas_udf(df, **predict_kwargs)`` on each batch (no checkpoint)."""
+        from phalanx.predict.base import PandasUDFPredictor
+
+        return cls(None, PandasUDFPredictor, pandas_udf=pandas_udf)  # type: ignore[arg-type]
+
     def get_preprocessor(self) -> Any:
         if self._preprocessor_set:
             return self._preprocessor
@@ -76,11 +86,13 @@ class BatchPredictor:
         feature_columns: list[str] | None = None,
         keep_columns: list[str] | None = None,
         batch_size: int = 4096,
-        num_workers: int | None = None,
         min_scoring_workers: int = 1,
         max_scoring_workers: int | None = None,
         num_cpus_per_worker: float | None = None,
         num_gpus_per_worker: float | None = None,
+        separate_gpu_stage: bool = True,
+        ray_remote_args: dict[str, Any] | None = None,
+        num_workers: int | None = None,
         output_path: str | None = None,
         progress: bool | None = None,
         **predict_kwargs: Any,
@@ -88,14 +100,18 @@ class BatchPredictor:
         """Predictions for ``data`` (anything ``datasets=`` accepts; files are read by the
         workers) as a :class:`phalanx.data.Dataset`, rows in input order. With
         ``output_path`` the parts are written there as Parquet and the Dataset reads them.
-        ``progress``: show a progress bar (default: when stderr is a terminal)."""
+        ``progress``: show a progress bar (default: when stderr is a terminal).
+        ``separate_gpu_stage`` is accepted for AIR code; the preprocessor runs in the scoring
+        worker, next to the model. ``ray_remote_args`` may ask for ``num_cpus``,
+        ``num_gpus`` and ``resources`` per worker."""
         from phalanx.data import as_dataset, read_parquet
 
         dataset = as_dataset(data, DATASET)
-        _check_columns(dataset.columns(), keep_columns)
+        self._check_keep_columns(dataset, keep_columns)
         workers = _worker_count(
             num_workers, min_scoring_workers, max_scoring_workers, dataset.count()
         )
+        resources = _resources(num_cpus_per_worker, num_gpus_per_worker, ray_remote_args)
         scratch = tempfile.mkdtemp(prefix="phalanx_batch_predict_")
         try:
             parts_dir = output_path or os.path.join(scratch, "out")
@@ -103,7 +119,7 @@ class BatchPredictor:
             config = {
                 "checkpoint": self.checkpoint,
                 "predictor_cls": self.predictor_cls,
-                "predictor_kwargs": self.predictor_kwargs,
+                "predictor_kwargs": self._predictor_kwargs_for(resources),
                 "preprocessor": (self._preprocessor_set, self._preprocessor),
                 "predict_kwargs": dict(
                     predict_kwargs, feature_columns=feature_columns, keep_columns=keep_columns
@@ -113,15 +129,7 @@ class BatchPredictor:
             }
             show = sys.stderr.isatty() if progress is None else progress
             callbacks = [ProgressBar(dataset.count())] if show else []
-            _run_workers(
-                config,
-                dataset,
-                workers,
-                scratch,
-                num_cpus_per_worker,
-                num_gpus_per_worker,
-                callbacks,
-            )
+            _run_workers(config, dataset, workers, scratch, resources, callbacks)
             parts = [os.path.join(parts_dir, _part(r)) for r in range(workers)]
             parts = [p for p in parts if os.path.exists(p)]
             if output_path is not None:
@@ -133,25 +141,71 @@ class BatchPredictor:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def _predictor_kwargs_for(self, resources: dict[str, float]) -> dict[str, Any]:
+        """GPUs asked for and a predictor that takes ``use_gpu``: use them, as AIR did."""
+        kwargs = dict(self.predictor_kwargs)
+        takes_gpu = "use_gpu" in inspect.signature(self.predictor_cls.from_checkpoint).parameters
+        if resources.get("GPU") and takes_gpu and "use_gpu" not in kwargs:
+            kwargs["use_gpu"] = True
+        return kwargs
+
+    def _check_keep_columns(self, dataset: Any, keep_columns: list[str] | None) -> None:
+        """Fail before any worker starts: a kept column comes from the raw or preprocessed rows."""
+        have = dataset.columns()
+        missing = [c for c in keep_columns or [] if c not in have]
+        preprocessor = self.get_preprocessor() if missing else None
+        if preprocessor is not None and dataset.count():
+            sample = preprocessor.transform_batch(dataset.take_batch(1, batch_format="pandas"))
+            have = have + [str(c) for c in sample.columns if str(c) not in have]
+            missing = [c for c in missing if c not in have]
+        if missing:
+            raise ValueError(
+                f"keep_columns names column(s) {missing} that the data lacks (it has "
+                f"{have[:20]}{' ...' if len(have) > 20 else ''}).\nHINT: check the spelling; "
+                "keep_columns are taken from the preprocessed rows, or else the raw input."
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchPredictor(checkpoint={self.checkpoint!r}, "
+            f"predictor_cls={self.predictor_cls.__name__})"
+        )
+
+
+def _resources(
+    cpus: float | None, gpus: float | None, remote_args: dict[str, Any] | None
+) -> dict[str, float]:
+    args = dict(remote_args or {})
+    unknown = sorted(set(args) - {"num_cpus", "num_gpus", "resources"})
+    if unknown:
+        raise ValueError(
+            f"ray_remote_args has {unknown}, which BatchPredictor does not use.\nHINT: ask for "
+            "resources with num_cpus, num_gpus or resources (a dict of custom resources)."
+        )
+    resources: dict[str, float] = dict(args.get("resources") or {})
+    cpu = cpus if cpus is not None else args.get("num_cpus")
+    gpu = gpus if gpus is not None else args.get("num_gpus")
+    if cpu:
+        resources["CPU"] = cpu
+    if gpu:
+        resources["GPU"] = gpu
+    return resources
+
 
 def _run_workers(
     config: dict[str, Any],
     dataset: Any,
     workers: int,
     scratch: str,
-    cpus: float | None,
-    gpus: float | None,
+    resources: dict[str, float],
     callbacks: list[Any],
 ) -> None:
     from phalanx import DataParallelTrainer, RunConfig, ScalingConfig
 
-    resources: dict[str, float] = {}
-    if cpus:
-        resources["CPU"] = cpus
-    if gpus:
-        resources["GPU"] = gpus
     scaling = ScalingConfig(
-        num_workers=workers, use_gpu=bool(gpus), resources_per_worker=resources or None
+        num_workers=workers,
+        use_gpu=bool(resources.get("GPU")),
+        resources_per_worker=resources or None,
     )
     trainer = DataParallelTrainer(
         _score_shard,
@@ -183,7 +237,7 @@ def _score_shard(config: dict[str, Any]) -> None:
         for batch in shard.iter_batches(
             batch_size=config["batch_size"], batch_format=predictor.batch_format
         ):
-            table = _to_arrow(predictor.predict(batch, **config["predict_kwargs"]))
+            table = to_arrow(predictor.predict(batch, **config["predict_kwargs"]))
             if writer is None:
                 writer = pq.ParquetWriter(path + ".tmp", table.schema)
             writer.write_table(table)
@@ -253,7 +307,7 @@ class ProgressBar(Callback):
         self._progress.stop()
 
 
-def _to_arrow(out: Any) -> pa.Table:
+def to_arrow(out: Any) -> pa.Table:
     if isinstance(out, dict):
         columns = {}
         for name, values in out.items():
@@ -265,7 +319,7 @@ def _to_arrow(out: Any) -> pa.Table:
         return pa.table(columns)
     from phalanx.preprocess.base import pandas_to_numpy
 
-    return _to_arrow(pandas_to_numpy(out))
+    return to_arrow(pandas_to_numpy(out))
 
 
 def _part(rank: int) -> str:

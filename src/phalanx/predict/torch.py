@@ -60,15 +60,30 @@ class TorchPredictor(Predictor):
         loaded = TorchCheckpoint(checkpoint.path, checkpoint.filesystem).get_model(model)
         return cls(loaded, preprocessor=load_preprocessor(checkpoint), use_gpu=use_gpu, **kwargs)
 
+    def predict(  # type: ignore[override]
+        self,
+        data: Any,
+        dtype: torch.dtype | dict[str, torch.dtype] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Predictions for ``data`` (see :meth:`Predictor.predict`); ``dtype``: the torch dtype
+        of the input tensors, one for all or a dict per column."""
+        return super().predict(data, dtype=dtype, **kwargs)
+
     def call_model(self, inputs: Any) -> Any:
         """Run the model; override to call it differently."""
         return self.model(inputs)
 
-    def _predict_numpy(
-        self, data: dict[str, np.ndarray], dtype: Any = None, **kwargs: Any
+    def _predict_numpy(  # type: ignore[override]
+        self, data: np.ndarray | dict[str, np.ndarray], dtype: Any = None, **kwargs: Any
     ) -> dict[str, np.ndarray]:
-        tensors = {c: self._tensor(c, v, dtype) for c, v in data.items()}
-        inputs: Any = next(iter(tensors.values())) if len(tensors) == 1 else tensors
+        inputs: Any
+        if isinstance(data, np.ndarray):
+            inputs = self._tensor(None, data, dtype)
+        else:
+            tensors = {c: self._tensor(c, v, dtype) for c, v in data.items()}
+            # One column: the model gets the tensor itself, as AIR's DLPredictor did.
+            inputs = next(iter(tensors.values())) if len(tensors) == 1 else tensors
         with torch.no_grad():
             output = self.call_model(inputs)
         if isinstance(output, dict):
@@ -77,9 +92,9 @@ class TorchPredictor(Predictor):
             return {f"predictions_{i}": _array(v) for i, v in enumerate(output)}
         return {"predictions": _array(output)}
 
-    def _tensor(self, column: str, values: np.ndarray, dtype: Any) -> torch.Tensor:
+    def _tensor(self, column: str | None, values: np.ndarray, dtype: Any) -> torch.Tensor:
         if isinstance(dtype, dict):
-            dtype = dtype.get(column)
+            dtype = dtype.get(column) if column is not None else None
         tensor = torch.as_tensor(np.ascontiguousarray(values), dtype=dtype, device=self.device)
         return tensor.unsqueeze(1) if tensor.ndim == 1 else tensor
 

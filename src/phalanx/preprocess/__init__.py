@@ -18,11 +18,13 @@ from phalanx.preprocess.base import FitStatus, Preprocessor, PreprocessorNotFitt
 from phalanx.preprocess.concat import Chain, Concatenator
 from phalanx.preprocess.encoders import LabelEncoder, OneHotEncoder, OrdinalEncoder
 from phalanx.preprocess.imputer import SimpleImputer
+from phalanx.preprocess.mapper import BatchMapper
 from phalanx.preprocess.scalers import MinMaxScaler, StandardScaler
 
 PreprocessorNotFittedException = PreprocessorNotFittedError  # Ray's name
 
 __all__ = [
+    "BatchMapper",
     "Chain",
     "Concatenator",
     "FitStatus",

@@ -8,10 +8,10 @@ data is never materialised transformed. The fitted preprocessor is saved in ever
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import cloudpickle
 import pyarrow as pa
 
 from phalanx.data.iterator import DataIterator
@@ -92,6 +92,8 @@ def _wrap(iterator: Any, preprocessor: Any) -> Any:
 
 
 def check_preprocessor(preprocessor: Any) -> None:
+    """At the trainer's construction: a preprocessor, and one that can be saved in checkpoints
+    (found now rather than when the first checkpoint is written, after training)."""
     if not (
         callable(getattr(preprocessor, "fit", None))
         and callable(getattr(preprocessor, "transform_batch", None))
@@ -100,7 +102,17 @@ def check_preprocessor(preprocessor: Any) -> None:
             f"preprocessor={preprocessor!r} is invalid: it must be a phalanx.preprocess "
             "Preprocessor (with fit and transform_batch)."
         )
+    serialize(preprocessor)
 
 
 def serialize(preprocessor: Any) -> bytes:
-    return pickle.dumps(preprocessor)
+    """The preprocessor cloudpickled (functions and lambdas in it included), or ConfigError."""
+    try:
+        return cloudpickle.dumps(preprocessor)
+    except Exception as exc:
+        raise ConfigError(
+            f"preprocessor={type(preprocessor).__name__} cannot be pickled, so it cannot be "
+            f"saved in checkpoints: {type(exc).__name__}: {exc}.\nHINT: keep open files, "
+            "locks, sockets and live models out of the preprocessor (build them inside the "
+            "function that uses them)."
+        ) from exc

@@ -115,7 +115,10 @@ class Preprocessor:
         return "pandas"
 
     def serialize(self) -> bytes:
-        return pickle.dumps(self)
+        """The preprocessor as bytes (cloudpickle: functions and lambdas in it are kept)."""
+        import cloudpickle
+
+        return cloudpickle.dumps(self)  # type: ignore[no-any-return]
 
     @staticmethod
     def deserialize(data: bytes) -> Preprocessor:

@@ -59,10 +59,10 @@ class TorchCheckpoint(Checkpoint):
     def _save(cls, obj: Any, preprocessor: Any) -> TorchCheckpoint:
         directory = tempfile.mkdtemp(prefix="phalanx_torch_checkpoint_")
         torch.save(obj, os.path.join(directory, MODEL_FILENAME))
+        checkpoint = cls(directory)
         if preprocessor is not None:
-            with open(os.path.join(directory, PREPROCESSOR_FILENAME), "wb") as f:
-                pickle.dump(preprocessor, f)
-        return cls(directory)
+            checkpoint.set_preprocessor(preprocessor)  # cloudpickled: lambdas in it are fine
+        return checkpoint
 
     def get_model(
         self, model: torch.nn.Module | None = None, *, weights_only: bool | None = None
@@ -97,16 +97,6 @@ class TorchCheckpoint(Checkpoint):
             )
         model.load_state_dict(saved)
         return model
-
-    def get_preprocessor(self) -> Any:
-        """The preprocessor saved with the model, or None. It is a pickle (as in Ray AIR):
-        loading it runs code from the checkpoint, so only load checkpoints you trust."""
-        with self.as_directory() as directory:
-            path = os.path.join(directory, PREPROCESSOR_FILENAME)
-            if not os.path.exists(path):
-                return None
-            with open(path, "rb") as f:
-                return pickle.load(f)
 
 
 def _load(path: str, weights_only: bool | None) -> Any:

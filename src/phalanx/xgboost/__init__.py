@@ -5,8 +5,17 @@ collective; ``ReportCallback`` (alias ``RayTrainReportCallback``) reports each r
 metrics and saves checkpoints from your own ``xgboost.train`` call.
 """
 
+from phalanx.predict.gbdt import XGBoostPredictor
 from phalanx.xgboost.callback import RayTrainReportCallback, ReportCallback
+from phalanx.xgboost.checkpoint import XGBoostCheckpoint
 from phalanx.xgboost.config import XGBoostConfig
 from phalanx.xgboost.trainer import XGBoostTrainer
 
-__all__ = ["RayTrainReportCallback", "ReportCallback", "XGBoostConfig", "XGBoostTrainer"]
+__all__ = [
+    "RayTrainReportCallback",
+    "ReportCallback",
+    "XGBoostCheckpoint",
+    "XGBoostConfig",
+    "XGBoostPredictor",
+    "XGBoostTrainer",
+]
