@@ -259,12 +259,24 @@ class CheckpointConfig:
 class DataConfig:
     """Which datasets are split across ranks (``"all"`` or a list of names); others go whole.
 
+    ``execution_options``: Ray Data ``ExecutionOptions`` (one for all datasets, or a dict by
+    name), set on Ray Data datasets as Ray Train does; on phalanx's own datasets
+    ``resource_limits.object_store_memory`` caps each shard's read-ahead in bytes (see
+    :mod:`phalanx.data.options`). ``enable_shard_locality``: Ray Data's locality hints (on Ray).
     ``equal_split`` (default True, as Ray's ``streaming_split(equal=True)``): every rank gets
     the same number of rows, so DDP ranks run the same number of steps; the ``rows % world_size``
     left over are left out. False keeps every row (ranks may differ by one): for inference.
+
+    Example::
+
+        options = DataConfig.default_ingest_options()
+        options.resource_limits = options.resource_limits.copy(object_store_memory=256 << 20)
+        DataConfig(datasets_to_split=["train"], execution_options=options)
     """
 
     datasets_to_split: Literal["all"] | list[str] = "all"
+    execution_options: Any = None
+    enable_shard_locality: bool = True
     equal_split: bool = True
 
     def __post_init__(self) -> None:
@@ -273,8 +285,27 @@ class DataConfig:
             isinstance(split, list | tuple) and all(isinstance(s, str) for s in split)
         ):
             raise _fail("DataConfig", "datasets_to_split", split, "'all' or a list of names")
-        if not isinstance(self.equal_split, bool):
-            raise _fail("DataConfig", "equal_split", self.equal_split, "True or False")
+        options = self.execution_options
+        values = options.values() if isinstance(options, dict) else [options]
+        if options is not None and not all(hasattr(o, "resource_limits") for o in values):
+            raise _fail(
+                "DataConfig",
+                "execution_options",
+                options,
+                "an ExecutionOptions, a dict of dataset name -> ExecutionOptions, or None",
+                "start from DataConfig.default_ingest_options().",
+            )
+        for name in ("enable_shard_locality", "equal_split"):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail("DataConfig", name, getattr(self, name), "True or False")
+
+    @staticmethod
+    def default_ingest_options() -> Any:
+        """Ray's default execution options for training ingest (the driver's Ray Data
+        options when Ray Data is in use; otherwise ``phalanx.data.options.ExecutionOptions``)."""
+        from phalanx.data.options import default_ingest_options
+
+        return default_ingest_options()
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = ["ARROW", "NUMPY", "BlockOps", "arrow_to_numpy", "rebatch", "shuffle_blocks"]
 
@@ -105,7 +106,28 @@ def _column_to_numpy(column: pa.Array) -> np.ndarray:
             column = column.flatten()
         if pa.types.is_primitive(column.type):
             return column.to_numpy(zero_copy_only=False).reshape(shape)
+    stacked = _equal_lists_to_numpy(column)
+    if stacked is not None:
+        return stacked
     return column.to_numpy(zero_copy_only=False)
+
+
+def _equal_lists_to_numpy(column: pa.Array) -> np.ndarray | None:
+    """A list column whose rows all have the same length (e.g. a pandas column of lists or
+    arrays) as one ``(rows, length)`` array, as Ray Data gives it; None for anything else."""
+    kind = column.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not len(column):
+        return None
+    if column.null_count or not pa.types.is_primitive(kind.value_type):
+        return None
+    lengths = pc.list_value_length(column)
+    low, high = pc.min_max(lengths).values()
+    if low.as_py() != high.as_py():
+        return None
+    values = pc.list_flatten(column)
+    if values.null_count:
+        return None
+    return values.to_numpy(zero_copy_only=False).reshape(len(column), int(high.as_py()))
 
 
 def rebatch(

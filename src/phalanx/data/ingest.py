@@ -20,9 +20,11 @@ import numpy as np
 import pyarrow as pa
 
 from phalanx.config import DataConfig
+from phalanx.data.describe import shorten
 from phalanx.data.dataset import Dataset, from_arrow, from_items, from_numpy, from_pandas
 from phalanx.data.files import file_source
 from phalanx.data.iterator import DataIterator
+from phalanx.data.options import as_ray_options, options_for, prefetch_bytes
 from phalanx.errors import ConfigError
 
 __all__ = ["as_dataset", "require_columns", "shard_datasets", "validate_datasets"]
@@ -69,7 +71,8 @@ def shard_datasets(
         if _is_factory(value):
             value = _call_factory(name, value)
         is_split = split == "all" or name in split
-        iterators = _ray_iterators(value, world_size, is_split)
+        options = options_for(data_config, name)
+        iterators = _ray_iterators(value, world_size, is_split, options)
         if iterators is None:
             dataset = as_dataset(value, name)
             if is_split:
@@ -77,6 +80,8 @@ def shard_datasets(
                 _log_split(name, dataset.count(), world_size, equal)
             else:  # one iterator object per rank: each keeps its own epoch count
                 iterators = [dataset.iterator() for _ in range(world_size)]
+            for iterator in iterators:
+                iterator.limit_prefetch_bytes(prefetch_bytes(options))
         for rank, iterator in enumerate(iterators):
             shards[rank][name] = iterator
     return shards
@@ -254,8 +259,9 @@ def _is_ray_dataset(value: Any) -> bool:
     return bool(ray_data.is_ray_dataset(value))
 
 
-def _ray_iterators(value: Any, world_size: int, split: bool) -> list[Any] | None:
-    """Ray Data's own iterators for a ``ray.data.Dataset`` (``streaming_split`` when split)."""
+def _ray_iterators(value: Any, world_size: int, split: bool, options: Any) -> list[Any] | None:
+    """Ray Data's own iterators for a ``ray.data.Dataset`` (``streaming_split`` when split),
+    with ``options`` (execution options) set on a copy of its context, as Ray Train does."""
     if not _is_ray_dataset(value):
         if "ray" in sys.modules and type(value).__module__.startswith("ray.data"):
             raise ConfigError(
@@ -266,6 +272,9 @@ def _ray_iterators(value: Any, world_size: int, split: bool) -> list[Any] | None
         return None
     from phalanx.data import ray_data
 
+    if options is not None:
+        value = type(value).copy(value)
+        value.context.execution_options = as_ray_options(options)
     if split:
         return list(ray_data.split_ray_dataset(value, world_size))
     return [ray_data.ray_dataset_iterator(value) for _ in range(world_size)]
@@ -276,7 +285,8 @@ def _converted(label: str, convert: Any, value: Any) -> Dataset:
         return convert(value)  # type: ignore[no-any-return]
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         raise ConfigError(
-            f"{label} cannot be converted to Arrow columns: {exc}.\nHINT: give each column "
+            f"{label} cannot be converted to Arrow columns: {shorten(str(exc))}.\nHINT: give "
+            "each column "
             "one type (e.g. no mix of numbers and strings in one column)."
         ) from exc
 

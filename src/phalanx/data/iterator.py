@@ -71,7 +71,13 @@ class DataIterator:
             tuple(Piece(i, 0, int(n)) for i, n in enumerate(source.fragment_rows))
         )
         self._epoch = 0
+        self._prefetch_bytes: int | None = None
         self._lock = threading.Lock()
+
+    def limit_prefetch_bytes(self, limit: int | None) -> None:
+        """Hold at most about ``limit`` bytes of rows read ahead (None: ``prefetch_batches``
+        alone decides); what ``DataConfig(execution_options=...)``'s object-store limit sets."""
+        self._prefetch_bytes = limit
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -185,6 +191,9 @@ class DataIterator:
         # GIL); cutting batches and making tensors stays in the caller's thread, so small
         # batches do not pay a thread hand-off (and GIL contention) each.
         ahead = -(-prefetch_batches * (batch_size or read_rows) // read_rows)
+        if self._prefetch_bytes is not None and ahead > 1:
+            block_bytes = max(read_rows * source.row_bytes(), 1)
+            ahead = max(1, min(ahead, self._prefetch_bytes // block_bytes))
 
         def produce() -> Iterator[Any]:
             blocks: Iterator[Any] = (
@@ -240,12 +249,18 @@ class DataIterator:
         return f"DataIterator(rows={self.count()}, columns={self.columns()})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"source": self._source, "assignment": self._assignment, "epoch": self._epoch}
+        return {
+            "source": self._source,
+            "assignment": self._assignment,
+            "epoch": self._epoch,
+            "prefetch_bytes": self._prefetch_bytes,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._source = state["source"]
         self._assignment = state["assignment"]
         self._epoch = state["epoch"]
+        self._prefetch_bytes = state.get("prefetch_bytes")
         self._lock = threading.Lock()
 
 

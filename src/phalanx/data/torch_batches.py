@@ -18,6 +18,7 @@ import pyarrow as pa
 import torch
 
 from phalanx.data.batching import BlockOps, arrow_to_numpy
+from phalanx.data.describe import describe_value, shorten
 
 __all__ = ["TensorBlock", "TensorOps", "collate_format", "resolve_device", "to_device"]
 
@@ -135,10 +136,12 @@ def _tensor(name: str, array: np.ndarray, dtype: torch.dtype | None) -> torch.Te
         if array.dtype.kind not in "biuf":
             return torch.as_tensor(array, dtype=dtype)
     except (TypeError, ValueError) as exc:
+        example = describe_value(array[0]) if len(array) else "no rows"
         raise TypeError(
-            f"Column {name!r} ({array.dtype}, e.g. {array[:1]!r}) cannot become a tensor: "
-            f"{exc}.\nHINT: read only numeric columns (read_parquet(..., columns=[...])), or "
-            "pass collate_fn= to build the batch yourself."
+            f"Column {name!r} ({array.dtype}; first value {example}) cannot become a tensor: "
+            f"{shorten(str(exc))}.\nHINT: read only numeric columns (read_parquet(..., "
+            "columns=[...])); give list columns the same length in every row; or pass "
+            "collate_fn= to build the batch yourself."
         ) from exc
     if array.flags.writeable or _readonly_warning_spent:
         tensor = torch.from_numpy(array)

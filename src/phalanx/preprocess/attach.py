@@ -85,9 +85,11 @@ def preprocess_shards(shards: list[dict[str, Any]], preprocessor: Any) -> list[d
 
 def _wrap(iterator: Any, preprocessor: Any) -> Any:
     if isinstance(iterator, DataIterator):
-        return DataIterator(
+        wrapped = DataIterator(
             PreprocessedSource(iterator._source, preprocessor), iterator._assignment
         )
+        wrapped.limit_prefetch_bytes(iterator._prefetch_bytes)
+        return wrapped
     return iterator  # e.g. a Ray Data iterator: transformed by Ray, not here
 
 

@@ -1,0 +1,90 @@
+"""``DataConfig(execution_options=...)``: Ray Data's ExecutionOptions, honoured where they mean
+something.
+
+On Ray Data datasets the options are set on the dataset's context, as Ray Train does. On
+phalanx's own datasets (read by each worker itself, no cluster scheduler in between):
+
+- ``resource_limits.object_store_memory``: the most bytes of rows a shard's background reader
+  holds ahead of the training loop (it caps ``prefetch_batches``);
+- ``preserve_order``: always true locally (rows come in file / row-group order, or the seeded
+  order of ``randomize_block_order``), so both values are honoured;
+- ``resource_limits.cpu/gpu``, ``exclude_resources``, ``locality_with_output``,
+  ``actor_locality_enabled``, ``verbose_progress``: cluster scheduling and progress bars of Ray
+  Data; accepted, no effect locally.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+__all__ = ["ExecutionOptions", "ExecutionResources", "default_ingest_options", "prefetch_bytes"]
+
+
+@dataclass
+class ExecutionResources:
+    """Ray Data's ``ExecutionResources`` (None: no limit)."""
+
+    cpu: float | None = None
+    gpu: float | None = None
+    object_store_memory: float | None = None
+
+
+@dataclass
+class ExecutionOptions:
+    """Ray Data's ``ExecutionOptions``, for code that builds one without Ray installed."""
+
+    resource_limits: ExecutionResources = field(default_factory=ExecutionResources)
+    exclude_resources: ExecutionResources = field(default_factory=ExecutionResources)
+    locality_with_output: bool | list[str] = False
+    preserve_order: bool = False
+    actor_locality_enabled: bool = True
+    verbose_progress: bool = True
+
+
+def default_ingest_options() -> Any:
+    """Ray's ``DataConfig.default_ingest_options()``: the driver's Ray Data execution options
+    (limits, exclusions, order, progress) when Ray Data is in use, else phalanx's defaults."""
+    ray_data = sys.modules.get("ray.data")
+    if ray_data is None:
+        return ExecutionOptions()
+    current = ray_data.DataContext.get_current().execution_options
+    return ray_data.ExecutionOptions(
+        resource_limits=copy.copy(current.resource_limits),
+        exclude_resources=copy.copy(current.exclude_resources),
+        preserve_order=current.preserve_order,
+        verbose_progress=current.verbose_progress,
+    )
+
+
+def options_for(config: Any, name: str) -> Any:
+    """The execution options ``config`` gives dataset ``name`` (None: none given)."""
+    options = config.execution_options
+    if isinstance(options, dict):
+        return options.get(name)
+    return options
+
+
+def prefetch_bytes(options: Any) -> int | None:
+    """The byte cap on a local shard's read-ahead from ``options`` (None: no cap)."""
+    limit = getattr(getattr(options, "resource_limits", None), "object_store_memory", None)
+    return int(limit) if isinstance(limit, int | float) and limit > 0 else None
+
+
+def as_ray_options(options: Any) -> Any:
+    """``options`` as a ``ray.data.ExecutionOptions`` (phalanx's copy converted field by field)."""
+    import ray.data
+
+    if isinstance(options, ray.data.ExecutionOptions):
+        return copy.deepcopy(options)
+    converted = ray.data.ExecutionOptions()
+    for f in fields(ExecutionOptions):
+        value = getattr(options, f.name)
+        if isinstance(value, ExecutionResources):
+            value = ray.data.ExecutionResources(
+                cpu=value.cpu, gpu=value.gpu, object_store_memory=value.object_store_memory
+            )
+        setattr(converted, f.name, value)
+    return converted
