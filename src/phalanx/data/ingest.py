@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 
 from phalanx.config import DataConfig
-from phalanx.data.describe import shorten
 from phalanx.data.dataset import Dataset, from_arrow, from_items, from_numpy, from_pandas
+from phalanx.data.describe import shorten
 from phalanx.data.files import file_source
 from phalanx.data.iterator import DataIterator
 from phalanx.data.options import as_ray_options, options_for, prefetch_bytes

@@ -31,7 +31,7 @@ def map_batches(
     call = _callable(fn, *constructor)
     size = DEFAULT_BATCH_SIZE if batch_size in ("default", "auto") else batch_size
     fmt = "numpy" if batch_format in (None, "default") else batch_format
-    tables = []
+    tables: list[pa.Table] = []
     for batch in dataset.iter_batches(batch_size=size, batch_format=fmt, prefetch_batches=0):
         out = call(batch, *(fn_args or ()), **(fn_kwargs or {}))
         outputs = out if isinstance(out, Iterator) else [out]
@@ -39,7 +39,9 @@ def map_batches(
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
-def _callable(fn: Any, args: Iterable[Any] | None, kwargs: dict[str, Any] | None) -> Callable[..., Any]:
+def _callable(
+    fn: Any, args: Iterable[Any] | None, kwargs: dict[str, Any] | None
+) -> Callable[..., Any]:
     if isinstance(fn, type):  # a callable class: built once, as Ray's actor would
         return fn(*(args or ()), **(kwargs or {}))  # type: ignore[no-any-return]
     if args or kwargs:

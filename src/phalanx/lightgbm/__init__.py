@@ -6,12 +6,12 @@ network; ``get_network_params()`` gives your training function the parameters fo
 checkpoints from your own ``lightgbm.train`` call.
 """
 
-from phalanx.predict.gbdt import LightGBMPredictor
 from phalanx.lightgbm.callback import RayTrainReportCallback, ReportCallback
 from phalanx.lightgbm.checkpoint import LightGBMCheckpoint
 from phalanx.lightgbm.config import LightGBMConfig
 from phalanx.lightgbm.network import get_network_params
 from phalanx.lightgbm.trainer import LightGBMTrainer
+from phalanx.predict.gbdt import LightGBMPredictor
 
 __all__ = [
     "LightGBMCheckpoint",

@@ -157,7 +157,7 @@ class Predictor:
         return type(self)._predict_pandas is not Predictor._predict_pandas
 
     def _run(self, batch: Any, **kwargs: Any) -> dict[str, Any]:
-        if isinstance(batch, pd.DataFrame) and self._pandas_native() or not self._numpy_native():
+        if (isinstance(batch, pd.DataFrame) and self._pandas_native()) or not self._numpy_native():
             frame = batch if isinstance(batch, pd.DataFrame) else _numpy_to_frame(batch)
             result = self._predict_pandas(frame, **kwargs)
             return {str(c): _column(result[c]) for c in result.columns}

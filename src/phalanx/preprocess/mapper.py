@@ -47,10 +47,11 @@ class BatchMapper(Preprocessor):
             raise ConfigError(f"BatchMapper(fn={fn!r}) is invalid: fn must be a function.")
         if batch_format is not None and batch_format not in BATCH_FORMATS:
             raise ConfigError(
-                f"BatchMapper(batch_format={batch_format!r}) is invalid: use 'pandas' or "
-                "'numpy'."
+                f"BatchMapper(batch_format={batch_format!r}) is invalid: use 'pandas' or 'numpy'."
             )
-        if not (batch_size in ("default", None) or (isinstance(batch_size, int) and batch_size > 0)):
+        if not (
+            batch_size in ("default", None) or (isinstance(batch_size, int) and batch_size > 0)
+        ):
             raise ConfigError(
                 f"BatchMapper(batch_size={batch_size!r}) is invalid: use a positive int, "
                 "'default' (4096) or None (whole blocks)."
@@ -62,7 +63,9 @@ class BatchMapper(Preprocessor):
 
     def transform(self, ds: Any, *, batch_size: int | None = None) -> Any:
         size = batch_size or self.batch_size
-        return super().transform(ds, batch_size=DEFAULT_FIT_BATCH_SIZE if size == "default" else size)  # type: ignore[arg-type]
+        if not isinstance(size, int):  # "default", or None (whole blocks): Ray's 4096 here
+            size = DEFAULT_FIT_BATCH_SIZE
+        return super().transform(ds, batch_size=size)
 
     def preferred_batch_format(self) -> str:
         return self.batch_format
