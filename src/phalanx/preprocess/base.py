@@ -93,10 +93,11 @@ class Preprocessor:
             return from_arrow(pa.table({}))
         return from_arrow(pa.concat_tables(tables))
 
-    def transform_batch(self, batch: Any) -> Any:
+    def transform_batch(self, data: Any) -> Any:
         """One batch transformed: a pandas DataFrame, dict of numpy arrays or pyarrow Table in,
         the same kind out."""
         self._check_fitted()
+        batch = data
         if isinstance(batch, pd.DataFrame):
             self._check_columns([str(c) for c in batch.columns], "transform_batch")
             return self._transform_pandas(batch)

@@ -21,36 +21,58 @@ __all__ = ["Chain", "Concatenator"]
 class Concatenator(Preprocessor):
     """Pack numeric ``columns`` into one 2-D column ``output_column_name`` (a numpy array per
     row in pandas; a ``(rows, n)`` array in numpy batches) and drop them. Missing columns are
-    skipped unless ``raise_if_missing``.
+    skipped unless ``raise_if_missing``. AIR's ``include`` / ``exclude`` (keywords) work too:
+    without ``columns``, every column of the batch in ``include`` (default: all) and not in
+    ``exclude`` is packed, in the batch's order.
 
     Example::
 
         Concatenator(columns=["a", "b"], output_column_name="x").transform_batch(df)["x"]
+        Concatenator(output_column_name="features", exclude=["label"])  # AIR's form
     """
 
     _is_fittable = False
 
     def __init__(
         self,
-        columns: list[str],
+        columns: list[str] | None = None,
         output_column_name: str = "concat_out",
         *,
+        include: list[str] | None = None,
+        exclude: str | list[str] | None = None,
         dtype: Any = None,
         raise_if_missing: bool = False,
         flatten: bool = False,
     ) -> None:
         super().__init__()
-        self.columns = list(columns)
+        if columns is not None and (include is not None or exclude is not None):
+            raise ValueError(
+                "Concatenator takes columns, or include/exclude (AIR's form), not both."
+            )
+        self.columns = None if columns is None else list(columns)
+        self.include = None if include is None else list(include)
+        self.exclude = [exclude] if isinstance(exclude, str) else list(exclude or [])
         self.output_column_name = output_column_name
         self.dtype = dtype
         self.raise_if_missing = raise_if_missing
         self.flatten = flatten
 
     def _input_columns(self) -> list[str]:
-        return self.columns if self.raise_if_missing else []
+        if not self.raise_if_missing:
+            return []
+        if self.columns is not None:
+            return self.columns
+        return [*(self.include or []), *self.exclude]
+
+    def _packed(self, names: list[str]) -> list[str]:
+        """The columns of a batch with ``names`` that are packed, in order."""
+        if self.columns is not None:
+            return [c for c in self.columns if c in names]
+        chosen = names if self.include is None else [c for c in self.include if c in names]
+        return [c for c in chosen if c not in self.exclude]
 
     def _transform_numpy(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        present = [c for c in self.columns if c in batch]
+        present = self._packed([str(c) for c in batch])
         parts = [np.asarray(batch[c]).reshape(len(batch[c]), -1) for c in present]
         packed = np.concatenate(parts, axis=1) if parts else np.empty((0, 0))
         if self.dtype is not None:
@@ -60,8 +82,9 @@ class Concatenator(Preprocessor):
         return out
 
     def _transform_pandas(self, df: pd.DataFrame) -> pd.DataFrame:
-        packed = self._transform_numpy(pandas_to_numpy(df[[c for c in self.columns if c in df]]))
-        out = df.drop(columns=[c for c in self.columns if c in df.columns])
+        present = self._packed([str(c) for c in df.columns])
+        packed = self._transform_numpy(pandas_to_numpy(df[present]))
+        out = df.drop(columns=present)
         out[self.output_column_name] = list(packed[self.output_column_name])
         return out
 

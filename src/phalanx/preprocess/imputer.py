@@ -30,8 +30,8 @@ class SimpleImputer(Preprocessor):
         self,
         columns: list[str],
         strategy: str = "mean",
-        *,
         fill_value: Any = None,
+        *,
         output_columns: list[str] | None = None,
     ) -> None:
         super().__init__()
