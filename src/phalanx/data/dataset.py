@@ -162,6 +162,30 @@ class Dataset:
         """The rows read into memory once."""
         return from_arrow(self.to_arrow())
 
+    def sum(self, on: str) -> Any:
+        """The sum of column ``on`` (Ray Data's aggregate, computed here at once)."""
+        return self._aggregate("sum", on)
+
+    def mean(self, on: str) -> Any:
+        return self._aggregate("mean", on)
+
+    def min(self, on: str) -> Any:
+        return self._aggregate("min", on)
+
+    def max(self, on: str) -> Any:
+        return self._aggregate("max", on)
+
+    def _aggregate(self, how: str, on: str) -> Any:
+        import pyarrow.compute as pc
+
+        if on not in self.columns():
+            raise ValueError(f"{how}(on={on!r}): no such column; the columns are {self.columns()}.")
+        return getattr(pc, how)(self.select_columns([on]).to_arrow()[on]).as_py()
+
+    def select_columns(self, cols: list[str]) -> Dataset:
+        """Only columns ``cols``, held in memory."""
+        return from_arrow(self.to_arrow().select(list(cols)))
+
     def map_batches(
         self,
         fn: Any,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 __all__ = ["ExecutionOptions", "ExecutionResources", "default_ingest_options", "prefetch_bytes"]
@@ -30,6 +30,10 @@ class ExecutionResources:
     cpu: float | None = None
     gpu: float | None = None
     object_store_memory: float | None = None
+
+    def copy(self, **changes: Any) -> ExecutionResources:
+        """A copy with ``changes`` (Ray's ``ExecutionResources.copy``)."""
+        return replace(self, **changes)
 
 
 @dataclass
