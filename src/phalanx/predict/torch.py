@@ -95,7 +95,10 @@ class TorchPredictor(Predictor):
     def _tensor(self, column: str | None, values: np.ndarray, dtype: Any) -> torch.Tensor:
         if isinstance(dtype, dict):
             dtype = dtype.get(column) if column is not None else None
-        tensor = torch.as_tensor(np.ascontiguousarray(values), dtype=dtype, device=self.device)
+        array = np.ascontiguousarray(values)
+        if not array.flags.writeable:  # rows shared with Arrow: torch wants its own memory
+            array = array.copy()
+        tensor = torch.as_tensor(array, dtype=dtype, device=self.device)
         return tensor.unsqueeze(1) if tensor.ndim == 1 else tensor
 
     def __repr__(self) -> str:
