@@ -69,7 +69,9 @@ def test_pytorch_tabular_batch_prediction_with_concatenator_in_the_checkpoint():
     frame = predicted.to_pandas()
     raw = breast_cancer_like(300)
     with torch.no_grad():
-        want = model(torch.as_tensor(raw[["a", "b", "c", "d"]].to_numpy(np.float32))).numpy()
+        want = model(
+            torch.as_tensor(raw[["a", "b", "c", "d"]].to_numpy(np.float32, copy=True))
+        ).numpy()
     np.testing.assert_allclose(np.stack(frame["predictions"]), want, rtol=1e-5)
     assert frame["target"].tolist() == raw["target"].tolist()
 
