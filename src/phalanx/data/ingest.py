@@ -261,7 +261,8 @@ def _is_ray_dataset(value: Any) -> bool:
 
 def _ray_iterators(value: Any, world_size: int, split: bool, options: Any) -> list[Any] | None:
     """Ray Data's own iterators for a ``ray.data.Dataset`` (``streaming_split`` when split),
-    with ``options`` (execution options) set on a copy of its context, as Ray Train does."""
+    with ``options`` (execution options; None: Ray's ingest defaults) set on a copy of it, as
+    Ray Train does."""
     if not _is_ray_dataset(value):
         if "ray" in sys.modules and type(value).__module__.startswith("ray.data"):
             raise ConfigError(
@@ -272,9 +273,9 @@ def _ray_iterators(value: Any, world_size: int, split: bool, options: Any) -> li
         return None
     from phalanx.data import ray_data
 
-    if options is not None:
-        value = type(value).copy(value)
-        value.context.execution_options = as_ray_options(options)
+    # As Ray Train: a copy of the dataset runs with the options given, else Ray's ingest defaults.
+    value = type(value).copy(value)
+    value.context.execution_options = as_ray_options(options)
     if split:
         return list(ray_data.split_ray_dataset(value, world_size))
     return [ray_data.ray_dataset_iterator(value) for _ in range(world_size)]

@@ -8,9 +8,9 @@ phalanx's own datasets (read by each worker itself, no cluster scheduler in betw
   holds ahead of the training loop (it caps ``prefetch_batches``);
 - ``preserve_order``: always true locally (rows come in file / row-group order, or the seeded
   order of ``randomize_block_order``), so both values are honoured;
-- ``resource_limits.cpu/gpu``, ``exclude_resources``, ``locality_with_output``,
-  ``actor_locality_enabled``, ``verbose_progress``: cluster scheduling and progress bars of Ray
-  Data; accepted, no effect locally.
+- ``resource_limits.cpu/gpu/memory``, ``exclude_resources``, ``actor_locality_enabled``,
+  ``label_selector``, ``verbose_progress``: cluster scheduling and progress bars of Ray Data;
+  accepted, no effect locally.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class ExecutionResources:
     cpu: float | None = None
     gpu: float | None = None
     object_store_memory: float | None = None
+    memory: float | None = None
 
     def copy(self, **changes: Any) -> ExecutionResources:
         """A copy with ``changes`` (Ray's ``ExecutionResources.copy``)."""
@@ -38,14 +39,15 @@ class ExecutionResources:
 
 @dataclass
 class ExecutionOptions:
-    """Ray Data's ``ExecutionOptions``, for code that builds one without Ray installed."""
+    """Ray Data's ``ExecutionOptions`` (Ray 2.60's fields), for code that builds one without
+    Ray Data in use."""
 
     resource_limits: ExecutionResources = field(default_factory=ExecutionResources)
     exclude_resources: ExecutionResources = field(default_factory=ExecutionResources)
-    locality_with_output: bool | list[str] = False
     preserve_order: bool = False
     actor_locality_enabled: bool = True
-    verbose_progress: bool = True
+    verbose_progress: bool | None = None
+    label_selector: dict[str, str] | None = None
 
 
 def default_ingest_options() -> Any:
@@ -78,17 +80,21 @@ def prefetch_bytes(options: Any) -> int | None:
 
 
 def as_ray_options(options: Any) -> Any:
-    """``options`` as a ``ray.data.ExecutionOptions`` (phalanx's copy converted field by field)."""
+    """``options`` (None: Ray's defaults for ingest) as a new ``ray.data.ExecutionOptions``;
+    phalanx's own copy is converted field by field."""
     import ray.data
 
+    if options is None:
+        options = default_ingest_options()
     if isinstance(options, ray.data.ExecutionOptions):
         return copy.deepcopy(options)
-    converted = ray.data.ExecutionOptions()
-    for f in fields(ExecutionOptions):
-        value = getattr(options, f.name)
-        if isinstance(value, ExecutionResources):
-            value = ray.data.ExecutionResources(
-                cpu=value.cpu, gpu=value.gpu, object_store_memory=value.object_store_memory
-            )
-        setattr(converted, f.name, value)
-    return converted
+    values = {f.name: getattr(options, f.name) for f in fields(ExecutionOptions)}
+    for name in ("resource_limits", "exclude_resources"):
+        limits = values[name]
+        values[name] = ray.data.ExecutionResources(
+            cpu=limits.cpu,
+            gpu=limits.gpu,
+            object_store_memory=limits.object_store_memory,
+            memory=limits.memory,
+        )
+    return ray.data.ExecutionOptions(**values)

@@ -231,6 +231,9 @@ class Controller:
         from phalanx.data import shard_datasets
 
         shards = shard_datasets(self.spec.datasets, self.spec.dataset_config, world_size)
+        # Ray Data's split coordinator (an actor owned here) lives while this process holds
+        # the iterators: the workers' pickled copies do not count. Keep them for the attempt.
+        self._ray_data_shards = shards
         if self.spec.preprocessor is None:
             return shards
         from phalanx.preprocess.attach import preprocess_shards
