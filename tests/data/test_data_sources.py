@@ -232,6 +232,7 @@ def test_ray_datasets_are_handed_to_the_ray_data_module(monkeypatch):
         ray_data, "split_ray_dataset", lambda ds, n: [f"split{r}" for r in range(n)]
     )
     monkeypatch.setattr(ray_data, "ray_dataset_iterator", lambda ds: "whole")
+    monkeypatch.setattr(ray_data, "with_execution_options", lambda ds, options: ds)
     datasets = {"train": FakeRayDataset(), "valid": FakeRayDataset()}
     validate_datasets(datasets, DataConfig())
     shards = shard_datasets(datasets, DataConfig(datasets_to_split=["train"]), 2)

@@ -24,7 +24,7 @@ from phalanx.data.dataset import Dataset, from_arrow, from_items, from_numpy, fr
 from phalanx.data.describe import shorten
 from phalanx.data.files import file_source
 from phalanx.data.iterator import DataIterator
-from phalanx.data.options import as_ray_options, options_for, prefetch_bytes
+from phalanx.data.options import options_for, prefetch_bytes
 from phalanx.errors import ConfigError
 
 __all__ = ["as_dataset", "require_columns", "shard_datasets", "validate_datasets"]
@@ -273,9 +273,7 @@ def _ray_iterators(value: Any, world_size: int, split: bool, options: Any) -> li
         return None
     from phalanx.data import ray_data
 
-    # As Ray Train: a copy of the dataset runs with the options given, else Ray's ingest defaults.
-    value = type(value).copy(value)
-    value.context.execution_options = as_ray_options(options)
+    value = ray_data.with_execution_options(value, options)
     if split:
         return list(ray_data.split_ray_dataset(value, world_size))
     return [ray_data.ray_dataset_iterator(value) for _ in range(world_size)]

@@ -5,7 +5,7 @@ iterator over its part of one shared, streaming execution, coordinated by a Ray 
 needs the Ray engine (workers are Ray actors in the same cluster), and every rank must iterate
 each epoch: ranks that stop early stall the others, as in Ray Train.
 
-Nothing here imports ``ray``: :func:`is_ray_dataset` only looks at an already imported
+Nothing here imports ``ray`` on import: :func:`is_ray_dataset` only looks at an already imported
 ``ray.data``, and the other functions receive Ray objects from the caller.
 
 Example (on the driver, with Ray initialised)::
@@ -21,7 +21,13 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["RayDataShard", "is_ray_dataset", "ray_dataset_iterator", "split_ray_dataset"]
+__all__ = [
+    "RayDataShard",
+    "is_ray_dataset",
+    "ray_dataset_iterator",
+    "split_ray_dataset",
+    "with_execution_options",
+]
 
 
 def is_ray_dataset(obj: Any) -> bool:
@@ -29,6 +35,16 @@ def is_ray_dataset(obj: Any) -> bool:
     ray_data = sys.modules.get("ray.data")
     dataset_cls = getattr(ray_data, "Dataset", None)
     return isinstance(dataset_cls, type) and isinstance(obj, dataset_cls)
+
+
+def with_execution_options(ds: Any, options: Any) -> Any:
+    """A copy of ``ds`` that runs with ``options`` (``DataConfig(execution_options=...)``;
+    None: Ray's ingest defaults), as Ray Train's ``DataConfig.configure`` does."""
+    from phalanx.data.options import as_ray_options
+
+    copied = type(ds).copy(ds)
+    copied.context.execution_options = as_ray_options(options)
+    return copied
 
 
 def split_ray_dataset(ds: Any, world_size: int) -> list[Any]:
