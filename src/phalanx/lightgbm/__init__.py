@@ -4,6 +4,8 @@
 network; ``get_network_params()`` gives your training function the parameters for it, and
 ``ReportCallback`` (alias ``RayTrainReportCallback``) reports each round's eval metrics and saves
 checkpoints from your own ``lightgbm.train`` call.
+``LightGBMCheckpoint`` holds a booster (``from_model`` / ``get_model``) and ``LightGBMPredictor`` scores
+batches with one, as ``ray.train.lightgbm`` did in AIR.
 """
 
 from phalanx.lightgbm.callback import RayTrainReportCallback, ReportCallback

@@ -3,6 +3,8 @@
 ``XGBoostTrainer`` trains one model on the shards of several workers through XGBoost's own
 collective; ``ReportCallback`` (alias ``RayTrainReportCallback``) reports each round's eval
 metrics and saves checkpoints from your own ``xgboost.train`` call.
+``XGBoostCheckpoint`` holds a booster (``from_model`` / ``get_model``) and ``XGBoostPredictor`` scores
+batches with one, as ``ray.train.xgboost`` did in AIR.
 """
 
 from phalanx.predict.gbdt import XGBoostPredictor
