@@ -57,7 +57,9 @@ def test_pytorch_tabular_batch_prediction_with_concatenator_in_the_checkpoint():
     model = create_model(num_features)
     checkpoint = TorchCheckpoint.from_model(model=model, preprocessor=prep)
 
-    batch_predictor = BatchPredictor.from_checkpoint(checkpoint, TorchPredictor)
+    # A whole pickled model runs code when loaded: phalanx asks for weights_only=False (Ray
+    # always loads with it); state-dict checkpoints need nothing.
+    batch_predictor = BatchPredictor.from_checkpoint(checkpoint, TorchPredictor, weights_only=False)
     predicted = batch_predictor.predict(
         dataset, feature_columns=["concat_features"], keep_columns=["target"], batch_size=64
     )

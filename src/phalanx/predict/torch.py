@@ -50,14 +50,20 @@ class TorchPredictor(Predictor):
         checkpoint: Checkpoint,
         model: torch.nn.Module | None = None,
         use_gpu: bool = False,
+        *,
+        weights_only: bool | None = None,
         **kwargs: Any,
     ) -> TorchPredictor:
         """``model`` receives the checkpoint's state dict; a checkpoint holding a whole pickled
-        model needs none. The checkpoint's preprocessor (if any) is applied to raw input."""
+        model needs none, but loading one runs code from the checkpoint, so it needs
+        ``weights_only=False`` (see :meth:`TorchCheckpoint.get_model`; trusted checkpoints
+        only). The checkpoint's preprocessor (if any) is applied to raw input."""
         from phalanx.torch.checkpoint import TorchCheckpoint
 
         check_framework(checkpoint, "torch", cls.__name__)
-        loaded = TorchCheckpoint(checkpoint.path, checkpoint.filesystem).get_model(model)
+        loaded = TorchCheckpoint(checkpoint.path, checkpoint.filesystem).get_model(
+            model, weights_only=weights_only
+        )
         return cls(loaded, preprocessor=load_preprocessor(checkpoint), use_gpu=use_gpu, **kwargs)
 
     def predict(  # type: ignore[override]
