@@ -96,6 +96,18 @@ def test_default_ingest_options_are_accepted_and_bad_options_are_not():
         DataConfig(execution_options={"train": 3})
 
 
+def test_no_limit_and_rays_infinite_limit_leave_read_ahead_alone():
+    from phalanx.data.options import ExecutionOptions, ExecutionResources, prefetch_bytes
+
+    assert prefetch_bytes(None) is None
+    assert prefetch_bytes(ExecutionOptions()) is None
+    unlimited = ExecutionOptions(
+        resource_limits=ExecutionResources(object_store_memory=float("inf"))
+    )
+    assert prefetch_bytes(unlimited) is None
+    assert prefetch_bytes(ExecutionOptions(ExecutionResources(object_store_memory=1e6))) == 10**6
+
+
 def test_execution_options_object_store_limit_caps_read_ahead(tmp_path):
     df = tabular(50_000)
     path = tmp_path / "rows.parquet"

@@ -16,6 +16,7 @@ phalanx's own datasets (read by each worker itself, no cluster scheduler in betw
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -76,7 +77,9 @@ def options_for(config: Any, name: str) -> Any:
 def prefetch_bytes(options: Any) -> int | None:
     """The byte cap on a local shard's read-ahead from ``options`` (None: no cap)."""
     limit = getattr(getattr(options, "resource_limits", None), "object_store_memory", None)
-    return int(limit) if isinstance(limit, int | float) and limit > 0 else None
+    if not isinstance(limit, int | float) or not math.isfinite(limit) or limit <= 0:
+        return None  # none set, or Ray's "no limit" (inf)
+    return int(limit)
 
 
 def as_ray_options(options: Any) -> Any:
