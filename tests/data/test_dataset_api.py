@@ -89,3 +89,13 @@ def test_transform_returns_a_dataset_with_the_same_methods():
     assert out.count() == 50
     assert abs(out.mean(on="x")) < 1e-9
     assert [row["id"] for row in out.take(3)] == [0, 1, 2]
+
+
+def test_a_bad_csv_row_is_not_printed_whole(tmp_path):
+    path = tmp_path / "rows.csv"
+    path.write_text("a,b,c\n1,2,3\n" + "y" * 5000 + ",5\n")
+    with pytest.raises(ValueError) as info:
+        phalanx.data.read_csv(str(path))
+    message = str(info.value)
+    assert "rows.csv" in message and "HINT" in message
+    assert len(message) < 700 and "y" * 400 not in message

@@ -10,6 +10,7 @@ import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.json as pajson
 
+from phalanx.data.describe import shorten
 from phalanx.errors import ConfigError
 
 __all__ = ["open_text_reader", "scan_text_file", "unify_text_schemas"]
@@ -48,11 +49,15 @@ def scan_text_file(fs: pafs.FileSystem, path: str, format: str) -> tuple[pa.Sche
     with fs.open_input_stream(path, compression="detect") as stream:
         try:
             reader = open_text_reader(stream, format, None)
+            rows = sum(batch.num_rows for batch in reader)
         except pa.ArrowInvalid as exc:
             if "Empty CSV file" in str(exc):
                 return pa.schema([]), 0
-            raise ConfigError(f"Cannot read {path} as {format}: {exc}") from exc
-        rows = sum(batch.num_rows for batch in reader)
+            # Arrow's parse errors quote the offending row: keep the message short.
+            raise ConfigError(
+                f"Cannot read {path} as {format}: {shorten(str(exc))}\nHINT: check that the "
+                f"file is {format} with one header and the same columns on every line."
+            ) from exc
         result = (reader.schema, rows)
     with _scans_lock:
         _scans[key] = result
@@ -74,6 +79,7 @@ def unify_text_schemas(files: list[str], schemas: list[pa.Schema], label: str) -
         return pa.unify_schemas(schemas, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise ConfigError(
-            f"{label} has mixed schemas: the column types of its files conflict ({exc}).\n"
+            f"{label} has mixed schemas: the column types of its files conflict "
+            f"({shorten(str(exc))}).\n"
             "HINT: write every file with the same column types."
         ) from exc
