@@ -87,6 +87,8 @@ def test_a_lambda_preprocessor_is_saved_in_checkpoints_and_comes_back(tmp_path):
         import tempfile
 
         with tempfile.TemporaryDirectory() as d:
+            with open(f"{d}/weights.bin", "w") as f:
+                f.write("weights")
             phalanx.report({"x": 1}, checkpoint=phalanx.Checkpoint.from_directory(d))
 
     result = DataParallelTrainer(
