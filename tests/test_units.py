@@ -83,9 +83,9 @@ def test_cli_shows_a_run_and_its_metrics(tmp_path, capsys):
     ).fit()
     assert main(["show", result.path]) == 0
     out = capsys.readouterr().out
-    assert "attempts:    1" in out and "'step': 2" in out
+    assert "attempts:     1" in out and "step=2" in out
     assert main(["metrics", result.path]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:2] == ["step", "loss"] and len(lines) == 4
     assert main(["show", str(tmp_path / "nope")]) == 2
-    assert "not a phalanx run directory" in capsys.readouterr().err
+    assert "No run at" in capsys.readouterr().err

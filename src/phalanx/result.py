@@ -66,6 +66,21 @@ class Result:
         rows = read_history(self._storage, all_ranks=True) if self._storage else []
         return pd.DataFrame(rows)
 
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """What the run remembers of itself (``<run>/run.json``): ``train_loop_config``,
+        ``scaling_config``, ``run_config``, ``failure_config``, ``checkpoint_config``,
+        ``backend_config``, ``versions``, ``driver`` (host, pid), ``started``/``ended`` (Unix
+        times) and ``status``. Values JSON cannot hold appear as ``{"__repr__": "..."}``.
+        None for a run written before phalanx kept this file.
+
+        Ray V1's ``Result.config`` held the trial's config, ``{"train_loop_config": ...}``;
+        ``result.config["train_loop_config"]`` reads the same here.
+        """
+        from phalanx._internal.storage.run_record import read_record
+
+        return read_record(self._storage) if self._storage else None
+
     def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
         """The retained checkpoint with the best ``metric`` (``mode`` is ``"max"`` or ``"min"``)."""
         if mode not in ("max", "min"):

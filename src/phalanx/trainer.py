@@ -15,6 +15,7 @@ from phalanx._internal import env
 from phalanx._internal.controller.controller import Controller, RunSpec
 from phalanx._internal.engines.select import resolve_engine
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
+from phalanx._internal.storage.run_record import describe_run, recorded_run
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx.backend import BackendConfig
 from phalanx.checkpoint import Checkpoint
@@ -148,7 +149,8 @@ class DataParallelTrainer(BaseTrainer):
             preprocessor=self.preprocessor,
             start_timeout_s=env.worker_start_timeout_s(),
         )
-        return Controller(spec, engine, storage, manager).run()
+        with recorded_run(storage, describe_run(spec)):  # <run>/run.json: config and status
+            return Controller(spec, engine, storage, manager).run()
 
 
 def _check_type(field: str, value: Any, expected: type) -> None:

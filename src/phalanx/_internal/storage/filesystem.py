@@ -29,6 +29,7 @@ __all__ = [
     "is_local",
     "move_tree_contents",
     "private_log_dir",
+    "private_log_path",
     "resolve_filesystem",
     "storage_error",
     "storage_errors",
@@ -198,8 +199,7 @@ def private_log_dir(name: str, run_uri: str) -> str:
     """
     if run_uri in _private_dirs:
         return _private_dirs[run_uri]
-    digest = hashlib.sha256(run_uri.encode()).hexdigest()[:12]
-    path = os.path.join(env.user_cache_dir(), "phalanx", "logs", f"{name}-{digest}")
+    path = private_log_path(name, run_uri)
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         if not _is_private_dir(path):
@@ -208,6 +208,12 @@ def private_log_dir(name: str, run_uri: str) -> str:
         path = tempfile.mkdtemp(prefix=f"phalanx_logs_{name}_")
     _private_dirs[run_uri] = path
     return path
+
+
+def private_log_path(name: str, run_uri: str) -> str:
+    """Where :func:`private_log_dir` puts a run's logs (nothing is created: for readers)."""
+    digest = hashlib.sha256(run_uri.encode()).hexdigest()[:12]
+    return os.path.join(env.user_cache_dir(), "phalanx", "logs", f"{name}-{digest}")
 
 
 def _is_private_dir(path: str) -> bool:

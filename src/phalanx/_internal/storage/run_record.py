@@ -1,0 +1,232 @@
+"""The run remembers its configuration: ``<run>/run.json``, written when ``fit()`` starts and
+updated when it ends.
+
+It holds ``train_loop_config``, the scaling, run, failure, checkpoint and backend configs, the
+versions of phalanx, Python and the frameworks the driver imported, the driver's host and pid,
+the start and end times and the status (``running``, ``finished``, ``failed``, ``interrupted``).
+Values JSON cannot hold are kept as ``{"__repr__": "..."}`` so the file always loads. Written
+through :meth:`RunStorage.write_atomic` (a rename locally, one PUT on object stores): a reader
+sees the old or the new record, never a mix.
+
+A driver killed with ``kill -9`` leaves ``"running"`` behind; :mod:`run_status` tells such a run
+from a live one.
+
+Example::
+
+    with recorded_run(storage, describe_run(spec)):
+        result = controller.run()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import json
+import logging
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from phalanx._internal.storage.run_storage import RunStorage
+from phalanx.errors import StorageError
+
+logger = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"
+RECORD_VERSION = 1
+REPR_KEY = "__repr__"
+FRAMEWORKS = ("torch", "xgboost", "lightgbm", "ray", "numpy", "pandas", "pyarrow")
+STATUSES = ("running", "finished", "failed", "interrupted")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as JSON can hold it: configs (dataclasses) become dicts, enums their value, and
+    anything else JSON cannot hold ``{"__repr__": repr(value)}``."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, enum.Enum):
+        return json_safe(value.value)
+    if isinstance(value, dict):
+        return {_key(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_safe(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    item = getattr(value, "item", None)  # numpy scalars, 0-d tensors
+    if callable(item) and getattr(value, "ndim", None) == 0:
+        with contextlib.suppress(Exception):
+            return json_safe(item())
+    return {REPR_KEY: _short_repr(value)}
+
+
+def _key(key: Any) -> str:
+    return key if isinstance(key, str) else repr(key)
+
+
+def _short_repr(value: Any, limit: int = 500) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ must not stop the run
+        text = f"<{type(value).__name__} (repr failed: {type(exc).__name__})>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_run(spec: Any) -> dict[str, Any]:
+    """The configuration part of the record, from the controller's ``RunSpec``."""
+    return {
+        "name": spec.run_name,
+        "train_loop_config": json_safe(spec.train_loop_config),
+        "scaling_config": json_safe(spec.scaling_config),
+        "run_config": _run_config(spec.run_config),
+        "backend_config": {
+            "type": _type_name(spec.backend_config),
+            **json_safe(spec.backend_config),
+        },
+        "datasets": sorted(str(name) for name in spec.datasets),
+        "metadata": json_safe(spec.metadata),
+    }
+
+
+def _run_config(run_config: Any) -> dict[str, Any]:
+    """RunConfig with its failure and checkpoint configs; of a storage_filesystem only the type,
+    since its repr may hold credentials."""
+    rendered = {}
+    for f in dataclasses.fields(run_config):
+        value = getattr(run_config, f.name)
+        if f.name == "storage_filesystem" and value is not None:
+            rendered[f.name] = {REPR_KEY: _type_name(value)}
+        else:
+            rendered[f.name] = json_safe(value)
+    return rendered
+
+
+def _type_name(value: Any) -> str:
+    cls = type(value)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def versions() -> dict[str, str]:
+    """phalanx, Python, and each framework the driver has imported (never imports one)."""
+    from phalanx import __version__
+
+    found = {"phalanx": __version__, "python": platform.python_version()}
+    for name in FRAMEWORKS:
+        module = sys.modules.get(name)
+        version = getattr(module, "__version__", None) if module is not None else None
+        if isinstance(version, str):
+            found[name] = version
+    return found
+
+
+def driver() -> dict[str, Any]:
+    """Who runs the run: host, pid and the pid's start time (tells a reused pid apart)."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_start": process_start(os.getpid()),
+        "user": _user(),
+    }
+
+
+def _user() -> str | None:
+    with contextlib.suppress(Exception):
+        import getpass
+
+        return getpass.getuser()
+    return None
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (Linux), None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])  # field 22 of stat(5)
+    except (IndexError, ValueError):
+        return None
+
+
+def read_record(storage: RunStorage) -> dict[str, Any] | None:
+    """The run's record, or None when the run has none (a run from before records existed)."""
+    raw = storage.read(RUN_FILE)
+    if raw is None:
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError as exc:
+        raise StorageError(
+            f"{storage.path(RUN_FILE)!r} is not valid JSON ({exc}).\nHINT: the file was "
+            "edited or damaged; the run's checkpoints and metrics are unaffected."
+        ) from exc
+    return record if isinstance(record, dict) else None
+
+
+def _write(storage: RunStorage, record: dict[str, Any]) -> None:
+    data = json.dumps(record, indent=2, allow_nan=True, default=_short_repr)
+    storage.write_atomic(RUN_FILE, data.encode())
+
+
+def start_record(storage: RunStorage, config: dict[str, Any]) -> dict[str, Any]:
+    """Write the record of a ``fit()`` that starts now; a resumed run keeps its first start."""
+    previous = None
+    with contextlib.suppress(StorageError):
+        previous = read_record(storage)
+    now = time.time()
+    record: dict[str, Any] = {
+        "version": RECORD_VERSION,
+        "status": "running",
+        "started": now,
+        "ended": None,
+        "first_started": (previous or {}).get("first_started", now),
+        "fits": int((previous or {}).get("fits", 0)) + 1,
+        "driver": driver(),
+        "versions": versions(),
+        **config,
+    }
+    _write(storage, record)
+    return record
+
+
+def end_record(storage: RunStorage, record: dict[str, Any], status: str) -> None:
+    record.update(status=status, ended=time.time())
+    _write(storage, record)
+
+
+def status_of(exc: BaseException | None) -> str:
+    if exc is None:
+        return "finished"
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C (and SIGTERM, which phalanx turns into it)
+        return "interrupted"
+    return "failed"
+
+
+@contextlib.contextmanager
+def recorded_run(storage: RunStorage, config: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Write the record as ``running`` now and with the outcome when the block ends.
+
+    The run matters more than its record: a storage too broken to update it at the end is
+    logged, never raised over the run's own result or error."""
+    record = start_record(storage, config)
+    try:
+        yield record
+    except BaseException as exc:
+        _end_quietly(storage, record, status_of(exc))
+        raise
+    _end_quietly(storage, record, "finished")
+
+
+def _end_quietly(storage: RunStorage, record: dict[str, Any], status: str) -> None:
+    try:
+        end_record(storage, record, status)
+    except StorageError as exc:
+        logger.error("Could not record the end of the run (%s): %s", status, exc)

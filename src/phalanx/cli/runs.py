@@ -1,0 +1,291 @@
+"""Runs as the CLI sees them: found in a storage path, loaded from their directory (any storage),
+with a status that tells a live run from one whose driver died."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
+
+from phalanx._internal.storage.checkpoint_manager import CheckpointManager
+from phalanx._internal.storage.filesystem import (
+    private_log_path,
+    resolve_filesystem,
+    storage_error,
+    storage_errors,
+)
+from phalanx._internal.storage.history import read_history
+from phalanx._internal.storage.run_record import RUN_FILE, read_record
+from phalanx._internal.storage.run_status import RunStatus, run_status
+from phalanx._internal.storage.run_storage import (
+    ERROR_TEXT_FILE,
+    LOG_DIR,
+    MARKER_FILE,
+    SNAPSHOT_FILE,
+    RunStorage,
+)
+from phalanx.config import CheckpointConfig
+
+# --- adapter: the history of issue 12 has an ``attempt`` column and a final trajectory ----------
+try:
+    from phalanx._internal.storage.history import final_trajectory  # type: ignore[attr-defined]
+except ImportError:  # before it: the rows are the trajectory
+
+    def final_trajectory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return rows
+
+
+# --- end of adapter ----------------------------------------------------------------------------
+
+AUTO_FILLED = ("training_iteration", "timestamp", "checkpoint_dir_name", "attempt")
+RUN_FILES = (SNAPSHOT_FILE, RUN_FILE, MARKER_FILE)
+
+
+class CLIError(Exception):
+    """A command that cannot do what was asked (unknown run, empty storage, bad argument)."""
+
+
+@dataclass
+class RunView:
+    """One run directory, read once: its record, snapshot, history and error."""
+
+    storage: RunStorage
+    record: dict[str, Any] | None
+    manager: CheckpointManager
+    history: list[dict[str, Any]]
+    status: RunStatus
+    error: str | None
+    _all_ranks: list[dict[str, Any]] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.storage.name
+
+    @property
+    def uri(self) -> str:
+        return self.storage.run_uri
+
+    @property
+    def attempts(self) -> list[dict[str, Any]]:
+        return self.manager.attempt_history
+
+    @property
+    def started(self) -> float | None:
+        if self.record and isinstance(self.record.get("first_started"), int | float):
+            return float(self.record["first_started"])
+        return self.attempts[0].get("started") if self.attempts else None
+
+    @property
+    def ended(self) -> float | None:
+        if self.status.status == "running":
+            return None
+        if self.record and isinstance(self.record.get("ended"), int | float):
+            return float(self.record["ended"])
+        ends = [a["ended"] for a in self.attempts if isinstance(a.get("ended"), int | float)]
+        if ends:
+            return max(ends)
+        return self.history[-1].get("timestamp") if self.history else None
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from the first start to the end (to now while running)."""
+        if self.started is None:
+            return None
+        end = self.ended if self.ended is not None else time.time()
+        return max(0.0, end - self.started)
+
+    @property
+    def last_metrics(self) -> dict[str, Any]:
+        return user_metrics(self.history[-1]) if self.history else {}
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.record or {}
+
+    def metric_series(self, metric: str) -> tuple[list[float], list[float]]:
+        """``(training_iteration, value)`` of every round that has a number for ``metric``."""
+        xs, ys = [], []
+        for i, row in enumerate(self.history):
+            value = flatten(user_metrics(row)).get(metric)
+            if is_number(value):
+                x = row.get("training_iteration", i + 1)
+                xs.append(float(x) if is_number(x) else float(i + 1))
+                ys.append(float(value))
+        return xs, ys
+
+    def metric_names(self) -> list[str]:
+        """Every metric with a number in some round, in the order they first appear."""
+        names: dict[str, None] = {}
+        for row in self.history:
+            for key, value in flatten(user_metrics(row)).items():
+                if is_number(value):
+                    names.setdefault(key)
+        return list(names)
+
+    def best_checkpoint(self) -> tuple[str, dict[str, Any]] | None:
+        """The retained checkpoint ranked best by the run's own CheckpointConfig."""
+        ranked = self.manager.best_checkpoints()
+        if not ranked:
+            return None
+        checkpoint, metrics = ranked[-1]
+        return checkpoint.path.rstrip("/").rsplit("/", 1)[-1], metrics
+
+    def log_dir(self) -> str:
+        if self.storage.local:
+            return self.storage.path(LOG_DIR)
+        return private_log_path(self.name, self.uri)
+
+
+def user_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in AUTO_FILLED}
+
+
+def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested metric dicts as ``"outer/inner"`` keys (Ray's flattened columns)."""
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}/"))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def is_number(value: Any) -> TypeGuard[int | float]:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and not (isinstance(value, float) and math.isnan(value))
+    )
+
+
+# -- finding and opening runs -------------------------------------------------------------------
+
+
+def split_run_path(path: str) -> tuple[str, str]:
+    path = os.fspath(path).rstrip("/")
+    if "://" in path and path.count("/") <= 2:  # s3://bucket: no run name in it
+        raise CLIError(
+            f"{path!r} is a bucket, not a run directory.\n"
+            "HINT: pass <storage_path>/<name>; `phalanx ls <storage_path>` lists the runs."
+        )
+    return path.rsplit("/", 1) if "/" in path else (".", path)  # type: ignore[return-value]
+
+
+def open_run(path: str, filesystem: Any = None) -> RunView:
+    """Load the run at ``path`` (a local directory or a URI), or raise a CLIError saying why."""
+    parent, name = split_run_path(path)
+    storage = RunStorage.create(parent, name, filesystem)
+    names = _entry_names(storage.filesystem, storage.run_path)
+    if names is None:
+        raise CLIError(
+            f"No run at {path!r}: there is no such directory.\n"
+            f"HINT: `phalanx ls {parent}` lists the runs there."
+        )
+    if not names & set(RUN_FILES):
+        raise CLIError(_not_a_run(storage, path))
+    return load_run(storage)
+
+
+def _not_a_run(storage: RunStorage, path: str) -> str:
+    inside = [s.name for s in find_run_storages(storage.storage_path + "/" + storage.name, None)]
+    if inside:
+        shown = ", ".join(inside[:5]) + (", ..." if len(inside) > 5 else "")
+        return (
+            f"{path!r} is not a phalanx run directory; it is a storage path holding "
+            f"{len(inside)} run(s): {shown}.\nHINT: `phalanx ls {path}` lists them; pass one "
+            f"of them, e.g. {path.rstrip('/')}/{inside[0]}."
+        )
+    return (
+        f"{path!r} is not a phalanx run directory (no {SNAPSHOT_FILE} or {RUN_FILE}).\n"
+        "HINT: pass result.path, i.e. <storage_path>/<name>; `phalanx ls <storage_path>` lists "
+        "the runs."
+    )
+
+
+def load_run(storage: RunStorage) -> RunView:
+    record = read_record(storage)
+    manager = CheckpointManager(storage, _checkpoint_config(record))
+    manager.load()
+    history = final_trajectory(read_history(storage))
+    error = storage.read(ERROR_TEXT_FILE)
+    status = run_status(storage, record, manager.attempt_history)
+    text = error.decode(errors="replace") if error is not None else None
+    return RunView(storage, record, manager, history, status, text)
+
+
+def _checkpoint_config(record: dict[str, Any] | None) -> CheckpointConfig:
+    """The run's own ranking of checkpoints (so the CLI's "best" is the run's best)."""
+    saved = ((record or {}).get("run_config") or {}).get("checkpoint_config") or {}
+    with contextlib.suppress(Exception):
+        return CheckpointConfig(
+            checkpoint_score_attribute=saved.get("checkpoint_score_attribute"),
+            checkpoint_score_order=saved.get("checkpoint_score_order", "max"),
+        )
+    return CheckpointConfig()
+
+
+def find_run_storages(storage_path: str, filesystem: Any) -> list[RunStorage]:
+    """Every run directory directly under ``storage_path``."""
+    fs, root = _resolve(storage_path, filesystem)
+    root = root.rstrip("/") or "/"
+    try:
+        entries = fs.ls(root, detail=True)
+    except FileNotFoundError:
+        return []
+    except Exception as exc:
+        raise storage_error("list", storage_path, exc) from exc
+    runs = []
+    for entry in entries:
+        if entry.get("type") != "directory":
+            continue
+        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+        names = _entry_names(fs, f"{root}/{name}")
+        if names and names & set(RUN_FILES):
+            runs.append(RunStorage(fs, root, name))
+    return runs
+
+
+def find_runs(storage_path: str, filesystem: Any = None) -> list[RunView]:
+    """Every run under ``storage_path``; a CLIError when there is none, saying why."""
+    fs, root = _resolve(storage_path, filesystem)
+    if _entry_names(fs, root) is None:
+        raise CLIError(
+            f"{storage_path!r} does not exist.\nHINT: pass the storage_path your runs use "
+            "(RunConfig(storage_path=...); default $PHALANX_STORAGE_PATH or ~/phalanx_results)."
+        )
+    storages = find_run_storages(storage_path, filesystem)
+    if not storages:
+        own = _entry_names(fs, root.rstrip("/")) or set()
+        if own & set(RUN_FILES):
+            raise CLIError(
+                f"{storage_path!r} is a run directory, not a storage path.\n"
+                f"HINT: `phalanx show {storage_path}` shows this run; `phalanx ls` takes the "
+                "directory above it."
+            )
+        raise CLIError(
+            f"No phalanx runs in {storage_path!r}.\nHINT: pass the storage_path your runs "
+            "use (a run is a directory <storage_path>/<name> with a run.json)."
+        )
+    return [load_run(s) for s in storages]
+
+
+def _resolve(storage_path: str, filesystem: Any) -> tuple[Any, str]:
+    with storage_errors("open the storage at", storage_path):
+        return resolve_filesystem(storage_path, filesystem)
+
+
+def _entry_names(fs: Any, path: str) -> set[str] | None:
+    """Names inside directory ``path``; None when it does not exist."""
+    try:
+        listing = fs.ls(path, detail=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except Exception as exc:  # credentials, network: a StorageError with a HINT
+        raise storage_error("list", path, exc) from exc
+    if not listing and not fs.isdir(path):
+        return None
+    return {p.rstrip("/").rsplit("/", 1)[-1] for p in listing}
