@@ -426,6 +426,33 @@ def _fit_on_s3_and_read_it_back(tmp_path, endpoint):
     assert missing.returncode == 2 and "No run at" in missing.stderr
 
 
+@pytest.mark.slow
+def test_logs_of_a_run_on_remote_storage_come_from_the_private_cache(tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+
+    def loop():
+        print("remote hello", flush=True)
+        train.report({"x": 1})
+
+    DataParallelTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=1, engine="local"),
+        run_config=RunConfig(name="remote-logs", storage_path="memory://cli-logs"),
+    ).fit()
+    from phalanx.cli import main
+    from phalanx.cli.runs import open_run
+
+    run = open_run("memory://cli-logs/remote-logs")
+    assert run.log_dir().startswith(str(cache / "phalanx" / "logs" / "remote-logs-"))
+    capsys.readouterr()
+    assert main(["logs", "memory://cli-logs/remote-logs", "--rank", "0"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["remote hello"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "elsewhere"))  # another machine
+    assert main(["logs", "memory://cli-logs/remote-logs"]) == 2
+    assert "No logs of run 'remote-logs' on this machine" in capsys.readouterr().err
+
+
 # -- the remembered configuration --------------------------------------------------------------
 
 

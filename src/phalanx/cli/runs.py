@@ -74,8 +74,9 @@ class RunView:
 
     @property
     def started(self) -> float | None:
-        if self.record and isinstance(self.record.get("first_started"), int | float):
-            return float(self.record["first_started"])
+        """When the latest ``fit()`` of this run started (a resumed run: its last start)."""
+        if self.record and is_number(self.record.get("started")):
+            return float(self.record["started"])
         return self.attempts[0].get("started") if self.attempts else None
 
     @property
@@ -91,7 +92,7 @@ class RunView:
 
     @property
     def duration(self) -> float | None:
-        """Seconds from the first start to the end (to now while running)."""
+        """Seconds from the start of the latest ``fit()`` to its end (to now while running)."""
         if self.started is None:
             return None
         end = self.ended if self.ended is not None else time.time()

@@ -30,12 +30,13 @@ def _panel(metric: str, curves: list[Curve], width: int, height: int) -> str:
             col = 0 if x1 == x0 else round((x - x0) / (x1 - x0) * (width - 1))
             row = round((y1 - y) / (y1 - y0) * (height - 1))
             grid[row][col] = marker
-    labels = [text.value(y1), text.value((y0 + y1) / 2), text.value(y0)]
+    middle = height // 2
+    labels = [text.value(y1), text.value(y1 - middle / (height - 1) * (y1 - y0)), text.value(y0)]
     pad = max(len(label) for label in labels)
     lines = [f"{metric}"]
     for i, cells in enumerate(grid):
         label = labels[0] if i == 0 else labels[2] if i == height - 1 else ""
-        if i == height // 2:
+        if i == middle:
             label = labels[1]
         lines.append(f"{label.rjust(pad)} |{''.join(cells)}")
     lines.append(" " * pad + " +" + "-" * width)
