@@ -81,10 +81,9 @@ def show(run: RunView, out: Out) -> None:
     out(f"run:          {run.uri}")
     out(f"status:       {run.status}" + (f"  ({run.status.how})" if run.status.how else ""))
     out(f"started:      {text.when(run.started)}")
-    if isinstance(record.get("fits"), int) and record["fits"] > 1:  # resumed: started again with the same name
-        out(
-            f"first start:  {text.when(record.get('first_started'))} ({record['fits']} fit() calls)"
-        )
+    fits = record.get("fits")
+    if isinstance(fits, int) and fits > 1:  # resumed: fit() again with the same name
+        out(f"first start:  {text.when(record.get('first_started'))} ({fits} fit() calls)")
     out(f"ended:        {text.when(run.ended)}")
     out(f"duration:     {text.duration(run.duration)}")
     driver = record.get("driver") or {}
