@@ -364,6 +364,12 @@ def test_clear_errors_for_unknown_runs_empty_dirs_and_non_runs(tmp_path):
         assert message in failed.stderr and "HINT:" in failed.stderr, (args, failed.stderr)
         assert "Traceback" not in failed.stderr
 
+    fit_thread(storage, "b", [0.5])
+    (tmp_path / "runs" / "b" / "checkpoint_manager_snapshot.json").write_text("{torn")
+    listed = phalanx("ls", storage)  # one damaged run does not hide the others
+    assert listed.returncode == 0 and row_of(listed.stdout, "a")[1] == "finished"
+    assert "Skipping run 'b'" in listed.stderr and "unreadable" in listed.stderr
+
 
 # -- remote storage ----------------------------------------------------------------------------
 

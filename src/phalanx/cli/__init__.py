@@ -1,4 +1,4 @@
-"""The ``phalanx`` command: look at runs in storage (a local path or a URI: s3://, gs://, ...).
+"""The phalanx command: look at runs in storage (a local path or a URI: s3://, gs://, ...).
 
 phalanx ls <storage_path> [--sort METRIC] [--desc]   every run: status, attempts, time, metrics
 phalanx show <run>                                   status, attempts and errors, config, checkpoints
@@ -7,9 +7,8 @@ phalanx plot <run>... [--metric M ...] [-o FILE]     metric curves (FILE: .png/.
 phalanx compare <run> <run>...                       configs and metrics side by side
 phalanx metrics <run> [--all-ranks]                  the full metrics history as a table
 
-<run> is a run directory, ``result.path``: ``<storage_path>/<name>``. Remote storage uses its
-SDK's usual credentials (for S3: ``AWS_*`` variables, ``AWS_ENDPOINT_URL`` for S3-compatible
-stores).
+<run> is a run directory (result.path): <storage_path>/<name>. Remote storage uses its SDK's
+usual credentials (for S3: the AWS_* variables; AWS_ENDPOINT_URL for S3-compatible stores).
 """
 
 from __future__ import annotations
@@ -29,7 +28,8 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="phalanx",
-        description=__doc__.split("\n\n")[0],
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Run `phalanx <command> -h` for a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")

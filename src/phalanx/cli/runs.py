@@ -4,6 +4,7 @@ with a status that tells a live run from one whose driver died."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import time
@@ -28,6 +29,7 @@ from phalanx._internal.storage.run_storage import (
     RunStorage,
 )
 from phalanx.config import CheckpointConfig
+from phalanx.errors import StorageError
 
 # --- adapter: the history of issue 12 has an ``attempt`` column and a final trajectory ----------
 try:
@@ -39,6 +41,8 @@ except ImportError:  # before it: the rows are the trajectory
 
 
 # --- end of adapter ----------------------------------------------------------------------------
+
+logger = logging.getLogger(__name__)
 
 AUTO_FILLED = ("training_iteration", "timestamp", "checkpoint_dir_name", "attempt")
 RUN_FILES = (SNAPSHOT_FILE, RUN_FILE, MARKER_FILE)
@@ -271,7 +275,13 @@ def find_runs(storage_path: str, filesystem: Any = None) -> list[RunView]:
             f"No phalanx runs in {storage_path!r}.\nHINT: pass the storage_path your runs "
             "use (a run is a directory <storage_path>/<name> with a run.json)."
         )
-    return [load_run(s) for s in storages]
+    runs = []
+    for storage in storages:
+        try:
+            runs.append(load_run(storage))
+        except StorageError as exc:  # one damaged run must not hide the others
+            logger.warning("Skipping run %r: %s", storage.name, exc)
+    return runs
 
 
 def _resolve(storage_path: str, filesystem: Any) -> tuple[Any, str]:
