@@ -15,7 +15,8 @@ from phalanx._internal.storage.run_status import run_status
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx.cli.runs import CLIError, RunView
 
-FOLLOW_POLL_S = 0.2
+FOLLOW_POLL_S = 0.2  # new lines appear this fast
+STATUS_POLL_S = 1.0  # whether the run still runs is asked this often
 _RANK_FILE = re.compile(r"^rank_(\d+)\.log$")
 
 Out = Callable[[str], None]
@@ -70,7 +71,12 @@ def _print_new(
 def _follow(run: RunView, rank: int | None, positions: dict[int, int], out: Out) -> None:
     """Print new lines until the run is no longer running (Ctrl-C stops following)."""
     prefix = rank is None
-    while _still_running(run.storage):
+    checked = 0.0
+    while True:
+        if time.monotonic() - checked >= STATUS_POLL_S:  # one read of run.json (a GET on S3)
+            if not _still_running(run.storage):
+                break
+            checked = time.monotonic()
         time.sleep(FOLLOW_POLL_S)
         _print_new(run, rank, prefix, positions, out)
     _print_new(run, rank, prefix, positions, out)  # what the last moments wrote
