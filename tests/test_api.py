@@ -75,7 +75,7 @@ def _catch(fn):
 @pytest.mark.parametrize(
     ("build", "field"),
     [
-        (lambda: ScalingConfig(num_workers=0), "num_workers=0"),
+        (lambda: ScalingConfig(num_workers=-1), "num_workers=-1"),
         (lambda: ScalingConfig(num_workers=-2), "num_workers=-2"),
         (lambda: ScalingConfig(num_workers=1.5), "num_workers=1.5"),
         (lambda: ScalingConfig(placement_strategy="RANDOM"), "placement_strategy='RANDOM'"),

@@ -6,12 +6,22 @@
 from phalanx.backend import Backend, BackendConfig
 from phalanx.callbacks import Callback, TrainRunContext, UserCallback
 from phalanx.checkpoint import Checkpoint
-from phalanx.config import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+from phalanx.config import (
+    CheckpointConfig,
+    DataConfig,
+    FailureConfig,
+    LoggingConfig,
+    RunConfig,
+    ScalingConfig,
+    SyncConfig,
+)
+from phalanx.constants import TRAIN_DATASET_KEY
 from phalanx.context import PreemptionInfo, TrainContext
 from phalanx.errors import (
     ConfigError,
     ControllerError,
     HangError,
+    NCCLHangError,
     PreemptionError,
     ReportMismatchError,
     SessionMisuseError,
@@ -20,9 +30,15 @@ from phalanx.errors import (
     WorkerFailure,
     WorkerGroupError,
 )
+from phalanx.reported_checkpoint import (
+    CheckpointConsistencyMode,
+    ReportedCheckpoint,
+    ReportedCheckpointStatus,
+)
 from phalanx.result import Result
 from phalanx.session import (
     CheckpointUploadMode,
+    get_all_reported_checkpoints,
     get_checkpoint,
     get_context,
     get_dataset_shard,
@@ -30,16 +46,19 @@ from phalanx.session import (
     report,
 )
 from phalanx.trainer import BaseTrainer, DataParallelTrainer
+from phalanx.validation import ValidationConfig, ValidationFn, ValidationTaskConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "TRAIN_DATASET_KEY",
     "Backend",
     "BackendConfig",
     "BaseTrainer",
     "Callback",
     "Checkpoint",
     "CheckpointConfig",
+    "CheckpointConsistencyMode",
     "CheckpointUploadMode",
     "ConfigError",
     "ControllerError",
@@ -47,21 +66,30 @@ __all__ = [
     "DataParallelTrainer",
     "FailureConfig",
     "HangError",
+    "LoggingConfig",
+    "NCCLHangError",
     "PreemptionError",
     "PreemptionInfo",
     "ReportMismatchError",
+    "ReportedCheckpoint",
+    "ReportedCheckpointStatus",
     "Result",
     "RunConfig",
     "ScalingConfig",
     "SessionMisuseError",
     "StorageError",
+    "SyncConfig",
     "TrainContext",
     "TrainRunContext",
     "TrainingFailedError",
     "UserCallback",
+    "ValidationConfig",
+    "ValidationFn",
+    "ValidationTaskConfig",
     "WorkerFailure",
     "WorkerGroupError",
     "__version__",
+    "get_all_reported_checkpoints",
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",

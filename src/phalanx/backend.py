@@ -12,9 +12,12 @@ Order within one attempt: workers start, ranks are assigned, sessions are set up
 
 Example::
 
+    def set_flag(value):  # a function: a bound method of os.environ would pickle a copy
+        os.environ["MY_FLAG"] = value
+
     class EchoBackend(Backend):
         def on_start(self, worker_group, backend_config):
-            worker_group.execute(os.environ.__setitem__, "MY_FLAG", "1")
+            worker_group.execute(set_flag, "1")
 
     @dataclass
     class EchoConfig(BackendConfig):

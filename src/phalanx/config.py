@@ -17,7 +17,15 @@ from phalanx.errors import ConfigError
 if TYPE_CHECKING:
     from phalanx.callbacks import Callback
 
-__all__ = ["CheckpointConfig", "DataConfig", "FailureConfig", "RunConfig", "ScalingConfig"]
+__all__ = [
+    "CheckpointConfig",
+    "DataConfig",
+    "FailureConfig",
+    "LoggingConfig",
+    "RunConfig",
+    "ScalingConfig",
+    "SyncConfig",
+]
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 ENGINES = ("local", "ray", "thread")
@@ -85,11 +93,32 @@ class ScalingConfig:
     placement_strategy: str = "PACK"
     trainer_resources: dict[str, float] | None = None
     accelerator_type: str | None = None
+    label_selector: dict[str, str] | list[dict[str, str]] | None = None
+    use_tpu: bool = False
+    topology: str | None = None
+    elastic_resize_monitor_interval_s: float = 60.0
     engine: str | None = None
 
     def __post_init__(self) -> None:
-        if not _is_int(self.num_workers) or self.num_workers < 1:
-            raise _fail("ScalingConfig", "num_workers", self.num_workers, "an integer >= 1")
+        if isinstance(self.num_workers, tuple):
+            raise _fail(
+                "ScalingConfig",
+                "num_workers",
+                self.num_workers,
+                "an integer >= 0",
+                "phalanx does not resize a running group (elastic training); pass a fixed "
+                "number of workers.",
+            )
+        if not _is_int(self.num_workers) or self.num_workers < 0:
+            raise _fail(
+                "ScalingConfig",
+                "num_workers",
+                self.num_workers,
+                "an integer >= 0 (0: run the training function in this process)",
+            )
+        from phalanx._internal.config_checks import validate_placement_fields
+
+        validate_placement_fields(self)
         if not isinstance(self.use_gpu, bool):
             raise _fail("ScalingConfig", "use_gpu", self.use_gpu, "True or False")
         if self.placement_strategy not in PLACEMENT_STRATEGIES:
@@ -134,11 +163,30 @@ class ScalingConfig:
     @property
     def _resources_per_worker_not_none(self) -> dict[str, float]:
         if self.resources_per_worker is None:
+            if self.use_tpu:
+                return {"TPU": 1}
             return {"GPU": 1} if self.use_gpu else {"CPU": 1}
         resources = {k: v for k, v in self.resources_per_worker.items() if v != 0}
         if self.use_gpu:
             resources.setdefault("GPU", 1)
         return resources
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers
+
+    @property
+    def elasticity_enabled(self) -> bool:
+        """Always False: phalanx runs a fixed number of workers."""
+        return False
+
+    @property
+    def num_tpus_per_worker(self) -> float:
+        return float(self._resources_per_worker_not_none.get("TPU", 0))
 
     @property
     def num_cpus_per_worker(self) -> float:
@@ -177,18 +225,32 @@ class FailureConfig:
     ``preemption_grace_s``: after a preemption notice, how long the ranks get to reach the stop
     round (and save a checkpoint) before they are killed.
 
+    Accepted for Ray scripts, with nothing to configure in phalanx: ``controller_failure_limit``
+    (the controller is your driver process: if it dies your script ends, and running it again
+    resumes the run) and ``relax_collectives_on_preemption`` (``report()`` is never a barrier:
+    surviving ranks always commit the stop round without the preempted ones).
+
     Example::
 
         FailureConfig(max_failures=2, hang_timeout_s=600)
     """
 
     max_failures: int = 0
+    controller_failure_limit: int = -1
     max_preemption_failures: int = -1
-    hang_timeout_s: float | None = None
+    relax_collectives_on_preemption: bool = False
     preemption_grace_s: float = 30.0
+    hang_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_failures", "max_preemption_failures"):
+        if not isinstance(self.relax_collectives_on_preemption, bool):
+            raise _fail(
+                "FailureConfig",
+                "relax_collectives_on_preemption",
+                self.relax_collectives_on_preemption,
+                "True or False",
+            )
+        for name in ("max_failures", "controller_failure_limit", "max_preemption_failures"):
             value = getattr(self, name)
             if not _is_int(value) or value < -1:
                 raise _fail("FailureConfig", name, value, "an integer >= -1 (-1: retry forever)")
@@ -309,6 +371,40 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class LoggingConfig:
+    """The level of phalanx's own log messages (the ``phalanx`` logger), e.g. ``"DEBUG"``.
+
+    Example::
+
+        RunConfig(logging_config=LoggingConfig(log_level="DEBUG"))
+    """
+
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        import logging
+
+        level = self.log_level
+        if not isinstance(level, str) or level.upper() not in logging.getLevelNamesMapping():
+            raise _fail("LoggingConfig", "log_level", level, "a logging level name such as 'INFO'")
+        object.__setattr__(self, "log_level", level.upper())
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """Accepted so Ray scripts run unchanged; it changes nothing.
+
+    Every checkpoint goes to ``storage_path`` as it is reported, and every log and metric is
+    written there directly, so there is nothing to sync on a timer.
+    """
+
+    sync_period: int = 300
+    sync_timeout: int = 1800
+    sync_artifacts: bool = False
+    sync_artifacts_on_checkpoint: bool = True
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Where a run lives and how it behaves.
 
@@ -328,6 +424,9 @@ class RunConfig:
     failure_config: FailureConfig = field(default_factory=FailureConfig)
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
     callbacks: list[Callback] = field(default_factory=list)
+    worker_runtime_env: dict[str, Any] | None = None
+    logging_config: LoggingConfig | None = None
+    sync_config: SyncConfig | None = None
     verbose: int = 1
 
     def __post_init__(self) -> None:
@@ -348,6 +447,15 @@ class RunConfig:
                 "RunConfig", "checkpoint_config", self.checkpoint_config, "a CheckpointConfig"
             )
         self._validate_callbacks()
+        from phalanx._internal.config_checks import validate_runtime_env
+
+        validate_runtime_env(self.worker_runtime_env)
+        if self.logging_config is not None and not isinstance(self.logging_config, LoggingConfig):
+            raise _fail(
+                "RunConfig", "logging_config", self.logging_config, "None or a LoggingConfig"
+            )
+        if self.sync_config is not None and not isinstance(self.sync_config, SyncConfig):
+            raise _fail("RunConfig", "sync_config", self.sync_config, "None or a SyncConfig")
 
     def _validate_callbacks(self) -> None:
         from phalanx.callbacks import Callback

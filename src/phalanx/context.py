@@ -89,3 +89,8 @@ class PreemptionInfo:
     stop_round: int
     preempted_ranks: tuple[int, ...]
     deadline: float
+
+    @property
+    def deadline_ms(self) -> int:
+        """``deadline`` in milliseconds since the epoch (Ray's field)."""
+        return int(self.deadline * 1000)

@@ -33,6 +33,7 @@ __all__ = [
     "ConfigError",
     "ControllerError",
     "HangError",
+    "NCCLHangError",
     "PreemptionError",
     "ReportMismatchError",
     "SessionMisuseError",
@@ -135,6 +136,9 @@ class ReportMismatchError(WorkerGroupError):
 
 class HangError(WorkerGroupError):
     """Ranks made no progress for ``FailureConfig.hang_timeout_s``; the message has their stacks."""
+
+
+NCCLHangError = HangError  # Ray's name: phalanx detects a hang in any collective, not only NCCL's
 
 
 class PreemptionError(WorkerGroupError):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
+from phalanx._internal.storage.filesystem import is_local
 from phalanx._internal.storage.history import read_history
 from phalanx._internal.storage.run_storage import ERROR_PICKLE_FILE, ERROR_TEXT_FILE, RunStorage
 from phalanx.checkpoint import Checkpoint
@@ -16,6 +17,7 @@ from phalanx.errors import StorageError, TrainingFailedError
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow.fs
 
 __all__ = ["Result"]
 
@@ -46,8 +48,14 @@ class Result:
     _storage: RunStorage | None = field(default=None, repr=False)
 
     @property
-    def filesystem(self) -> Any:
-        return self._storage.filesystem if self._storage else None
+    def filesystem(self) -> pyarrow.fs.FileSystem:
+        """A ``pyarrow.fs.FileSystem`` that reads ``path`` (as Ray's ``Result.filesystem``)."""
+        import pyarrow.fs
+
+        fs = self._storage.filesystem if self._storage else None
+        if fs is None or is_local(fs):
+            return pyarrow.fs.LocalFileSystem()
+        return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs))
 
     @property
     def metrics_dataframe(self) -> pd.DataFrame:
@@ -82,12 +90,23 @@ class Result:
         return read_record(self._storage) if self._storage else None
 
     def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
-        """The retained checkpoint with the best ``metric`` (``mode`` is ``"max"`` or ``"min"``)."""
+        """The retained checkpoint with the best ``metric`` (``mode`` is ``"max"`` or ``"min"``;
+        ``"a/b"`` reads ``metrics["a"]["b"]``). Raises RuntimeError, as Ray does, when the run
+        kept no checkpoint or none of them has ``metric``."""
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
-        scored = [(c, m[metric]) for c, m in self.best_checkpoints if metric in m]
+        if not self.best_checkpoints:
+            raise RuntimeError(
+                "This run has no checkpoint to choose from.\nHINT: pass checkpoint=... to "
+                "report() to save checkpoints."
+            )
+        scored = [(c, v) for c, m in self.best_checkpoints if (v := _lookup(m, metric)) is not None]
         if not scored:
-            return None
+            known = sorted({k for _, m in self.best_checkpoints for k in m})
+            raise RuntimeError(
+                f"No checkpoint of this run has the metric {metric!r}.\nHINT: pick one of the "
+                f"metrics reported with the checkpoints: {known}."
+            )
         pick = max if mode == "max" else min
         return pick(scored, key=lambda pair: pair[1])[0]
 
@@ -147,6 +166,18 @@ def _load_error(storage: RunStorage, load_pickle: bool) -> BaseException | None:
                 ) from exc
     text = storage.read(ERROR_TEXT_FILE)
     return TrainingFailedError(text.decode(errors="replace")) if text is not None else None
+
+
+def _lookup(metrics: dict[str, Any], name: str) -> Any:
+    """``metrics[name]``, or a nested value for ``"a/b"``; None when absent."""
+    if name in metrics:
+        return metrics[name]
+    value: Any = metrics
+    for part in name.split("/"):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
 
 
 AUTO_FILLED = ("training_iteration", "timestamp", "checkpoint_dir_name")

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from phalanx._internal.worker.session import require_session
 from phalanx._internal.worker.uploader import CheckpointUploadMode
 from phalanx.checkpoint import Checkpoint
+from phalanx.constants import TRAIN_DATASET_KEY
 from phalanx.context import PreemptionInfo, TrainContext
+from phalanx.reported_checkpoint import CheckpointConsistencyMode, ReportedCheckpoint
+
+if TYPE_CHECKING:
+    from phalanx.validation import ValidationTaskConfig
 
 __all__ = [
     "CheckpointUploadMode",
+    "get_all_reported_checkpoints",
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",
@@ -25,6 +32,8 @@ def report(
     checkpoint_dir_name: str | None = None,
     checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC,
     delete_local_checkpoint_after_upload: bool | None = None,
+    checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
+    validation: bool | ValidationTaskConfig = False,
 ) -> None:
     """Send ``metrics`` (and optionally a checkpoint) to the driver.
 
@@ -54,6 +63,13 @@ def report(
     next ``report()`` with a checkpoint returns only after it, and so does the training
     function.
     ``checkpoint_dir_name``: one plain directory name (default ``checkpoint_<round>``).
+    ``checkpoint_upload_fn(checkpoint, checkpoint_dir_name)``: your own upload (e.g. torch's
+    distributed checkpointing): it writes the files, typically to
+    ``get_context().get_storage().build_checkpoint_path_from_name(checkpoint_dir_name)``, and
+    returns that ``Checkpoint``; one saved elsewhere is copied into the run. It runs before
+    ``report`` returns, whatever the upload mode.
+    ``validation``: ``True`` or a :class:`~phalanx.ValidationTaskConfig` runs the trainer's
+    ``validation_config`` function on this checkpoint once it is committed, in the background.
 
     Example::
 
@@ -67,6 +83,8 @@ def report(
         checkpoint_dir_name,
         checkpoint_upload_mode,
         delete_local_checkpoint_after_upload,
+        checkpoint_upload_fn,
+        validation,
     )
 
 
@@ -81,9 +99,18 @@ def get_checkpoint() -> Checkpoint | None:
     return require_session("get_checkpoint").latest_checkpoint
 
 
-def get_dataset_shard(name: str) -> Any:
-    """This worker's shard of ``datasets[name]`` given to the trainer."""
+def get_dataset_shard(dataset_name: str | None = None) -> Any:
+    """This worker's shard of ``datasets[dataset_name]`` given to the trainer.
+
+    Without a name: the only dataset, or ``"train"`` when there are several; None when the
+    trainer was given no datasets.
+    """
     shards = require_session("get_dataset_shard").dataset_shards
+    name = dataset_name
+    if name is None:
+        if not shards:
+            return None
+        name = next(iter(shards)) if len(shards) == 1 else TRAIN_DATASET_KEY
     if name not in shards:
         raise KeyError(
             f"No dataset named {name!r}; the trainer was given {sorted(shards) or 'no datasets'}."
@@ -99,3 +126,24 @@ def get_preemption_info() -> PreemptionInfo | None:
     A cheap attribute read: call it every step.
     """
     return require_session("get_preemption_info").preemption
+
+
+def get_all_reported_checkpoints(
+    consistency_mode: CheckpointConsistencyMode = CheckpointConsistencyMode.VALIDATED,
+    timeout_s: float | None = None,
+) -> list[ReportedCheckpoint]:
+    """Every checkpoint of this run still kept, oldest first, with its metrics and status.
+
+    Waits until every checkpoint this rank reported is committed (and, with ``VALIDATED``, its
+    requested validation has finished), at most ``timeout_s`` seconds (None: no limit); then
+    raises TimeoutError.
+
+    Example::
+
+        phalanx.report({"loss": loss}, checkpoint=ckpt)
+        best = min(phalanx.get_all_reported_checkpoints(), key=lambda r: r.metrics["loss"])
+    """
+    from phalanx._internal.worker.reported import reported_checkpoints
+
+    session = require_session("get_all_reported_checkpoints")
+    return reported_checkpoints(session, CheckpointConsistencyMode(consistency_mode), timeout_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import cloudpickle
 
 from phalanx._internal import env
+from phalanx._internal.config_checks import check_runtime_env_locally
 from phalanx._internal.controller.controller import Controller, RunSpec
 from phalanx._internal.engines.select import resolve_engine
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
@@ -22,6 +24,7 @@ from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
 from phalanx.result import Result
+from phalanx.validation import ValidationConfig
 
 __all__ = ["BaseTrainer", "DataParallelTrainer"]
 
@@ -33,10 +36,48 @@ LARGE_TRAIN_FN_BYTES = 50_000_000
 
 
 class BaseTrainer:
-    """Shared by every trainer: configuration checks at construction, ``fit()``."""
+    """Shared by every trainer: configuration checks at construction, ``fit()``, and Ray's
+    ``restore``/``can_restore`` (a run resumes from its directory)."""
 
     def fit(self) -> Result:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @classmethod
+    def can_restore(cls, path: str | os.PathLike[str], storage_filesystem: Any = None) -> bool:
+        """Whether ``path`` (a run directory, ``result.path``) holds a run to resume."""
+        from phalanx._internal.restore import can_restore
+
+        return can_restore(path, storage_filesystem)
+
+    @classmethod
+    def restore(
+        cls,
+        path: str | os.PathLike[str],
+        train_loop_per_worker: Callable[..., Any] | None = None,
+        train_loop_config: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> BaseTrainer:
+        """A trainer that resumes the run in ``path`` from its latest checkpoint when ``fit()``
+        is called (phalanx resumes any run started again with the same ``storage_path`` and
+        ``name``; this is that, from the run's directory).
+
+        Pass the training function and everything else the trainer takes again (functions
+        and datasets are not saved in the run directory); ``run_config`` may be given, its
+        ``name`` and ``storage_path`` are set from ``path``.
+
+        Example::
+
+            if TorchTrainer.can_restore(path):
+                trainer = TorchTrainer.restore(path, train_func, scaling_config=scaling)
+            result = trainer.fit()
+        """
+        from phalanx._internal.restore import restore_kwargs
+
+        if train_loop_per_worker is not None:
+            kwargs["train_loop_per_worker"] = train_loop_per_worker
+        if train_loop_config is not None:
+            kwargs["train_loop_config"] = train_loop_config
+        return cls(**restore_kwargs(cls.__name__, path, kwargs))
 
 
 class DataParallelTrainer(BaseTrainer):
@@ -77,6 +118,7 @@ class DataParallelTrainer(BaseTrainer):
         resume_from_checkpoint: Checkpoint | None = None,
         metadata: dict[str, Any] | None = None,
         preprocessor: Any = None,
+        validation_config: ValidationConfig | None = None,
     ) -> None:
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
@@ -90,8 +132,11 @@ class DataParallelTrainer(BaseTrainer):
         self.resume_from_checkpoint = resume_from_checkpoint
         self.metadata = dict(metadata or {})
         self.preprocessor = preprocessor
+        self.validation_config = validation_config
         self._validate()
-        self._payload = _pickle_train_fn(train_loop_per_worker)
+        # num_workers=0 calls the function as is, in this process: it need not pickle
+        in_process = self.scaling_config.num_workers == 0
+        self._payload = b"" if in_process else _pickle_train_fn(train_loop_per_worker)
 
     def _validate(self) -> None:
         _check_type("scaling_config", self.scaling_config, ScalingConfig)
@@ -100,6 +145,8 @@ class DataParallelTrainer(BaseTrainer):
         _check_type("dataset_config", self.dataset_config, DataConfig)
         if self.resume_from_checkpoint is not None:
             _check_type("resume_from_checkpoint", self.resume_from_checkpoint, Checkpoint)
+        if self.validation_config is not None:
+            _check_type("validation_config", self.validation_config, ValidationConfig)
         if self.train_loop_config is not None and not isinstance(self.train_loop_config, dict):
             raise ConfigError(
                 f"train_loop_config={self.train_loop_config!r} is invalid: it must be a dict "
@@ -121,6 +168,10 @@ class DataParallelTrainer(BaseTrainer):
         name = run_config.name or time.strftime("phalanx_run-%Y-%m-%d_%H-%M-%S")
         engine = resolve_engine(self.scaling_config)
         engine.check(self.scaling_config)
+        if engine.name == "local":
+            check_runtime_env_locally(run_config.worker_runtime_env)
+        if run_config.logging_config is not None:
+            logging.getLogger("phalanx").setLevel(run_config.logging_config.log_level)
         if self.preprocessor is not None:
             from phalanx.preprocess.attach import fit_on_train, serialize
 
@@ -148,6 +199,8 @@ class DataParallelTrainer(BaseTrainer):
             dataset_config=self.dataset_config,
             preprocessor=self.preprocessor,
             start_timeout_s=env.worker_start_timeout_s(),
+            validation_config=self.validation_config,
+            train_fn=self.train_loop_per_worker,
         )
         with recorded_run(storage, describe_run(spec)):  # <run>/run.json: config and status
             return Controller(spec, engine, storage, manager).run()

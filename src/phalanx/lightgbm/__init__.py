@@ -12,6 +12,7 @@ from phalanx.lightgbm.callback import RayTrainReportCallback, ReportCallback
 from phalanx.lightgbm.checkpoint import LightGBMCheckpoint
 from phalanx.lightgbm.config import LightGBMConfig
 from phalanx.lightgbm.network import get_network_params
+from phalanx.lightgbm.pandas_dtypes import normalize_pandas_for_lightgbm
 from phalanx.lightgbm.trainer import LightGBMTrainer
 from phalanx.predict.gbdt import LightGBMPredictor
 
@@ -23,4 +24,5 @@ __all__ = [
     "RayTrainReportCallback",
     "ReportCallback",
     "get_network_params",
+    "normalize_pandas_for_lightgbm",
 ]

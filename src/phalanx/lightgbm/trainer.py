@@ -19,6 +19,7 @@ from phalanx.errors import ConfigError
 from phalanx.lightgbm.callback import ReportCallback
 from phalanx.lightgbm.config import LightGBMConfig
 from phalanx.lightgbm.network import get_network_params
+from phalanx.validation import ValidationConfig
 
 __all__ = ["LightGBMTrainer"]
 
@@ -99,6 +100,7 @@ class LightGBMTrainer(GBDTTrainer):
         resume_from_checkpoint: Checkpoint | None = None,
         metadata: dict[str, Any] | None = None,
         preprocessor: Any = None,
+        validation_config: ValidationConfig | None = None,
         label_column: str | None = None,
         params: dict[str, Any] | None = None,
         num_boost_round: int | None = None,
@@ -116,6 +118,7 @@ class LightGBMTrainer(GBDTTrainer):
             resume_from_checkpoint=resume_from_checkpoint,
             metadata=metadata,
             preprocessor=preprocessor,
+            validation_config=validation_config,
             legacy={
                 "label_column": label_column,
                 "params": params,

@@ -10,6 +10,7 @@ from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
 from phalanx.torch.config import TorchConfig
 from phalanx.trainer import DataParallelTrainer
+from phalanx.validation import ValidationConfig
 
 __all__ = ["TorchTrainer"]
 
@@ -61,6 +62,7 @@ class TorchTrainer(DataParallelTrainer):
         metadata: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
         preprocessor: Any = None,
+        validation_config: ValidationConfig | None = None,
     ) -> None:
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
             raise ConfigError(
@@ -81,4 +83,5 @@ class TorchTrainer(DataParallelTrainer):
             resume_from_checkpoint=resume_from_checkpoint,
             metadata=metadata,
             preprocessor=preprocessor,
+            validation_config=validation_config,
         )

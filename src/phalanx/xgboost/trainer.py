@@ -18,6 +18,7 @@ from phalanx._internal.gbdt.trainer import GBDTTrainer, Library
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
+from phalanx.validation import ValidationConfig
 from phalanx.xgboost.callback import ReportCallback
 from phalanx.xgboost.config import XGBoostConfig
 
@@ -86,6 +87,7 @@ class XGBoostTrainer(GBDTTrainer):
         resume_from_checkpoint: Checkpoint | None = None,
         metadata: dict[str, Any] | None = None,
         preprocessor: Any = None,
+        validation_config: ValidationConfig | None = None,
         label_column: str | None = None,
         params: dict[str, Any] | None = None,
         num_boost_round: int | None = None,
@@ -103,6 +105,7 @@ class XGBoostTrainer(GBDTTrainer):
             resume_from_checkpoint=resume_from_checkpoint,
             metadata=metadata,
             preprocessor=preprocessor,
+            validation_config=validation_config,
             legacy={
                 "label_column": label_column,
                 "params": params,

@@ -10,8 +10,10 @@ Each state has one method that does its work and returns the next state::
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
+import os
 import queue
 import time
 from collections.abc import Callable
@@ -29,6 +31,7 @@ from phalanx._internal.controller.outcome import (
     save_error,
 )
 from phalanx._internal.controller.rounds import Report, ReportRounds, Round
+from phalanx._internal.controller.validation import Validations
 from phalanx._internal.controller.watchdog import ProgressWatchdog, hang_error
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager, TrackedCheckpoint
@@ -81,6 +84,8 @@ class RunSpec:
     dataset_config: DataConfig = field(default_factory=DataConfig)
     preprocessor: Any = None
     start_timeout_s: float = 60.0
+    validation_config: Any = None  # phalanx.ValidationConfig
+    train_fn: Callable[..., Any] | None = None  # called as is when it runs in the driver
 
 
 class Controller:
@@ -110,6 +115,8 @@ class Controller:
         self.last_metrics: dict[str, Any] | None = None
         self.return_value: Any = None
         self._preprocessor_bytes: bytes | None = None
+        self.validations = Validations(spec.validation_config)
+        self._validation_requests: dict[int, Any] = {}  # round -> report(validation=...)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -120,6 +127,7 @@ class Controller:
             State.FAILED: self._handle_failure,
         }
         self._notify("before_run", self.run_context)
+        self._resume_validations()
         state = State.START
         failed = True
         try:
@@ -154,10 +162,11 @@ class Controller:
         self.attempts += 1
         self.manager.begin_attempt()
         spec = self.spec
+        n = max(1, spec.scaling_config.num_workers)  # 0: one worker in the driver's thread
         group = WorkerGroup(
             self.engine,
             WorkerGroupSpec(
-                spec.scaling_config.num_workers,
+                n,
                 spec.scaling_config,
                 spec.run_name,
                 self.storage.local_log_dir(),
@@ -165,9 +174,10 @@ class Controller:
                 attempt=self.attempts - 1,
                 preload_modules=spec.backend_config.preload_modules,
                 storage=self.storage,
+                env=dict((spec.run_config.worker_runtime_env or {}).get("env_vars") or {}),
+                runtime_env=dict(spec.run_config.worker_runtime_env or {}),
             ),
         )
-        n = spec.scaling_config.num_workers
         attempt = Attempt(
             self.attempts,
             group,
@@ -178,21 +188,44 @@ class Controller:
         try:
             group.start()
             group.execute_per_rank(init_session, [(s,) for s in self._session_specs(group)])
-            self.backend.on_start(group, spec.backend_config)
-            self.backend.on_training_start(group, spec.backend_config)
+            self._prepare_workers(group)
         except WorkerGroupError as exc:
             attempt.failures = exc.worker_failures
             return State.FAILED
+        self.engine.set_event_pump(self._pump_events)
+        in_process = self.engine.in_process
         attempt.train_futures = group.execute_async(
             run_train_fn,
-            spec.train_fn_payload,
+            spec.train_fn if in_process and spec.train_fn is not None else spec.train_fn_payload,
             spec.train_loop_config,
-            spec.backend_config.train_func_context,
+            contextlib.nullcontext if in_process else spec.backend_config.train_func_context,
         )
         for worker, future in zip(group.workers, attempt.train_futures, strict=True):
             future.add_done_callback(_wake_on_done(group.events, worker.handle.index))
         attempt.watchdog.start()
         return State.RUNNING
+
+    def _prepare_workers(self, group: WorkerGroup) -> None:
+        """The framework's setup (a process group, ...) and the runtime env's working_dir; none
+        for a function running in the driver's thread, which has no peers."""
+        if self.engine.in_process:
+            return
+        working_dir = (self.spec.run_config.worker_runtime_env or {}).get("working_dir")
+        if working_dir and self.engine.name == "local":  # Ray's runtime_env does it on Ray
+            group.execute(os.chdir, os.path.abspath(working_dir))
+        self.backend.on_start(group, self.spec.backend_config)
+        self.backend.on_training_start(group, self.spec.backend_config)
+
+    def _pump_events(self) -> None:
+        """Handle reports as they are made, from inside report() (num_workers=0)."""
+        attempt = self.attempt
+        if attempt is None:
+            return
+        for index, message in _drain(attempt.group.events, None):
+            self._on_event(attempt, attempt.group.rank_of(index), message)
+        for round_ in attempt.rounds.pop_complete():
+            self._commit_round(round_)
+        self.validations.collect(self.manager.update_validation)
 
     def _session_specs(self, group: WorkerGroup) -> list[SessionSpec]:
         checkpoint = self.manager.latest_checkpoint or self.spec.resume_from_checkpoint
@@ -220,6 +253,7 @@ class Controller:
                     self.manager.next_round,
                     self.attempts - 1,
                     shards[worker.world_rank],
+                    has_validation=self.spec.validation_config is not None,
                 )
             )
         return specs
@@ -254,6 +288,7 @@ class Controller:
             self._on_event(attempt, attempt.group.rank_of(index), message)
         for round_ in attempt.rounds.pop_complete():
             self._commit_round(round_)
+        self.validations.collect(self.manager.update_validation)
         self.history.maybe_flush()
         attempt.record_failures(finished)
         if attempt.waiting_for_stop_round(finished):
@@ -278,8 +313,10 @@ class Controller:
     def _on_event(self, attempt: Attempt, rank: int, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "report":
-            _, index, metrics, dir_name, at = message
+            _, index, metrics, dir_name, at = message[:5]
             attempt.rounds.add(rank, Report(index, metrics, dir_name, at))
+            if len(message) > 5 and message[5].get("validation"):
+                self._validation_requests.setdefault(index, message[5]["validation"])
             attempt.watchdog.progress(rank)
         elif kind == "done":
             attempt.watchdog.progress(rank)
@@ -338,8 +375,12 @@ class Controller:
                 dir_name, self.attempts - 1, self.spec.metadata, self._checkpoint_files()
             )
             self.history.flush()
-            self.manager.register(TrackedCheckpoint(dir_name, rank0, round_.index))
+            validation = self._validation_requests.pop(round_.index, None)
+            tracked = TrackedCheckpoint(dir_name, rank0, round_.index)
+            self.manager.register(tracked, pending_validation=validation is not None)
             checkpoint = self.manager.latest_checkpoint
+            if validation is not None and checkpoint is not None:
+                self.validations.submit(dir_name, checkpoint, validation)
         self._notify("after_report", self.run_context, round_.metrics, checkpoint)
 
     def _checkpoint_files(self) -> dict[str, bytes]:
@@ -382,6 +423,8 @@ class Controller:
 
     def _shutdown_backend(self) -> None:
         assert self.attempt is not None
+        if self.engine.in_process:
+            return
         try:
             self.backend.on_shutdown(self.attempt.group, self.spec.backend_config)
         except Exception:
@@ -393,14 +436,33 @@ class Controller:
             attempt.group.shutdown(graceful=graceful)
             attempt.group.workers = []
 
+    def _resume_validations(self) -> None:
+        """Validations a previous run of this name left unfinished run again (with the
+        trainer's default settings: a report's own fn_kwargs are not stored)."""
+        for dir_name in self.manager.pending_validations():
+            checkpoint = Checkpoint(self.storage.checkpoint_path(dir_name), self.storage.filesystem)
+            if self.validations.config is not None:
+                logger.warning("Validating %s again: its validation did not finish.", dir_name)
+                self.validations.submit(dir_name, checkpoint, True)
+            else:
+                logger.warning(
+                    "%s was never validated and this trainer has no validation_config.", dir_name
+                )
+                self.manager.update_validation(dir_name, {}, "VALIDATION_FAILED")
+
+    def _collect_validations(self) -> None:
+        self.validations.collect(self.manager.update_validation, wait=True)
+
     def _end_attempt(self, error: BaseException | None) -> None:
         self.manager.end_attempt(outcome_name(error), str(error)[:2000] if error else None)
 
     def _finish(self, state: State) -> Result:
         if state is State.FINISHED:
             self._end_attempt(None)
+            self.validations.collect(self.manager.update_validation, wait=True)
             self.manager.save()
         else:  # the run's own error matters more than a storage too broken to record it
+            _quietly("record the validations", self._collect_validations)
             _quietly("save the run's snapshot", self.manager.save)
         result = Result(
             metrics=self.last_metrics,

@@ -31,6 +31,7 @@ class WorkerGroupSpec:
     attempt: int = 0
     preload_modules: tuple[str, ...] = ()
     storage: Any = None  # the run's RunStorage: workers on other nodes check they can reach it
+    runtime_env: dict[str, Any] = field(default_factory=dict)  # RunConfig.worker_runtime_env
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Engine(ABC):
     """A substrate for workers: local processes, Ray actors, or threads (tests)."""
 
     name: str = "engine"
+    in_process: bool = False  # workers run in the driver's own thread (num_workers=0)
 
     def check(self, scaling_config: ScalingConfig) -> None:
         """Raise ConfigError now if this engine can never satisfy ``scaling_config``."""
@@ -89,6 +91,10 @@ class Engine(ABC):
     def notify_preemption(self, handles: list[WorkerHandle], notice: dict[str, Any]) -> None:
         """Deliver a preemption notice (stop_round, preempted_ranks, deadline) to every worker,
         where ``phalanx.get_preemption_info()`` returns it."""
+
+    def set_event_pump(self, pump: Callable[[], None] | None) -> None:
+        """Engines that run the training function in the driver's thread call ``pump`` after
+        each message, so the controller handles reports while the function runs."""
 
     def close(self) -> None:
         """Release everything the engine holds (called once, at the end of fit())."""

@@ -32,6 +32,7 @@ from phalanx._internal.engines.ray_resources import (
     _fmt,
     actor_options,
     infeasibility,
+    label_options,
     visible_resources,
     worker_bundle,
 )
@@ -119,6 +120,7 @@ class RayEngine(Engine):
             [dict(bundle) for _ in range(spec.num_workers)],
             strategy=spec.scaling_config.placement_strategy,
             name=f"phalanx:{spec.run_name}",
+            **label_options(spec.scaling_config),
         )
         attempt = _Attempt(group, [])
         self._attempts.append(attempt)
@@ -167,6 +169,7 @@ class RayEngine(Engine):
                 **actor_options(bundle),
                 max_concurrency=ACTOR_CONCURRENCY,
                 max_restarts=0,
+                **({"runtime_env": dict(spec.runtime_env)} if spec.runtime_env else {}),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     group, placement_group_bundle_index=index
                 ),

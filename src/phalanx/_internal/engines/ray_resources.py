@@ -25,6 +25,15 @@ def worker_bundle(scaling: ScalingConfig) -> dict[str, float]:
     return bundle
 
 
+def label_options(scaling: ScalingConfig) -> dict[str, object]:
+    """``placement_group`` options for ``label_selector``: one selector per worker's bundle."""
+    selector = scaling.label_selector
+    if selector is None:
+        return {}
+    per_worker = selector if isinstance(selector, list) else [selector] * scaling.num_workers
+    return {"bundle_label_selector": [dict(s) for s in per_worker]}
+
+
 def actor_options(bundle: Mapping[str, float]) -> dict[str, object]:
     """``ray.remote`` options that make an actor take exactly its bundle."""
     custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")}

@@ -37,6 +37,9 @@ def _safe_listdir(path: str) -> list[str]:
 
 
 def check_local_resources(scaling: ScalingConfig) -> None:
+    from phalanx._internal.config_checks import check_no_labels_locally
+
+    check_no_labels_locally(scaling)
     n = scaling.num_workers
     extra = set(scaling.additional_resources_per_worker) - set(LOCAL_RESOURCES)
     if extra:

@@ -1,6 +1,7 @@
 """Pick the engine for a run.
 
-In order: ``ScalingConfig(engine=...)``; else ``$PHALANX_ENGINE``; else Ray when the driver has
+``num_workers=0`` runs the training function in the caller's thread (Ray's local mode). Else,
+in order: ``ScalingConfig(engine=...)``; else ``$PHALANX_ENGINE``; else Ray when the driver has
 initialised Ray (``ray.init(...)`` before ``fit()``) or ``$RAY_ADDRESS`` names a cluster; else
 local processes. Checking for Ray never imports it: only an already imported ``ray`` is asked.
 """
@@ -37,6 +38,10 @@ def ray_is_wanted() -> bool:
 
 
 def resolve_engine(scaling_config: ScalingConfig) -> Engine:
+    if scaling_config.num_workers == 0:  # Ray's local mode: run in the caller's thread
+        from phalanx._internal.engines.inline import InlineEngine
+
+        return InlineEngine()
     name = engine_name(scaling_config)
     if name == "ray":
         return _ray_engine()

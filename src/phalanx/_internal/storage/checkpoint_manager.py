@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from phalanx._internal.storage.filesystem import storage_errors
@@ -22,6 +22,7 @@ from phalanx.errors import ConfigError, StorageError
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_VERSION = 1
+PENDING_VALIDATION = "PENDING_VALIDATION"
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class CheckpointManager:
     latest: TrackedCheckpoint | None = None
     next_round: int = 0
     attempt_history: list[dict[str, Any]] = field(default_factory=list)
+    statuses: dict[str, str] = field(default_factory=dict)  # dir_name -> validation status
     _deletions: ThreadPoolExecutor | None = field(default=None, repr=False)
 
     @property
@@ -73,6 +75,7 @@ class CheckpointManager:
             self.latest = next((c for c in self.checkpoints if c.dir_name == latest), None)
             self.next_round = int(state["next_round"])
             self.attempt_history = list(state.get("attempts", []))
+            self.statuses = dict(state.get("statuses", {}))
         except (ValueError, KeyError, TypeError) as exc:
             raise StorageError(
                 f"The snapshot {self.storage.path(SNAPSHOT_FILE)!r} is unreadable: {exc}.\n"
@@ -125,13 +128,17 @@ class CheckpointManager:
         ranked = sorted(self.checkpoints, key=self._sort_key)
         return [(self.checkpoint(c), c.metrics) for c in ranked]  # type: ignore[misc]
 
-    def register(self, tracked: TrackedCheckpoint) -> None:
+    def register(self, tracked: TrackedCheckpoint, pending_validation: bool = False) -> None:
         """Record a committed checkpoint, write the snapshot, then delete evicted ones.
 
         Raises ConfigError (after keeping the checkpoint) if the score attribute is missing.
+        A checkpoint pending validation is never evicted, and its score may come from the
+        validation's metrics.
         """
-        missing = self._missing_score(tracked.metrics)
+        missing = None if pending_validation else self._missing_score(tracked.metrics)
         before = (list(self.checkpoints), self.latest)
+        if pending_validation:
+            self.statuses[tracked.dir_name] = PENDING_VALIDATION
         self.checkpoints.append(tracked)
         self.latest = tracked
         evicted = self._apply_retention()
@@ -153,6 +160,24 @@ class CheckpointManager:
                 "checkpoint, or change checkpoint_score_attribute."
             )
 
+    def pending_validations(self) -> list[str]:
+        return [name for name, status in self.statuses.items() if status == PENDING_VALIDATION]
+
+    def update_validation(self, dir_name: str, metrics: dict[str, Any], status: str) -> None:
+        """Merge a finished validation's metrics into its checkpoint; retention applies again."""
+        self.statuses[dir_name] = status
+        for i, tracked in enumerate(self.checkpoints):
+            if tracked.dir_name == dir_name:
+                merged = replace(tracked, metrics={**tracked.metrics, **metrics})
+                self.checkpoints[i] = merged
+                if self.latest is not None and self.latest.dir_name == dir_name:
+                    self.latest = merged
+        evicted = self._apply_retention()
+        self.save()
+        for gone in evicted:
+            future = self._deleter().submit(self.storage.delete_checkpoint, gone.dir_name)
+            future.add_done_callback(_log_failed_deletion)
+
     def _deleter(self) -> ThreadPoolExecutor:
         if self._deletions is None:
             self._deletions = ThreadPoolExecutor(1, thread_name_prefix="phalanx-delete")
@@ -171,6 +196,7 @@ class CheckpointManager:
             "latest": self.latest.dir_name if self.latest else None,
             "next_round": self.next_round,
             "attempts": self.attempt_history,
+            "statuses": self.statuses,
         }
         self.storage.write_atomic(SNAPSHOT_FILE, encode_json(state).encode())
 
@@ -206,8 +232,11 @@ class CheckpointManager:
         kept = {c.dir_name for c in ranked[:keep]}
         if self.latest is not None:
             kept.add(self.latest.dir_name)
+        kept.update(name for name, status in self.statuses.items() if status == PENDING_VALIDATION)
         evicted = [c for c in self.checkpoints if c.dir_name not in kept]
         self.checkpoints = [c for c in self.checkpoints if c.dir_name in kept]
+        for gone in evicted:
+            self.statuses.pop(gone.dir_name, None)
         return evicted
 
 

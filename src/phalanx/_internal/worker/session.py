@@ -9,8 +9,10 @@ the driver; it never waits for the driver.
 from __future__ import annotations
 
 import inspect
+import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +58,7 @@ class SessionSpec:
     start_round: int
     attempt: int
     dataset_shards: dict[str, Any] = field(default_factory=dict)
+    has_validation: bool = False  # the trainer has a validation_config
 
 
 class Session:
@@ -67,8 +70,10 @@ class Session:
         self.latest_checkpoint = spec.checkpoint
         self.dataset_shards = spec.dataset_shards
         self.preemption: PreemptionInfo | None = None
+        self.has_validation = spec.has_validation
         self._outbox = outbox
         self._uploader: BackgroundUploader | None = None
+        self.last_checkpoint_round = -1  # the last round this rank passed a checkpoint in
 
     def report(
         self,
@@ -77,9 +82,13 @@ class Session:
         checkpoint_dir_name: str | None = None,
         checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC,
         delete_local_checkpoint_after_upload: bool | None = None,
+        checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
+        validation: Any = False,
     ) -> None:
         metrics = _check_metrics(metrics)
+        _check_validation(validation, checkpoint, self.has_validation)
         mode = _upload_mode(checkpoint_upload_mode)
+        _check_upload_fn(checkpoint_upload_fn, mode)
         if self._uploader is not None:
             self._uploader.raise_error()
         index = self.next_round
@@ -92,13 +101,21 @@ class Session:
         if checkpoint is not None:  # every check before the round is taken
             dir_name = self._dir_name(checkpoint, checkpoint_dir_name, mode, index)
             delete = self._delete(checkpoint, mode, delete_local_checkpoint_after_upload)
-        message = ("report", index, metrics, dir_name, time.time())
+        message: tuple[Any, ...] = ("report", index, metrics, dir_name, time.time())
+        if validation:
+            message += ({"validation": validation},)
         self.next_round += 1
         if checkpoint is None:
             self._send(message)
+        elif checkpoint_upload_fn is not None:
+            if self._uploader is not None:
+                self._uploader.wait()
+            dir_name = self._upload_with(checkpoint_upload_fn, checkpoint, dir_name, delete)  # type: ignore[arg-type]
+            self._send((*message[:3], dir_name, *message[4:]))
         else:
             self._persist(checkpoint, dir_name, mode, delete, message)  # type: ignore[arg-type]
         if dir_name is not None:
+            self.last_checkpoint_round = index
             self.latest_checkpoint = Checkpoint(
                 self.storage.checkpoint_path(dir_name), self.storage.filesystem
             )
@@ -159,6 +176,45 @@ class Session:
         else:  # read in the background: the user keeps the directory unchanged until then
             self._background().upload(checkpoint, dir_name, message, scratch=False)
 
+    def _upload_with(
+        self,
+        fn: Callable[[Checkpoint, str], Checkpoint],
+        checkpoint: Checkpoint,
+        dir_name: str,
+        delete: bool,
+    ) -> str:
+        """``report(checkpoint_upload_fn=fn)``: ``fn(checkpoint, dir_name)`` persists the
+        checkpoint itself (typically to ``get_storage().build_checkpoint_path_from_name(
+        dir_name)``) and returns it. Returns the name the round commits: the returned
+        checkpoint's own when it lies directly in the run directory (it joins like a NO_UPLOAD
+        part); otherwise its files are copied in."""
+        uploaded = fn(checkpoint, dir_name)
+        if not isinstance(uploaded, Checkpoint):
+            raise TypeError(
+                f"checkpoint_upload_fn returned {type(uploaded).__name__}; it must return the "
+                "phalanx.Checkpoint it persisted."
+            )
+        try:
+            dir_name = in_place_dir_name(self.storage, uploaded, None)
+            self.storage.mark_in_place(dir_name, self.attempt)
+        except ValueError:  # persisted elsewhere: bring a copy into the run
+            self.storage.stage_part(uploaded, dir_name, self.attempt)
+        committed = self.storage.checkpoint_path(dir_name).rstrip("/")
+        local = is_local(checkpoint.filesystem)
+        if delete and local and checkpoint.path.rstrip("/") != committed:  # not the committed one
+            shutil.rmtree(checkpoint.path, ignore_errors=True)
+        return dir_name
+
+    def nudge_driver(self) -> None:
+        """An empty message: with num_workers=0 the driver handles events (finished
+        validations too) only when one arrives."""
+        self._outbox.send(("poll",))
+
+    def finish_uploads(self) -> None:
+        """Wait until every ASYNC checkpoint part of this rank is stored and reported."""
+        if self._uploader is not None:
+            self._uploader.wait()
+
     def _send(self, message: tuple[Any, ...]) -> None:
         if self._uploader is not None and self._uploader.busy:
             self._uploader.send(message)  # keep the order behind pending uploads
@@ -192,6 +248,35 @@ def _upload_mode(value: CheckpointUploadMode | str) -> CheckpointUploadMode:
         ) from None
 
 
+def _check_validation(validation: Any, checkpoint: Checkpoint | None, configured: bool) -> None:
+    from phalanx.validation import ValidationTaskConfig
+
+    if not isinstance(validation, bool | ValidationTaskConfig):
+        raise TypeError(
+            f"report(validation={validation!r}) is invalid: pass True, False or a "
+            "phalanx.ValidationTaskConfig."
+        )
+    if validation and checkpoint is None:
+        raise ValueError(
+            "report(validation=...) validates a checkpoint, but no checkpoint was passed.\n"
+            "HINT: pass checkpoint=... in the same report() call."
+        )
+    if validation and not configured:
+        raise ValueError(
+            "report(validation=...) needs a validation function, but the trainer has none.\n"
+            "HINT: pass validation_config=phalanx.ValidationConfig(fn) to the trainer."
+        )
+
+
+def _check_upload_fn(fn: Any, mode: CheckpointUploadMode) -> None:
+    if fn is not None and mode is CheckpointUploadMode.NO_UPLOAD:
+        raise ValueError(
+            "report(checkpoint_upload_fn=...) uploads the checkpoint, but "
+            "checkpoint_upload_mode=NO_UPLOAD says there is nothing to upload.\n"
+            "HINT: drop one of the two."
+        )
+
+
 def _check_metrics(metrics: Any) -> dict[str, Any]:
     """Refuse what the metrics history cannot hold exactly; numpy values become Python ones."""
     return checked_metrics(metrics)
@@ -210,6 +295,12 @@ def init_session(spec: SessionSpec) -> None:
         _process_session = session
 
 
+def clear_thread_session() -> None:
+    """Forget the calling thread's session (after a run in the driver's thread ends)."""
+    _local.session = None
+    thread_sessions.pop(threading.get_ident(), None)
+
+
 def get_session() -> Session | None:
     return getattr(_local, "session", None) or _process_session
 
@@ -224,9 +315,9 @@ def require_session(api: str) -> Session:
     return session
 
 
-def run_train_fn(payload: bytes, config: dict[str, Any] | None, context_factory: Any) -> Any:
+def run_train_fn(payload: Any, config: dict[str, Any] | None, context_factory: Any) -> Any:
     """Run the user's training function; only rank 0's return value is sent back."""
-    fn = cloudpickle.loads(payload)
+    fn = cloudpickle.loads(payload) if isinstance(payload, bytes) else payload
     session = get_session()
     try:
         with context_factory():
