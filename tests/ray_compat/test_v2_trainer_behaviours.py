@@ -310,9 +310,6 @@ MIXED = [
 ]
 
 
-@pytest.mark.xfail(
-    reason="needs issue 12 (12a): a NO_UPLOAD part and a staged part of one round", strict=True
-)
 def test_upload_modes_mixed_across_ranks(storage):
     """Ray's v2 tests mix ASYNC, SYNC, NO_UPLOAD and no checkpoint across ranks in one round;
     each committed checkpoint holds the part of every rank that passed one."""

@@ -63,6 +63,7 @@ def test_committed_mode_does_not_wait_for_validation(storage):
 
     def train_func():
         with tempfile.TemporaryDirectory() as d:
+            open(os.path.join(d, "w"), "w").write("1")
             train.report({}, checkpoint=Checkpoint.from_directory(d), validation=True)
         try:
             committed = train.get_all_reported_checkpoints(
@@ -99,6 +100,7 @@ def test_a_validation_cut_off_by_the_driver_runs_again_on_resume(storage):
 
     def interrupted():
         with tempfile.TemporaryDirectory() as d:
+            open(os.path.join(d, "w"), "w").write("1")
             train.report({"step": 0}, checkpoint=Checkpoint.from_directory(d), validation=True)
         raise KeyboardInterrupt  # Ctrl-C while the validation runs
 
