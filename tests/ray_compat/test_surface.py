@@ -25,12 +25,7 @@ MODULES = {
 
 # Names another part of issue 14 (14b, the AIR-era part) delivers; strict, so the mark must go
 # once they match.
-IN_PROGRESS = {
-    "ray.train.DataConfig": "needs issue 14b: DataConfig(execution_options=...) and friends",
-    "ray.train.torch.TorchCheckpoint": "needs issue 14b: TorchCheckpoint.set_preprocessor",
-    "ray.train.xgboost.XGBoostCheckpoint": "needs issue 14b: framework checkpoint exports",
-    "ray.train.lightgbm.LightGBMCheckpoint": "needs issue 14b: framework checkpoint exports",
-}
+IN_PROGRESS: dict[str, str] = {}  # "ray.module.Name" -> why it is still missing (strict xfail)
 
 TABLE = load_differences()
 

@@ -8,7 +8,7 @@ A phalanx signature is compatible when every Ray parameter is there, in the same
 same kind (a keyword-only Ray parameter may be keyword-only or not), with the same default; a
 parameter Ray requires may have a default in phalanx; phalanx may add parameters after Ray's
 positional ones, with defaults. Deliberate differences are listed in ``DOCUMENTED`` with the
-reason; they are also in docs/ray_differences_air.md.
+reason; they are also in docs/ray_differences.md (section "AIR-era names and data").
 
 NOTE for the lead: 14a's checker (tests/ray_compat/test_surface.py) compares live Ray modules;
 this one compares recorded signatures. The two ``compatible`` functions can be unified.

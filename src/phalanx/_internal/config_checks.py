@@ -48,7 +48,7 @@ def validate_placement_fields(scaling: Any) -> None:
             "use_tpu=True (or resources_per_worker={'TPU': n}) on a Ray cluster.",
         )
     interval = scaling.elastic_resize_monitor_interval_s
-    if not isinstance(interval, int | float) or interval < 0:
+    if not isinstance(interval, int | float) or isinstance(interval, bool) or not interval >= 0:
         raise _fail("elastic_resize_monitor_interval_s", interval, "a number of seconds >= 0")
 
 
