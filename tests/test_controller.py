@@ -21,7 +21,6 @@ from phalanx import (
     ControllerError,
     DataParallelTrainer,
     FailureConfig,
-    ReportMismatchError,
     Result,
     RunConfig,
     ScalingConfig,
@@ -139,14 +138,18 @@ def test_missing_score_attribute_is_a_config_error_and_the_checkpoint_is_kept(st
     assert reloaded.checkpoint is not None
 
 
-def test_different_report_counts_name_the_ranks(storage):
+def test_different_report_counts_commit_every_round(storage):
+    """A rank that returned contributes nothing to later rounds: nothing is discarded."""
+
     def loop():
         rank = train.get_context().get_world_rank()
         for step in range(3 if rank == 0 else 2):
-            train.report({"step": step})
+            train.report({"step": step, "rank": rank})
 
-    with pytest.raises(ReportMismatchError, match=r"rank 0: 3, rank 1: 2"):
-        fit(loop, storage)
+    result = fit(loop, storage)
+    assert list(result.metrics_dataframe["step"]) == [0, 1, 2]
+    assert result.metrics == {"step": 2, "rank": 0}
+    assert len(result.all_ranks_metrics_dataframe) == 5
 
 
 def test_an_exception_carries_rank_type_message_and_user_traceback(storage):

@@ -10,7 +10,7 @@ The tree::
     │   ├── StorageError                 storage_path unreachable, not writable, or a commit failed
     │   └── TrainingFailedError          fit() failed; ``.result`` holds what was saved
     │       ├── WorkerGroupError         one or more ranks raised, died or hung
-    │       │   ├── ReportMismatchError  ranks called report() a different number of times
+    │       │   ├── ReportMismatchError  never raised any more (kept so imports keep working)
     │       │   ├── HangError            ranks made no progress for hang_timeout_s
     │       │   └── PreemptionError      workers were preempted more often than allowed
     │       └── ControllerError          the driver side failed (a callback raised, ...)
@@ -131,7 +131,12 @@ class WorkerGroupError(TrainingFailedError):
 
 
 class ReportMismatchError(WorkerGroupError):
-    """Ranks called ``report()`` a different number of times."""
+    """Kept so that ``except ReportMismatchError`` keeps working; phalanx no longer raises it.
+
+    Ranks may call ``report()`` a different number of times: a rank whose training function
+    returned contributes nothing to later rounds, so every reported round is committed (and
+    rank-0-only reporting works, with a warning that rounds wait for every running rank).
+    """
 
 
 class HangError(WorkerGroupError):

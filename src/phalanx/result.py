@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.filesystem import is_local
-from phalanx._internal.storage.history import read_history
+from phalanx._internal.storage.history import final_trajectory, read_history, user_metrics
 from phalanx._internal.storage.run_storage import ERROR_PICKLE_FILE, ERROR_TEXT_FILE, RunStorage
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import CheckpointConfig
@@ -28,7 +28,8 @@ class Result:
 
     ``metrics`` are rank 0's last reported metrics, ``checkpoint`` the latest committed one,
     ``best_checkpoints`` the retained ``(checkpoint, metrics)`` pairs (worst first),
-    ``metrics_dataframe`` every round of the run (rank 0), ``path`` the run directory,
+    ``metrics_dataframe`` the run's trajectory (rank 0, each ``training_iteration`` once),
+    ``all_ranks_metrics_dataframe`` every report of every rank, ``path`` the run directory,
     ``return_value`` what rank 0's training function returned, ``error`` the failure if any.
 
     Example::
@@ -59,16 +60,22 @@ class Result:
 
     @property
     def metrics_dataframe(self) -> pd.DataFrame:
-        """Every round's rank-0 metrics, oldest first (with ``training_iteration``, ``timestamp``,
-        ``checkpoint_dir_name``)."""
+        """The run's trajectory: every round's rank-0 metrics, oldest first, each
+        ``training_iteration`` once (with ``timestamp``, ``checkpoint_dir_name`` and ``attempt``).
+
+        After a retry (or a re-run of an interrupted script) the training function continues from
+        the latest checkpoint; the rounds an abandoned attempt reported after that checkpoint are
+        superseded by the retry's. ``all_ranks_metrics_dataframe`` keeps them all.
+        """
         import pandas as pd
 
-        rows = read_history(self._storage) if self._storage else []
+        rows = final_trajectory(read_history(self._storage)) if self._storage else []
         return pd.DataFrame(rows)
 
     @property
     def all_ranks_metrics_dataframe(self) -> pd.DataFrame:
-        """Every report of every rank, with a ``rank`` column."""
+        """Every report of every rank, in arrival order, with ``rank`` and ``attempt`` columns:
+        also rounds that never completed (the reports of a rank that failed, superseded rows)."""
         import pandas as pd
 
         rows = read_history(self._storage, all_ranks=True) if self._storage else []
@@ -134,9 +141,9 @@ class Result:
                 f"{path!r} is not a phalanx run directory (no checkpoint_manager_snapshot.json).\n"
                 "HINT: pass result.path, i.e. <storage_path>/<name>."
             )
-        history = read_history(storage)
+        history = final_trajectory(read_history(storage))
         error = _load_error(storage, load_error_pickle)
-        metrics = _user_metrics(history[-1]) if history else None
+        metrics = user_metrics(history[-1]) if history else None
         result = cls(
             metrics=metrics,
             checkpoint=manager.latest_checkpoint,
@@ -178,10 +185,3 @@ def _lookup(metrics: dict[str, Any], name: str) -> Any:
             return None
         value = value[part]
     return value
-
-
-AUTO_FILLED = ("training_iteration", "timestamp", "checkpoint_dir_name")
-
-
-def _user_metrics(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k not in AUTO_FILLED}

@@ -6,6 +6,7 @@ import inspect
 import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,9 +15,10 @@ import cloudpickle
 
 from phalanx._internal import env
 from phalanx._internal.config_checks import check_runtime_env_locally
-from phalanx._internal.controller.controller import Controller, RunSpec
+from phalanx._internal.controller.controller import Controller, RunSpec, log_resume
 from phalanx._internal.engines.select import resolve_engine
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
+from phalanx._internal.storage.run_lock import RunLock
 from phalanx._internal.storage.run_record import describe_run, recorded_run
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx.backend import BackendConfig
@@ -165,7 +167,7 @@ class DataParallelTrainer(BaseTrainer):
 
     def fit(self) -> Result:
         run_config = self.run_config
-        name = run_config.name or time.strftime("phalanx_run-%Y-%m-%d_%H-%M-%S")
+        name = run_config.name or default_run_name()
         engine = resolve_engine(self.scaling_config)
         engine.check(self.scaling_config)
         if engine.name == "local":
@@ -182,9 +184,18 @@ class DataParallelTrainer(BaseTrainer):
             name,
             run_config.storage_filesystem,
         )
+        lock = RunLock.acquire(storage)  # before anything in the run directory is touched
+        try:
+            return self._fit_locked(engine, storage, name)
+        finally:
+            lock.release()
+
+    def _fit_locked(self, engine: Any, storage: RunStorage, name: str) -> Result:
+        run_config = self.run_config
         storage.prepare()
         manager = CheckpointManager(storage, run_config.checkpoint_config)
-        manager.load()
+        if manager.load():
+            log_resume(name, manager)
         manager.remove_orphans()
         spec = RunSpec(
             train_fn_payload=self._payload,
@@ -204,6 +215,14 @@ class DataParallelTrainer(BaseTrainer):
         )
         with recorded_run(storage, describe_run(spec)):  # <run>/run.json: config and status
             return Controller(spec, engine, storage, manager).run()
+
+
+def default_run_name() -> str:
+    """Ray's pattern plus a random suffix, so that two fit() calls never share a run directory
+    (``phalanx_run-2026-11-22_22-40-42.123-1a2b3c``)."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
+    return f"phalanx_run-{stamp}.{int(now % 1 * 1000):03d}-{secrets.token_hex(3)}"
 
 
 def _check_type(field: str, value: Any, expected: type) -> None:

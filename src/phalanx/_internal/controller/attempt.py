@@ -16,6 +16,12 @@ from phalanx.errors import WorkerFailure, WorkerGroupError
 # messages still in the worker's own socket; an exit becomes a failure after this long.
 EXIT_DRAIN_S = 0.2
 
+# Ray's report() is a barrier: a rank that fails right after its report of round k does so
+# only once every rank has reported round k. phalanx has no barrier, so after a failure the
+# ranks still running get this long to catch up with the round the failed rank(s) reached
+# (a rank writing that round's checkpoint) before the group is torn down.
+FAILURE_REPORT_GRACE_S = 5.0
+
 
 @dataclass
 class Attempt:
@@ -29,6 +35,11 @@ class Attempt:
     preempted_ranks: set[int] = field(default_factory=set)
     preemption_deadline: float | None = None  # time.monotonic()
     error: WorkerGroupError | None = None  # set when the failure needs a special error (a hang)
+    failure_grace_deadline: float | None = None  # time.monotonic()
+
+    def returned_ranks(self, finished: set[int]) -> set[int]:
+        """Ranks (among ``finished``) whose training function returned normally."""
+        return {r for r in finished if self.train_futures[r].exception() is None}
 
     def finished_ranks(self) -> set[int]:
         return {rank for rank, f in enumerate(self.train_futures) if f.done()}
@@ -82,5 +93,30 @@ class Attempt:
             and len(finished | set(self.failures)) < len(self.train_futures)
         )
 
+    def awaiting_survivors(self, finished: set[int]) -> bool:
+        """After a failure, whether the ranks still running are catching up with the last round
+        every failed rank reported (bounded by FAILURE_REPORT_GRACE_S). Not after a hang: hung
+        ranks will not catch up."""
+        if not self.failures or self.error is not None or self.only_preempted():
+            return False
+        target = min(self.rounds.reported_through(r) for r in self.failures)
+        behind = [
+            r
+            for r in range(len(self.train_futures))
+            if r not in finished
+            and r not in self.failures
+            and self.rounds.reported_through(r) < target
+        ]
+        if not behind:
+            return False
+        now = time.monotonic()
+        if self.failure_grace_deadline is None:
+            self.failure_grace_deadline = now + FAILURE_REPORT_GRACE_S
+        return now < self.failure_grace_deadline
+
     def poll_timeout(self, default_s: float) -> float:
-        return EXIT_DRAIN_S / 4 if self.exited else default_s
+        if self.exited:
+            return EXIT_DRAIN_S / 4
+        if self.failure_grace_deadline is not None:
+            return max(0.0, min(default_s, self.failure_grace_deadline - time.monotonic()))
+        return default_s

@@ -47,7 +47,6 @@ from phalanx.context import TrainContext
 from phalanx.errors import (
     ConfigError,
     ControllerError,
-    ReportMismatchError,
     StorageError,
     TrainingFailedError,
     WorkerGroupError,
@@ -112,7 +111,9 @@ class Controller:
         self.attempt: Attempt | None = None
         self.attempts = 0
         self.error: BaseException | None = None
-        self.last_metrics: dict[str, Any] | None = None
+        # A resumed run starts with the metrics it ended with: a finished run re-run returns them
+        self.last_metrics: dict[str, Any] | None = self.history.last_metrics()
+        self._warned_silent = False
         self.return_value: Any = None
         self._preprocessor_bytes: bytes | None = None
         self.validations = Validations(spec.validation_config)
@@ -161,6 +162,10 @@ class Controller:
     def _start_attempt(self) -> State:
         self.attempts += 1
         self.manager.begin_attempt()
+        self.history.attempt = self.manager.attempts
+        # The training function restarts from the latest checkpoint, so the rounds do too: the
+        # retry's rows take the training_iteration of the rows they supersede.
+        self.manager.next_round = self.manager.resume_round()
         spec = self.spec
         n = max(1, spec.scaling_config.num_workers)  # 0: one worker in the driver's thread
         group = WorkerGroup(
@@ -286,18 +291,16 @@ class Controller:
         events += _drain(attempt.group.events, None)
         for index, message in events:
             self._on_event(attempt, attempt.group.rank_of(index), message)
-        for round_ in attempt.rounds.pop_complete():
-            self._commit_round(round_)
+        self._commit_complete_rounds(attempt, finished)
+        self._warn_silent_ranks(attempt, finished)
         self.validations.collect(self.manager.update_validation)
         self.history.maybe_flush()
         attempt.record_failures(finished)
         if attempt.waiting_for_stop_round(finished):
             return State.RUNNING
+        if attempt.awaiting_survivors(finished):  # the round the failed rank reached
+            return State.RUNNING
         if attempt.failures:
-            return State.FAILED
-        counts = attempt.rounds.mismatch(finished)
-        if counts is not None:
-            self.error = _report_mismatch(counts)
             return State.FAILED
         hung = attempt.watchdog.hung_ranks(finished)
         if hung:
@@ -315,6 +318,7 @@ class Controller:
         if kind == "report":
             _, index, metrics, dir_name, at = message[:5]
             attempt.rounds.add(rank, Report(index, metrics, dir_name, at))
+            self.history.add_rank_report(rank, index, metrics)  # every report, complete or not
             if len(message) > 5 and message[5].get("validation"):
                 self._validation_requests.setdefault(index, message[5]["validation"])
             attempt.watchdog.progress(rank)
@@ -355,6 +359,29 @@ class Controller:
         attempt.error = hang_error(hung, stacks, timeout, pids)
         attempt.failures = attempt.error.worker_failures
 
+    def _commit_complete_rounds(self, attempt: Attempt, finished: set[int]) -> None:
+        for round_ in attempt.rounds.pop_complete(attempt.returned_ranks(finished)):
+            self._commit_round(round_)
+
+    def _warn_silent_ranks(self, attempt: Attempt, finished: set[int]) -> None:
+        """Once per run: rounds wait for ranks that have not reported at all (rank-0-only)."""
+        running = set(range(len(attempt.train_futures))) - finished
+        lag = attempt.rounds.silent_ranks(running)
+        if lag is None or self._warned_silent:
+            return
+        self._warned_silent = True
+        leader, silent = lag
+        logger.warning(
+            "Rank %d has reported %d rounds but rank(s) %s have not reported yet. A round (its "
+            "metrics and checkpoint) is committed only once every rank still running has "
+            "reported it, or has returned; until then its checkpoint waits in staging and is "
+            "lost if the attempt fails.\nHINT: call phalanx.report() on every rank, passing the "
+            "checkpoint from rank 0 only: report(metrics, checkpoint=ckpt if rank == 0 else None).",
+            leader,
+            attempt.rounds.reported_through(leader),
+            ", ".join(map(str, silent)),
+        )
+
     def _commit_round(self, round_: Round) -> None:
         names = round_.checkpoint_dir_names
         if len(names) > 1:
@@ -363,12 +390,10 @@ class Controller:
                 f"{sorted(names)}. HINT: pass the same checkpoint_dir_name on every rank."
             )
         dir_name = next(iter(names), None)
-        rank0 = round_.reports[0].metrics
+        rank0 = round_.run_metrics
         self.last_metrics = rank0
         self.manager.next_round = round_.index + 1
         self.history.add_round(round_.index, rank0, dir_name)
-        for rank, report in enumerate(round_.reports):
-            self.history.add_rank_report(rank, round_.index, report.metrics)
         checkpoint = None
         if dir_name is not None:
             self.storage.commit(
@@ -400,6 +425,7 @@ class Controller:
         assert attempt is not None
         failures = attempt.failures
         self._teardown(graceful=False)
+        self._drain_failed_attempt(attempt)  # before the staged parts are removed
         _quietly("remove uncommitted checkpoint parts", self.storage.remove_staging)
         _quietly("remove uncommitted checkpoints", self.manager.remove_orphans)
         error = self.error or attempt.error or failure_error(failures)
@@ -418,6 +444,16 @@ class Controller:
                 return State.START
             self.error = error
         return State.ERRORED
+
+    def _drain_failed_attempt(self, attempt: Attempt) -> None:
+        """Reports that arrived while the group was torn down: record them, and commit every
+        round that is complete (a round every rank reported is never lost)."""
+        for index, message in _drain(attempt.group.events, None):
+            if message[0] == "report":
+                self._on_event(attempt, attempt.group.rank_of(index), message)
+        if attempt.train_futures:
+            self._commit_complete_rounds(attempt, attempt.finished_ranks())
+        self.history.flush()
 
     # -- the end --------------------------------------------------------------------------------
 
@@ -521,14 +557,27 @@ def _wake_on_done(events: Events, index: int) -> Callable[[Future[Any]], None]:
     return lambda _future: events.put((index, ("done",)))
 
 
-def _report_mismatch(counts: dict[int, int]) -> ReportMismatchError:
-    detail = ", ".join(f"rank {r}: {c}" for r, c in counts.items())
-    return ReportMismatchError(
-        {},
-        message=(
-            f"Ranks called report() a different number of times ({detail}).\n"
-            "Every rank must call phalanx.report() the same number of times: the k-th report of "
-            "each rank forms round k.\nHINT: call report() on every rank (pass metrics from all "
-            "ranks, or an empty dict), not only on rank 0."
-        ),
+def log_resume(run_name: str, manager: CheckpointManager) -> None:
+    """One line when fit() continues an existing run (same name and storage_path)."""
+    previous = manager.attempt_history[-1] if manager.attempt_history else {}
+    outcome = previous.get("outcome")
+    how = {
+        None: "was cut off (its driver stopped)",
+        "finished": "finished",
+        "failed": "failed",
+        "hang": "hung",
+        "preempted": "was preempted",
+        "interrupted": "was interrupted",
+    }.get(outcome, str(outcome))
+    start = (
+        f"from {manager.latest.dir_name}"
+        if manager.latest is not None
+        else "from the beginning (it has no checkpoint)"
+    )
+    logger.warning(
+        "Resuming run %r %s; the previous attempt %s. HINT: set RunConfig(name=...) to a new "
+        "name to start a fresh run.",
+        run_name,
+        start,
+        how,
     )

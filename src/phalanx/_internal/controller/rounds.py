@@ -1,10 +1,21 @@
-"""Report rounds: the k-th report of every rank forms round k."""
+"""Report rounds: the k-th report of every rank forms round k.
+
+A round is complete once every rank has reported it, except ranks whose training function
+returned normally before reaching it: a rank that returned contributes nothing to later rounds,
+so ``if rank == 0: report(...)`` commits every round (once the other ranks have returned). A rank
+that failed is not "returned": rounds it did not report never complete, exactly as Ray's
+``report()`` barrier would never have released them.
+"""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+# A rank this many rounds ahead of a running rank that has reported nothing at all is the
+# rank-0-only pattern (or a rank that lost its way): say so once.
+LAG_WARNING_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -18,19 +29,25 @@ class Report:
 @dataclass(frozen=True)
 class Round:
     index: int
-    reports: list[Report]  # indexed by rank
+    reports: list[Report | None]  # indexed by rank; None: the rank had returned before
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
-        return [r.metrics for r in self.reports]
+        """Each rank's metrics (``{}`` for a rank that had returned), for callbacks."""
+        return [r.metrics if r is not None else {} for r in self.reports]
+
+    @property
+    def run_metrics(self) -> dict[str, Any]:
+        """The run's metrics for this round: rank 0's, or the lowest rank's that reported."""
+        return next(r.metrics for r in self.reports if r is not None)
 
     @property
     def checkpoint_dir_names(self) -> set[str]:
-        return {r.checkpoint_dir_name for r in self.reports if r.checkpoint_dir_name}
+        return {r.checkpoint_dir_name for r in self.reports if r and r.checkpoint_dir_name}
 
 
 class ReportRounds:
-    """Collects reports per rank and hands out rounds once every rank has reported."""
+    """Collects reports per rank and hands out rounds once they are complete."""
 
     def __init__(self, world_size: int, start_round: int) -> None:
         self._pending: list[deque[Report]] = [deque() for _ in range(world_size)]
@@ -42,22 +59,32 @@ class ReportRounds:
         self._pending[rank].append(report)
         self.counts[rank] += 1
 
-    def pop_complete(self) -> list[Round]:
-        rounds = []
-        while all(self._pending):
-            reports = [q.popleft() for q in self._pending]
+    def pop_complete(self, returned: set[int]) -> list[Round]:
+        """Complete rounds, oldest first. ``returned``: ranks whose training call returned
+        normally (every report of theirs is already added)."""
+        rounds: list[Round] = []
+        while True:
+            if any(not q and rank not in returned for rank, q in enumerate(self._pending)):
+                return rounds
+            if not any(self._pending):
+                return rounds
+            reports = [q.popleft() if q else None for q in self._pending]
             rounds.append(Round(self.next_round, reports))
             self.next_round += 1
-        return rounds
 
-    def mismatch(self, finished: set[int]) -> dict[int, int] | None:
-        """Report counts per rank if ranks that finished can no longer match the others."""
-        if not finished:
-            return None
-        done_counts = {self.counts[r] for r in finished}
-        highest = max(self.counts)
-        if len(done_counts) > 1 or any(c < highest for c in done_counts):
-            return dict(enumerate(self.counts))
-        if len(finished) == len(self.counts) and len(set(self.counts)) > 1:
-            return dict(enumerate(self.counts))
+    def pending(self) -> list[tuple[int, Report]]:
+        """Reports of rounds that never completed, as ``(rank, report)``."""
+        return [(rank, r) for rank, q in enumerate(self._pending) for r in q]
+
+    def reported_through(self, rank: int) -> int:
+        """How many rounds of this attempt ``rank`` has reported."""
+        return self.counts[rank]
+
+    def silent_ranks(self, running: set[int]) -> tuple[int, list[int]] | None:
+        """``(leader, silent)`` when a rank is LAG_WARNING_ROUNDS ahead of running ranks that
+        have reported nothing yet, else None."""
+        leader = max(range(len(self.counts)), key=lambda r: self.counts[r])
+        silent = sorted(r for r in running if self.counts[r] == 0)
+        if silent and self.counts[leader] >= LAG_WARNING_ROUNDS:
+            return leader, silent
         return None

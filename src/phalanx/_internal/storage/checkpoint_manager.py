@@ -97,6 +97,11 @@ class CheckpointManager:
                     "RunConfig(name=...)."
                 )
 
+    def resume_round(self) -> int:
+        """The first round of a (re)started attempt: the one after the latest checkpoint's, since
+        the training function continues from that checkpoint (0 without one)."""
+        return self.latest.round + 1 if self.latest is not None else 0
+
     def remove_orphans(self) -> list[str]:
         """Delete ``checkpoint_*`` directories the snapshot does not know: committed just before
         a crash that came before the snapshot was written, or evicted just before one."""

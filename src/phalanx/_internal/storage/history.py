@@ -1,8 +1,14 @@
-"""The run's metrics history: one JSON line per round (rank 0) and per report (all ranks)."""
+"""The run's metrics history: one JSON line per round (rank 0) and per report (all ranks).
+
+Every row carries ``attempt`` (1-based, counted over the run's whole life, as in the snapshot).
+A retry restarts from the latest checkpoint, so its rows repeat the ``training_iteration`` of rows
+the abandoned attempt wrote after that checkpoint: :func:`final_trajectory` keeps the retry's.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -10,7 +16,11 @@ from typing import Any
 from phalanx._internal.storage.filesystem import storage_errors
 from phalanx._internal.storage.run_storage import ALL_RANKS_HISTORY_FILE, HISTORY_FILE, RunStorage
 
+logger = logging.getLogger(__name__)
+
 FLUSH_INTERVAL_S = 1.0
+# Columns phalanx adds to the rows of metrics.jsonl (stripped again for Result.metrics).
+AUTO_FILLED = ("training_iteration", "timestamp", "checkpoint_dir_name", "attempt")
 
 
 def _default(value: Any) -> Any:
@@ -50,9 +60,40 @@ class MetricsHistory:
 
     def __init__(self, storage: RunStorage) -> None:
         self.storage = storage
+        self.attempt = 1
         self._pending: dict[str, list[str]] = {HISTORY_FILE: [], ALL_RANKS_HISTORY_FILE: []}
         self._remote_text: dict[str, str] = {}
         self._last_flush = time.monotonic()
+        for name in self._pending:
+            self._repair(name)
+
+    def _repair(self, name: str) -> None:
+        """A file cut mid-line by a crash: drop the partial last row, so that appended rows start
+        on a line of their own (otherwise the first of them is lost with it)."""
+        if self.storage.local:
+            path = self.storage.path(name)
+            if not os.path.exists(path):
+                return
+            with open(path, "rb+") as f:
+                size = f.seek(0, os.SEEK_END)
+                keep = _end_of_last_line(f, size)
+                if keep < size:
+                    f.truncate(keep)
+            cut = size - keep
+        else:
+            data = self.storage.read(name) or b""
+            keep = data.rfind(b"\n") + 1
+            cut = len(data) - keep
+            if cut:
+                self.storage.write_atomic(name, data[:keep])
+            self._remote_text[name] = data[:keep].decode()
+        if cut:
+            logger.warning("Repaired %s: dropped a partial last row (%d bytes).", name, cut)
+
+    def last_metrics(self) -> dict[str, Any] | None:
+        """The user's metrics of the last row of the final trajectory (None for a new run)."""
+        rows = final_trajectory(read_history(self.storage))
+        return user_metrics(rows[-1]) if rows else None
 
     def add_round(
         self, round_index: int, metrics: dict[str, Any], checkpoint_dir_name: str | None
@@ -61,10 +102,16 @@ class MetricsHistory:
         row.setdefault("training_iteration", round_index + 1)
         row.setdefault("timestamp", time.time())
         row["checkpoint_dir_name"] = checkpoint_dir_name
+        row.setdefault("attempt", self.attempt)
         self._pending[HISTORY_FILE].append(encode_json(row))
 
     def add_rank_report(self, rank: int, round_index: int, metrics: dict[str, Any]) -> None:
-        row = {"rank": rank, "training_iteration": round_index + 1, **metrics}
+        row = {
+            "rank": rank,
+            "attempt": self.attempt,
+            "training_iteration": round_index + 1,
+            **metrics,
+        }
         self._pending[ALL_RANKS_HISTORY_FILE].append(encode_json(row))
 
     def maybe_flush(self) -> None:
@@ -107,3 +154,47 @@ def _append(path: str, text: str) -> None:
 
 def read_history(storage: RunStorage, all_ranks: bool = False) -> list[dict[str, Any]]:
     return decode_lines(storage.read(ALL_RANKS_HISTORY_FILE if all_ranks else HISTORY_FILE))
+
+
+def final_trajectory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows in order, each ``training_iteration`` once: when an attempt's first row repeats the
+    iteration of earlier attempts' rows (it restarted from a checkpoint), those rows and every
+    later one of the earlier attempts are superseded. Rows within one attempt are never dropped.
+    """
+    kept: list[dict[str, Any]] = []
+    attempt: Any = None
+    for row in rows:
+        if row.get("attempt") != attempt:
+            attempt = row.get("attempt")
+            start: Any = row.get("training_iteration")
+            if _is_number(start):
+                kept = [r for r in kept if not _superseded(r, float(start))]
+        kept.append(row)
+    return kept
+
+
+def user_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in AUTO_FILLED}
+
+
+def _superseded(row: dict[str, Any], start: float) -> bool:
+    iteration: Any = row.get("training_iteration")
+    return _is_number(iteration) and float(iteration) >= start
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _end_of_last_line(f: Any, size: int, block: int = 65536) -> int:
+    """The offset just after the file's last newline (0 if it has none)."""
+    end = size
+    while end > 0:
+        start = max(0, end - block)
+        f.seek(start)
+        chunk = f.read(end - start)
+        at = chunk.rfind(b"\n")
+        if at >= 0:
+            return start + at + 1
+        end = start
+    return 0
