@@ -1,0 +1,70 @@
+"""A round every rank reported survives a rank that fails right after it, on real processes.
+
+Ray's ``report()`` is a barrier; phalanx's is not, so the driver gives the other ranks a bounded
+grace to reach the failed rank's last round before it tears the attempt down.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+
+import pytest
+
+import phalanx as train
+from phalanx import Checkpoint, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
+
+pytestmark = pytest.mark.slow
+
+
+def loop(config):
+    """Rank 1 raises right after its report of round k, while rank 0 is still writing its
+    checkpoint for round k (rank 0 starts writing only once rank 1 has raised)."""
+    context = train.get_context()
+    rank, first = context.get_world_rank(), context.get_attempt() == 0
+    k, start = config["k"], 0
+    if checkpoint := train.get_checkpoint():
+        with checkpoint.as_directory() as d, open(os.path.join(d, "step")) as f:
+            start = int(f.read()) + 1
+    for step in range(start, config["steps"]):
+        if rank == 1:
+            loss = math.nan if first and step == k else 1.0 / (step + 1)
+            train.report({"step": step, "loss": loss})
+            if first and step == k:
+                open(config["marker"], "w").close()
+                raise FloatingPointError("loss is NaN")
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            if first and step == k:
+                deadline = time.monotonic() + 10
+                while not os.path.exists(config["marker"]) and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                time.sleep(0.2)  # the driver has seen rank 1 fail by now
+            with open(os.path.join(d, "step"), "w") as f:
+                f.write(str(step))
+            train.report({"step": step, "loss": 1.0 / (step + 1)}, Checkpoint.from_directory(d))
+
+
+def test_a_failure_right_after_a_report_loses_no_round_in_20_runs(tmp_path):
+    k, steps = 2, 4
+    for repetition in range(20):
+        result = DataParallelTrainer(
+            loop,
+            train_loop_config={"k": k, "steps": steps, "marker": str(tmp_path / f"m{repetition}")},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(
+                name=f"r{repetition}",
+                storage_path=str(tmp_path / "runs"),
+                failure_config=FailureConfig(max_failures=1),
+            ),
+        ).fit()
+        assert result.attempts == 2
+        rows = result.all_ranks_metrics_dataframe
+        retry = rows[rows["attempt"] == 2]
+        assert retry["step"].min() == k + 1, f"repetition {repetition} lost round {k}"
+        failed = rows[(rows["attempt"] == 1) & (rows["rank"] == 1)]
+        assert math.isnan(failed["loss"].iloc[-1])  # the failing rank's last report is kept
+        assert list(result.metrics_dataframe["step"]) == list(range(steps))
+        assert result.checkpoint.path.endswith(f"checkpoint_{steps - 1:06d}")
