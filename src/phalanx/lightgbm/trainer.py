@@ -142,6 +142,11 @@ def train_loop(spec: GBDTSpec, config: dict[str, Any] | None = None) -> None:
     checkpoint = phalanx.get_checkpoint()
     start = ReportCallback.get_model(checkpoint) if checkpoint is not None else None
     done = start.current_iteration() if start is not None else 0
+    if start is not None and done >= spec.num_boost_round:
+        # A finished run resumed: its model and metrics are the run's already; boosting zero
+        # rounds would only commit one more checkpoint with empty metrics.
+        logger.info("The checkpoint's model has all %d rounds; nothing to train.", done)
+        return
     if start is not None:
         logger.info("Continuing from a checkpoint's model with %d rounds.", done)
     frames = read_frames(spec, COLUMN_KEYS)
