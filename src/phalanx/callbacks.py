@@ -51,8 +51,9 @@ class Callback:
         metrics: list[dict[str, Any]],
         checkpoint: Checkpoint | None,
     ) -> None:
-        """After every round of reports: ``metrics[r]`` is rank r's dict; ``checkpoint`` is the
-        round's committed checkpoint, if any."""
+        """After every round of reports: ``metrics[r]`` is rank r's dict (``{}`` for a rank whose
+        function had returned before that round); ``checkpoint`` is the round's committed
+        checkpoint, if any."""
 
     def after_exception(
         self, run_context: TrainRunContext, worker_exceptions: dict[int, BaseException]

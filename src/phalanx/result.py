@@ -26,7 +26,8 @@ __all__ = ["Result"]
 class Result:
     """The outcome of ``fit()``.
 
-    ``metrics`` are rank 0's last reported metrics, ``checkpoint`` the latest committed one,
+    ``metrics`` are rank 0's last reported metrics (those of the lowest rank still reporting,
+    for rounds after rank 0's function returned), ``checkpoint`` the latest committed one,
     ``best_checkpoints`` the retained ``(checkpoint, metrics)`` pairs (worst first),
     ``metrics_dataframe`` the run's trajectory (rank 0, each ``training_iteration`` once),
     ``all_ranks_metrics_dataframe`` every report of every rank, ``path`` the run directory,
