@@ -15,7 +15,8 @@ import cloudpickle
 
 from phalanx._internal import env
 from phalanx._internal.config_checks import check_runtime_env_locally
-from phalanx._internal.controller.controller import Controller, RunSpec, log_resume
+from phalanx._internal.controller.controller import Controller, RunSpec
+from phalanx._internal.controller.resume import log_resume
 from phalanx._internal.engines.select import resolve_engine
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.run_lock import RunLock

@@ -366,21 +366,11 @@ class Controller:
     def _warn_silent_ranks(self, attempt: Attempt, finished: set[int]) -> None:
         """Once per run: rounds wait for ranks that have not reported at all (rank-0-only)."""
         running = set(range(len(attempt.train_futures))) - finished
-        lag = attempt.rounds.silent_ranks(running)
+        lag = attempt.rounds.silent_ranks_warning(running)
         if lag is None or self._warned_silent:
             return
         self._warned_silent = True
-        leader, silent = lag
-        logger.warning(
-            "Rank %d has reported %d rounds but rank(s) %s have not reported yet. A round (its "
-            "metrics and checkpoint) is committed only once every rank still running has "
-            "reported it, or has returned; until then its checkpoint waits in staging and is "
-            "lost if the attempt fails.\nHINT: call phalanx.report() on every rank, passing the "
-            "checkpoint from rank 0 only: report(metrics, checkpoint=ckpt if rank == 0 else None).",
-            leader,
-            attempt.rounds.reported_through(leader),
-            ", ".join(map(str, silent)),
-        )
+        logger.warning(lag)
 
     def _commit_round(self, round_: Round) -> None:
         names = round_.checkpoint_dir_names
@@ -390,10 +380,10 @@ class Controller:
                 f"{sorted(names)}. HINT: pass the same checkpoint_dir_name on every rank."
             )
         dir_name = next(iter(names), None)
-        rank0 = round_.run_metrics
-        self.last_metrics = rank0
+        metrics = round_.run_metrics
+        self.last_metrics = metrics
         self.manager.next_round = round_.index + 1
-        self.history.add_round(round_.index, rank0, dir_name)
+        self.history.add_round(round_.index, metrics, dir_name)
         checkpoint = None
         if dir_name is not None:
             self.storage.commit(
@@ -401,7 +391,7 @@ class Controller:
             )
             self.history.flush()
             validation = self._validation_requests.pop(round_.index, None)
-            tracked = TrackedCheckpoint(dir_name, rank0, round_.index)
+            tracked = TrackedCheckpoint(dir_name, metrics, round_.index)
             self.manager.register(tracked, pending_validation=validation is not None)
             checkpoint = self.manager.latest_checkpoint
             if validation is not None and checkpoint is not None:
@@ -555,29 +545,3 @@ def _drain(events: Events, timeout_s: float | None) -> list[tuple[int, tuple[Any
 def _wake_on_done(events: Events, index: int) -> Callable[[Future[Any]], None]:
     """Wake the poll loop as soon as a rank's training call resolves."""
     return lambda _future: events.put((index, ("done",)))
-
-
-def log_resume(run_name: str, manager: CheckpointManager) -> None:
-    """One line when fit() continues an existing run (same name and storage_path)."""
-    previous = manager.attempt_history[-1] if manager.attempt_history else {}
-    outcome = previous.get("outcome")
-    how = {
-        None: "was cut off (its driver stopped)",
-        "finished": "finished",
-        "failed": "failed",
-        "hang": "hung",
-        "preempted": "was preempted",
-        "interrupted": "was interrupted",
-    }.get(outcome, str(outcome))
-    start = (
-        f"from {manager.latest.dir_name}"
-        if manager.latest is not None
-        else "from the beginning (it has no checkpoint)"
-    )
-    logger.warning(
-        "Resuming run %r %s; the previous attempt %s. HINT: set RunConfig(name=...) to a new "
-        "name to start a fresh run.",
-        run_name,
-        start,
-        how,
-    )

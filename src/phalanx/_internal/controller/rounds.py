@@ -72,19 +72,22 @@ class ReportRounds:
             rounds.append(Round(self.next_round, reports))
             self.next_round += 1
 
-    def pending(self) -> list[tuple[int, Report]]:
-        """Reports of rounds that never completed, as ``(rank, report)``."""
-        return [(rank, r) for rank, q in enumerate(self._pending) for r in q]
-
     def reported_through(self, rank: int) -> int:
         """How many rounds of this attempt ``rank`` has reported."""
         return self.counts[rank]
 
-    def silent_ranks(self, running: set[int]) -> tuple[int, list[int]] | None:
-        """``(leader, silent)`` when a rank is LAG_WARNING_ROUNDS ahead of running ranks that
-        have reported nothing yet, else None."""
+    def silent_ranks_warning(self, running: set[int]) -> str | None:
+        """A warning when a rank is LAG_WARNING_ROUNDS ahead of running ranks that have reported
+        nothing yet (the rank-0-only pattern), else None."""
         leader = max(range(len(self.counts)), key=lambda r: self.counts[r])
         silent = sorted(r for r in running if self.counts[r] == 0)
-        if silent and self.counts[leader] >= LAG_WARNING_ROUNDS:
-            return leader, silent
-        return None
+        if not silent or self.counts[leader] < LAG_WARNING_ROUNDS:
+            return None
+        return (
+            f"Rank {leader} has reported {self.counts[leader]} rounds but rank(s) "
+            f"{', '.join(map(str, silent))} have not reported yet. A round (its metrics and "
+            "checkpoint) is committed only once every rank still running has reported it, or has "
+            "returned; until then its checkpoint waits in staging and is lost if the attempt "
+            "fails.\nHINT: call phalanx.report() on every rank, passing the checkpoint from rank 0 "
+            "only: report(metrics, checkpoint=ckpt if rank == 0 else None)."
+        )

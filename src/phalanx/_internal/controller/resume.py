@@ -1,0 +1,36 @@
+"""The line fit() logs when it continues an existing run (same name and storage_path)."""
+
+from __future__ import annotations
+
+import logging
+
+from phalanx._internal.storage.checkpoint_manager import CheckpointManager
+
+logger = logging.getLogger(__name__)
+
+OUTCOMES = {
+    None: "was cut off (its driver stopped)",
+    "finished": "finished",
+    "failed": "failed",
+    "hang": "hung",
+    "preempted": "was preempted",
+    "interrupted": "was interrupted",
+}
+
+
+def log_resume(run_name: str, manager: CheckpointManager) -> None:
+    """``Resuming run 'exp' from checkpoint_000009; the previous attempt finished.``"""
+    previous = manager.attempt_history[-1] if manager.attempt_history else {}
+    outcome = previous.get("outcome")
+    start = (
+        f"from {manager.latest.dir_name}"
+        if manager.latest is not None
+        else "from the beginning (it has no checkpoint)"
+    )
+    logger.warning(
+        "Resuming run %r %s; the previous attempt %s. HINT: set RunConfig(name=...) to a new "
+        "name to start a fresh run.",
+        run_name,
+        start,
+        OUTCOMES.get(outcome, str(outcome)),
+    )
