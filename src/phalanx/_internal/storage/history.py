@@ -72,7 +72,7 @@ class MetricsHistory:
         on a line of their own (otherwise the first of them is lost with it)."""
         if self.storage.local:
             path = self.storage.path(name)
-            if not os.path.exists(path):
+            if not os.path.isfile(path):  # none yet (or not a regular file: leave it alone)
                 return
             with open(path, "rb+") as f:
                 size = f.seek(0, os.SEEK_END)
@@ -92,6 +92,8 @@ class MetricsHistory:
 
     def last_metrics(self) -> dict[str, Any] | None:
         """The user's metrics of the last row of the final trajectory (None for a new run)."""
+        if self.storage.local and not os.path.isfile(self.storage.path(HISTORY_FILE)):
+            return None
         rows = final_trajectory(read_history(self.storage))
         return user_metrics(rows[-1]) if rows else None
 

@@ -24,6 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from phalanx._internal.storage.filesystem import storage_errors
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx.errors import StorageError
 
@@ -89,17 +90,12 @@ class RunLock:
     ) -> RunLock:
         """Lock the run directory (creating it) or raise StorageError naming the owner."""
         lock = cls(storage, Owner.me())
-        try:
+        with storage_errors("lock the run directory", storage.run_uri):
             storage.filesystem.makedirs(storage.run_path, exist_ok=True)
             if storage.local:
                 lock._lock_file()
             else:
                 lock._take_lease(stale_s, settle_s)
-        except OSError as exc:
-            raise StorageError(
-                f"Cannot lock the run directory {storage.run_uri!r}: {exc}.\n"
-                "HINT: pick a storage_path you can write to (RunConfig(storage_path=...))."
-            ) from exc
         return lock
 
     def release(self) -> None:
@@ -113,9 +109,17 @@ class RunLock:
             self._stop.set()
             self._heartbeat.join()
             self._heartbeat = None
-            current = Owner.from_json(self.storage.read(LEASE_FILE))
-            if current is not None and current.token == self.owner.token:
-                self.storage.filesystem.rm(self.storage.path(LEASE_FILE))
+            try:  # fit()'s own result or error matters more than a lease left to go stale
+                current = Owner.from_json(self.storage.read(LEASE_FILE))
+                if current is not None and current.token == self.owner.token:
+                    self.storage.filesystem.rm(self.storage.path(LEASE_FILE))
+            except Exception as exc:
+                logger.warning(
+                    "Could not release the lease of run %r (%s); it goes stale in %.0f s.",
+                    self.storage.name,
+                    exc,
+                    STALE_S,
+                )
 
     # -- local: an OS file lock -----------------------------------------------------------------
 
@@ -129,6 +133,15 @@ class RunLock:
             holder = Owner.from_json(os.pread(fd, 4096, 0))
             os.close(fd)
             raise _locked_error(self.storage, holder) from None
+        except OSError as exc:  # a filesystem without locks (some network mounts): go on
+            os.close(fd)
+            logger.warning(
+                "Cannot lock the run directory %r (%s): nothing stops another fit() from using "
+                "it at the same time.",
+                self.storage.run_path,
+                exc,
+            )
+            return
         os.ftruncate(fd, 0)
         os.pwrite(fd, self.owner.to_json(), 0)
         self._fd = fd
