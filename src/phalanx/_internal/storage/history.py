@@ -92,9 +92,12 @@ class MetricsHistory:
 
     def last_metrics(self) -> dict[str, Any] | None:
         """The user's metrics of the last row of the final trajectory (None for a new run)."""
-        if self.storage.local and not os.path.isfile(self.storage.path(HISTORY_FILE)):
-            return None
-        rows = final_trajectory(read_history(self.storage))
+        if self.storage.local:
+            if not os.path.isfile(self.storage.path(HISTORY_FILE)):
+                return None
+            rows = final_trajectory(read_history(self.storage))
+        else:  # read once already, by _repair
+            rows = final_trajectory(decode_lines(self._remote_text[HISTORY_FILE].encode()))
         return user_metrics(rows[-1]) if rows else None
 
     def add_round(
