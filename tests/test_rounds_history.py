@@ -37,6 +37,11 @@ def fit(fn, storage, name="run", workers=2, config=None, **run_kwargs):
     ).fit()
 
 
+def report(metrics, checkpoint=None):
+    """report() that moves the checkpoint's temporary directory into the run (no leftovers)."""
+    train.report(metrics, checkpoint=checkpoint, delete_local_checkpoint_after_upload=True)
+
+
 def save(step, rank=0):
     d = tempfile.mkdtemp()
     with open(os.path.join(d, f"step_{rank}"), "w") as f:
@@ -68,7 +73,7 @@ def rank0_only_loop(config):
         wait_for(config["rank0_done"])
         return
     for step in range(config["steps"]):
-        train.report({"step": step}, checkpoint=save(step))
+        report({"step": step}, checkpoint=save(step))
     open(config["rank0_done"], "w").close()
 
 
@@ -91,7 +96,7 @@ def test_rounds_after_rank0_returned_carry_the_next_ranks_metrics(storage):
     def loop():
         rank = train.get_context().get_world_rank()
         for step in range(1 if rank == 0 else 3):
-            train.report({"step": step, "rank": rank})
+            report({"step": step, "rank": rank})
 
     result = fit(loop, storage)
     df = result.metrics_dataframe
@@ -111,10 +116,10 @@ def fail_after_report_loop(config):
         if rank == 0:
             if first and step == k:
                 wait_for(config["rank1_failed"])  # rank 1 is gone before this checkpoint lands
-            train.report({"step": step, "loss": 1.0 / (step + 1)}, checkpoint=save(step))
+            report({"step": step, "loss": 1.0 / (step + 1)}, checkpoint=save(step))
         else:
             loss = math.nan if first and step == k else 1.0 / (step + 1)
-            train.report({"step": step, "loss": loss})
+            report({"step": step, "loss": loss})
             if first and step == k:
                 open(config["rank1_failed"], "w").close()
                 raise FloatingPointError("loss is NaN")
@@ -142,7 +147,7 @@ def test_reports_past_the_failed_ranks_last_round_are_recorded_not_committed(sto
         for step in range(4):
             if rank == 1 and step == 2:
                 raise RuntimeError("boom")
-            train.report({"step": step, "rank": rank}, checkpoint=save(step, rank))
+            report({"step": step, "rank": rank}, checkpoint=save(step, rank))
             if rank == 0 and step == 3:
                 break
 
@@ -163,7 +168,7 @@ def resumable_loop(config):
     rank = train.get_context().get_world_rank()
     for step in range(start_step(), config["steps"]):
         checkpoint = save(step, rank) if step % 2 == 0 else None
-        train.report({"step": step}, checkpoint=checkpoint)
+        report({"step": step}, checkpoint=checkpoint)
         if step == config.get("fail_at") and train.get_context().get_attempt() == 0:
             raise RuntimeError("crash")
 
@@ -222,7 +227,7 @@ def test_resume_says_so_and_a_finished_run_returns_its_metrics(storage, caplog):
 def test_a_finished_run_whose_function_has_nothing_left_returns_the_last_metrics(storage):
     def loop(config):
         for step in range(start_step(), config["steps"]):
-            train.report({"step": step, "loss": 1.0}, checkpoint=save(step))
+            report({"step": step, "loss": 1.0}, checkpoint=save(step))
 
     first = fit(loop, storage, name="done", workers=1, config={"steps": 3})
     again = fit(loop, storage, name="done", workers=1, config={"steps": 3})
@@ -246,7 +251,7 @@ def test_the_previous_outcome_of_a_failed_run_is_named(storage, caplog):
 
 def test_unnamed_runs_never_share_a_directory(storage):
     def loop():
-        train.report({"x": 1})
+        report({"x": 1})
 
     paths = set()
     for _ in range(3):
