@@ -353,10 +353,6 @@ def test_upload_modes_mixed_across_ranks(storage):
             assert all(open(os.path.join(d, f)).read() == str(i) for f in files)
 
 
-@pytest.mark.xfail(
-    reason="needs issue 12 (12b): a rank that returned contributes nothing to later rounds",
-    strict=True,
-)
 def test_only_rank_zero_reports(storage):
     """A training function where only rank 0 calls report(); the others just train."""
 

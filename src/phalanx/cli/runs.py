@@ -18,7 +18,7 @@ from phalanx._internal.storage.filesystem import (
     storage_error,
     storage_errors,
 )
-from phalanx._internal.storage.history import read_history
+from phalanx._internal.storage.history import read_history, user_metrics
 from phalanx._internal.storage.run_record import RUN_FILE, read_record
 from phalanx._internal.storage.run_status import RunStatus, run_status
 from phalanx._internal.storage.run_storage import (
@@ -44,7 +44,6 @@ except ImportError:  # before it: the rows are the trajectory
 
 logger = logging.getLogger(__name__)
 
-AUTO_FILLED = ("training_iteration", "timestamp", "checkpoint_dir_name", "attempt")
 RUN_FILES = (SNAPSHOT_FILE, RUN_FILE, MARKER_FILE)
 
 
@@ -142,10 +141,6 @@ class RunView:
         if self.storage.local:
             return self.storage.path(LOG_DIR)
         return private_log_path(self.name, self.uri)
-
-
-def user_metrics(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k not in AUTO_FILLED}
 
 
 def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:

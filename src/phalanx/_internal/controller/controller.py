@@ -228,8 +228,7 @@ class Controller:
             return
         for index, message in _drain(attempt.group.events, None):
             self._on_event(attempt, attempt.group.rank_of(index), message)
-        for round_ in attempt.rounds.pop_complete():
-            self._commit_round(round_)
+        self._commit_complete_rounds(attempt, set())
         self.validations.collect(self.manager.update_validation)
 
     def _session_specs(self, group: WorkerGroup) -> list[SessionSpec]:

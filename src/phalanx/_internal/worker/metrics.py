@@ -17,9 +17,11 @@ from typing import Any
 
 __all__ = ["RESERVED_METRIC_KEYS", "checked_metrics"]
 
-# Written by phalanx into every row of metrics.jsonl (history.py). ("rank", in the all-ranks
-# history, is left to users: reporting one's own rank is common and the values agree.)
-RESERVED_METRIC_KEYS = frozenset({"training_iteration", "timestamp", "checkpoint_dir_name"})
+# Written by phalanx into every row of metrics.jsonl (history.py: AUTO_FILLED). ("rank", in the
+# all-ranks history, is left to users: reporting one's own rank is common and the values agree.)
+RESERVED_METRIC_KEYS = frozenset(
+    {"training_iteration", "timestamp", "checkpoint_dir_name", "attempt"}
+)
 
 _PLAIN = frozenset({float, int, str, bool, type(None)})
 _MAX_DEPTH = 64
