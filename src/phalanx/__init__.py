@@ -29,6 +29,7 @@ from phalanx.errors import (
     TrainingFailedError,
     WorkerFailure,
     WorkerGroupError,
+    WorkerStartupError,
 )
 from phalanx.reported_checkpoint import (
     CheckpointConsistencyMode,
@@ -88,6 +89,7 @@ __all__ = [
     "ValidationTaskConfig",
     "WorkerFailure",
     "WorkerGroupError",
+    "WorkerStartupError",
     "__version__",
     "get_all_reported_checkpoints",
     "get_checkpoint",

@@ -12,7 +12,8 @@ The tree::
     │       ├── WorkerGroupError         one or more ranks raised, died or hung
     │       │   ├── ReportMismatchError  never raised any more (kept so imports keep working)
     │       │   ├── HangError            ranks made no progress for hang_timeout_s
-    │       │   └── PreemptionError      workers were preempted more often than allowed
+    │       │   ├── PreemptionError      workers were preempted more often than allowed
+    │       │   └── WorkerStartupError   workers could not be started (retried like a failure)
     │       └── ControllerError          the driver side failed (a callback raised, ...)
     └── (never wrapped) KeyboardInterrupt from the driver
 
@@ -41,6 +42,7 @@ __all__ = [
     "TrainingFailedError",
     "WorkerFailure",
     "WorkerGroupError",
+    "WorkerStartupError",
 ]
 
 
@@ -61,8 +63,8 @@ class WorkerFailure:
     """What went wrong on one rank, in a form that pickles across processes.
 
     ``kind`` is ``"exception"`` (user code raised), ``"signal"`` (killed by a signal),
-    ``"exit"`` (the process exited without finishing), ``"hang"`` (no progress) or
-    ``"preempted"`` (stopped by SIGTERM).
+    ``"exit"`` (the process exited without finishing), ``"hang"`` (no progress),
+    ``"preempted"`` (stopped by SIGTERM) or ``"startup"`` (the worker could not be started).
     """
 
     rank: int
@@ -87,6 +89,8 @@ class WorkerFailure:
             return f"hung: {self.message}"
         if self.kind == "preempted":
             return f"preempted: {self.message}"
+        if self.kind == "startup":
+            return f"did not start: {self.message}"
         return f"{self.type_name}: {self.message}"
 
 
@@ -150,6 +154,24 @@ class PreemptionError(WorkerGroupError):
     """Workers were preempted more often than ``FailureConfig.max_preemption_failures`` allows."""
 
 
+class WorkerStartupError(WorkerGroupError):
+    """The engine could not start the workers of an attempt: the fork server died, a worker never
+    said hello, or a Ray actor could not be created. It goes through the failure policy like any
+    other failure (``FailureConfig.max_failures``); ``worker_failures`` names the workers."""
+
+    @classmethod
+    def of(cls, workers: list[int], why: str, hint: str) -> WorkerStartupError:
+        """``workers`` (launch indices) could not be started because ``why``."""
+        import time
+
+        now = time.time()
+        failures = {
+            w: WorkerFailure(w, "startup", "WorkerStartupError", why, time=now) for w in workers
+        }
+        label = ", ".join(map(str, workers))
+        return cls(failures, message=f"Worker(s) {label} could not be started: {why}\nHINT: {hint}")
+
+
 class ControllerError(TrainingFailedError):
     """The driver side of the run failed (for example a callback raised)."""
 
@@ -158,18 +180,24 @@ def _normalise(text: str) -> str:
     return re.sub(r"\d+", "N", text)
 
 
+def failure_groups(failures: dict[int, WorkerFailure]) -> list[str]:
+    """One line per way ranks failed: ``[rank 0, 2] ValueError: ...``."""
+    groups: dict[str, list[int]] = {}
+    for rank, failure in failures.items():
+        groups.setdefault(_normalise(failure.summary()), []).append(rank)
+    return [
+        f"[rank {', '.join(str(r) for r in ranks)}] {failures[ranks[0]].summary()}"
+        for ranks in groups.values()
+    ]
+
+
 def format_failures(failures: dict[int, WorkerFailure], limit: int = 4000) -> str:
     """Group identical failures across ranks; the earliest failure's traceback comes first."""
     if not failures:
         return "Training failed."
-    groups: dict[str, list[int]] = {}
-    for rank, failure in failures.items():
-        groups.setdefault(_normalise(failure.summary()), []).append(rank)
     root = min(failures.values(), key=lambda f: (f.time, f.rank))
     lines = [f"Training failed on {len(failures)} rank(s):"]
-    for ranks in groups.values():
-        label = ", ".join(str(r) for r in ranks)
-        lines.append(f"  [rank {label}] {failures[ranks[0]].summary()}")
+    lines.extend(f"  {line}" for line in failure_groups(failures))
     lines.append(f"Root cause (earliest failure), rank {root.rank}:")
     lines.append(root.traceback.rstrip() or f"  {root.summary()}")
     if root.kind == "signal":

@@ -31,7 +31,9 @@ class Result:
     ``best_checkpoints`` the retained ``(checkpoint, metrics)`` pairs (worst first),
     ``metrics_dataframe`` the run's trajectory (rank 0, each ``training_iteration`` once),
     ``all_ranks_metrics_dataframe`` every report of every rank, ``path`` the run directory,
-    ``return_value`` what rank 0's training function returned, ``error`` the failure if any.
+    ``return_value`` what rank 0's training function returned, ``error`` the failure if any,
+    ``attempts`` how many attempts the run took and ``attempt_errors`` each attempt's error
+    message (None for an attempt that did not fail), oldest first, also after ``from_path``.
 
     Example::
 
@@ -47,6 +49,7 @@ class Result:
     best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = field(default_factory=list)
     return_value: Any = None
     attempts: int = 1
+    attempt_errors: list[str | None] = field(default_factory=list)
     _storage: RunStorage | None = field(default=None, repr=False)
 
     @property
@@ -152,6 +155,7 @@ class Result:
             path=storage.run_uri,
             best_checkpoints=manager.best_checkpoints(),
             attempts=max(manager.attempts, 1),
+            attempt_errors=attempt_errors(manager.attempt_history),
             _storage=storage,
         )
         if isinstance(error, TrainingFailedError) and error.result is None:
@@ -186,3 +190,8 @@ def _lookup(metrics: dict[str, Any], name: str) -> Any:
             return None
         value = value[part]
     return value
+
+
+def attempt_errors(history: list[dict[str, Any]]) -> list[str | None]:
+    """Each attempt's error message from the run's snapshot (text: nothing is unpickled)."""
+    return [entry.get("error") for entry in history]

@@ -16,6 +16,7 @@ import cloudpickle
 from phalanx._internal import env
 from phalanx._internal.config_checks import check_runtime_env_locally
 from phalanx._internal.controller.controller import Controller, RunSpec
+from phalanx._internal.controller.interrupt import sigterm_interrupts
 from phalanx._internal.controller.resume import log_resume
 from phalanx._internal.engines.select import resolve_engine
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
@@ -167,6 +168,15 @@ class DataParallelTrainer(BaseTrainer):
             check_preprocessor(self.preprocessor)
 
     def fit(self) -> Result:
+        try:
+            with sigterm_interrupts():  # a `kill` of the driver stops the run like Ctrl-C
+                return self._fit()
+        except KeyboardInterrupt as exc:
+            # The user pressed Ctrl-C: show where their program was, not phalanx's internals
+            # (the workers are stopped and a line said how to resume).
+            raise exc.with_traceback(None) from None
+
+    def _fit(self) -> Result:
         run_config = self.run_config
         name = run_config.name or default_run_name()
         engine = resolve_engine(self.scaling_config)

@@ -23,7 +23,8 @@ from functools import partial
 from typing import Any
 
 from phalanx._internal.controller.attempt import Attempt
-from phalanx._internal.controller.failure_policy import FailureDecision, FailurePolicy
+from phalanx._internal.controller.failure_policy import FailureDecision, FailurePolicy, retry_line
+from phalanx._internal.controller.interrupt import resume_hint
 from phalanx._internal.controller.outcome import (
     failure_error,
     outcome_name,
@@ -50,8 +51,9 @@ from phalanx.errors import (
     StorageError,
     TrainingFailedError,
     WorkerGroupError,
+    WorkerStartupError,
 )
-from phalanx.result import Result
+from phalanx.result import Result, attempt_errors
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +140,8 @@ class Controller:
         except BaseException as exc:  # Ctrl-C, a callback, storage: stop every worker first
             self._teardown(graceful=False)
             _quietly("record the end of the attempt", partial(self._end_attempt, exc))
+            if isinstance(exc, KeyboardInterrupt):
+                logger.warning(self._resume_hint())
             raise
         finally:
             self.engine.close()
@@ -196,6 +200,8 @@ class Controller:
             self._prepare_workers(group)
         except WorkerGroupError as exc:
             attempt.failures = exc.worker_failures
+            if isinstance(exc, WorkerStartupError):  # its message says why nothing started
+                attempt.error = exc
             return State.FAILED
         self.engine.set_event_pump(self._pump_events)
         in_process = self.engine.in_process
@@ -355,7 +361,8 @@ class Controller:
         timeout = self.failure_config.hang_timeout_s or 0.0
         stacks = attempt.group.collect_stacks()
         pids = {w.world_rank: w.metadata.pid for w in attempt.group.workers}
-        attempt.error = hang_error(hung, stacks, timeout, pids)
+        idle = attempt.watchdog.idle_s()
+        attempt.error = hang_error(hung, stacks, timeout, pids, idle)
         attempt.failures = attempt.error.worker_failures
 
     def _commit_complete_rounds(self, attempt: Attempt, finished: set[int]) -> None:
@@ -424,14 +431,13 @@ class Controller:
         if self.error is None:
             preempted = attempt.only_preempted()
             if self.policy.decide(preempted) is FailureDecision.RETRY:
-                logger.warning(
-                    "Attempt %d %s; restarting from the latest checkpoint (%s).",
-                    attempt.number,
-                    "was preempted" if preempted else "failed",
-                    self.manager.latest_checkpoint,
-                )
+                ran_for = time.time() - self.manager.attempt_history[-1]["started"]
+                delay = self.policy.backoff_s(preempted, ran_for)
+                logger.warning(self._retry_line(attempt, error, delay, preempted))
+                time.sleep(delay)  # Ctrl-C still stops the run while it waits
                 return State.START
             self.error = error
+        logger.warning(self._retry_line(attempt, error, None, attempt.only_preempted()))
         return State.ERRORED
 
     def _drain_failed_attempt(self, attempt: Attempt) -> None:
@@ -443,6 +449,26 @@ class Controller:
         if attempt.train_futures:
             self._commit_complete_rounds(attempt, attempt.finished_ranks())
         self.history.flush()
+
+    def _retry_line(
+        self, attempt: Attempt, error: BaseException, delay: float | None, preempted: bool
+    ) -> str:
+        latest = self.manager.latest_checkpoint or self.spec.resume_from_checkpoint
+        where = latest.path.rstrip("/").rsplit("/", 1)[-1] if latest is not None else None
+        return retry_line(
+            attempt.number,
+            error,
+            self.policy.budget(preempted),
+            None if delay is None else (where, delay),
+        )
+
+    def _resume_hint(self) -> str:
+        return resume_hint(
+            len(self.manager.checkpoints),
+            self.manager.latest_checkpoint,
+            self.storage.run_uri,
+            self.spec.run_name,
+        )
 
     # -- the end --------------------------------------------------------------------------------
 
@@ -497,6 +523,7 @@ class Controller:
             best_checkpoints=self.manager.best_checkpoints(),
             return_value=self.return_value,
             attempts=self.manager.attempts,
+            attempt_errors=attempt_errors(self.manager.attempt_history),
             _storage=self.storage,
         )
         if result.error is not None:

@@ -24,6 +24,11 @@ class ProgressWatchdog:
     def progress(self, rank: int) -> None:
         self._last[rank] = time.monotonic()
 
+    def idle_s(self) -> dict[int, float]:
+        """Seconds since each rank's last progress."""
+        now = time.monotonic()
+        return {rank: now - last for rank, last in enumerate(self._last)}
+
     def hung_ranks(self, finished: set[int]) -> list[int]:
         if self.timeout_s is None:
             return []
@@ -35,10 +40,19 @@ class ProgressWatchdog:
         ]
 
 
+# A frame from one of these files means the rank waits for the others in a collective.
+COLLECTIVE_FILES = ("torch/distributed/", "xgboost/collective")
+IDLE_MARGIN_S = 1.0  # ranks idle this much longer than the rest stopped first
+
+
+def _training_block(stack: str) -> str:
+    blocks = stack.split("\n\n") if "\n\n" in stack else [stack]
+    return next((b for b in blocks if "run_train_fn" in b), stack)
+
+
 def innermost_user_frame(stack: str) -> str:
     """The frame where the training thread is, from a faulthandler or traceback dump."""
-    blocks = stack.split("\n\n") if "\n\n" in stack else [stack]
-    block = next((b for b in blocks if "run_train_fn" in b), stack)
+    block = _training_block(stack)
     frames = [line.strip() for line in block.splitlines() if line.strip().startswith("File ")]
     if not frames:
         return "(no Python stack)"
@@ -46,22 +60,61 @@ def innermost_user_frame(stack: str) -> str:
     return frames[0] if most_recent_first else frames[-1]
 
 
-def roll_call(stacks: dict[int, str]) -> str:
-    """Group ranks by the frame they are in; the smallest group is the likely culprit."""
+def in_collective(stack: str) -> bool:
+    """Whether the training thread waits in a collective (torch.distributed, ...)."""
+    block = _training_block(stack)
+    return any(
+        line.strip().startswith("File ") and any(f in line for f in COLLECTIVE_FILES)
+        for line in block.splitlines()
+    )
+
+
+def stopped_ranks(stacks: dict[int, str], idle_s: dict[int, float]) -> tuple[list[int], str]:
+    """The ranks that stopped the others, and why we think so ([] when none stands out).
+
+    A rank outside a collective while others wait in one is the one they wait for; else the
+    ranks whose last report is clearly the oldest; else the one frame fewer ranks share."""
+    waiting = sorted(r for r, stack in stacks.items() if in_collective(stack))
+    if waiting and len(waiting) < len(stacks):
+        label = ", ".join(map(str, waiting))
+        return sorted(set(stacks) - set(waiting)), f"Rank {label} wait in a collective for it."
+    idle = {r: idle_s[r] for r in stacks if r in idle_s}
+    if idle:
+        oldest = max(idle.values())
+        first = sorted(r for r, s in idle.items() if s > oldest - IDLE_MARGIN_S)
+        if len(first) < len(idle):
+            return first, f"Its last progress is the oldest ({oldest:.1f} s ago)."
+    groups: dict[str, list[int]] = {}
+    for rank, stack in sorted(stacks.items()):
+        groups.setdefault(innermost_user_frame(stack), []).append(rank)
+    sizes = sorted(len(g) for g in groups.values())
+    if len(sizes) > 1 and sizes[0] < sizes[1]:
+        return min(groups.values(), key=len), "Fewer ranks are there than anywhere else."
+    return [], ""
+
+
+def roll_call(stacks: dict[int, str], idle_s: dict[int, float] | None = None) -> str:
+    """Group ranks by the frame they are in, and name the rank(s) that stopped."""
     groups: dict[str, list[int]] = {}
     for rank, stack in sorted(stacks.items()):
         groups.setdefault(innermost_user_frame(stack), []).append(rank)
     lines = []
     for frame, ranks in sorted(groups.items(), key=lambda item: len(item[1])):
         lines.append(f"  [rank {', '.join(map(str, ranks))}] {frame}")
-    if len(groups) > 1:
-        odd = min(groups.values(), key=len)
-        lines.append(f"  -> rank {', '.join(map(str, odd))} is not where the others are.")
+    odd, why = stopped_ranks(stacks, idle_s or {})
+    if odd and len(groups) > 1:
+        lines.append(f"  -> rank {', '.join(map(str, odd))} is not where the others are. {why}")
+    elif odd:
+        lines.append(f"  -> rank {', '.join(map(str, odd))} stopped first. {why}")
     return "\n".join(lines)
 
 
 def hang_error(
-    hung: list[int], stacks: dict[int, str], timeout_s: float, pids: dict[int, int | None]
+    hung: list[int],
+    stacks: dict[int, str],
+    timeout_s: float,
+    pids: dict[int, int | None],
+    idle_s: dict[int, float] | None = None,
 ) -> HangError:
     failures = {
         rank: WorkerFailure(
@@ -79,7 +132,7 @@ def hang_error(
         f"Rank(s) {', '.join(map(str, hung))} made no progress (no report(), no return) for "
         f"{timeout_s:g} s (FailureConfig.hang_timeout_s).",
         "Where each rank is:",
-        roll_call(stacks) if stacks else "  (stacks unavailable on this engine)",
+        roll_call(stacks, idle_s) if stacks else "  (stacks unavailable on this engine)",
         "HINT: a rank that skipped a collective or a report() stalls the others; if a step can "
         "legitimately take longer, raise hang_timeout_s.",
     ]

@@ -11,7 +11,10 @@ Life and death:
 - when the server ends for any reason it SIGKILLs every worker's process group; workers
   also carry a parent-death signal, so none can outlive it;
 - each worker is the leader of its own process group, so a terminal's Ctrl-C reaches only the
-  driver, and killing a worker's group also kills what the worker started (data loaders, ...).
+  driver, and killing a worker's group also kills what the worker started (data loaders, ...);
+- the server is a child subreaper: whatever a worker started that leaves its process group
+  (``setsid``, ``start_new_session=True``) or outlives it stays a descendant of the server, where
+  the engine finds and kills it at the end of every attempt.
 
 Protocol on a SOCK_SEQPACKET socket pair (message boundaries kept, file descriptors passed with
 SCM_RIGHTS): driver -> server ``("spawn", index, env)`` + 4 fds (control socket, stdout, stderr,
@@ -36,24 +39,39 @@ from phalanx._internal.engines.fork_safety import release_openmp_threads
 
 _MAX_MESSAGE = 1 << 16
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent dies (Linux only)."""
+    _prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants of this process are re-parented to it, not to init (Linux only)."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _prctl(option: int, value: int) -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        libc.prctl(option, value, 0, 0, 0)
     except (OSError, AttributeError):  # pragma: no cover - non-glibc systems
         pass
 
 
 class ForkServer:
-    """Driver-side handle of the fork server. ``on_exit(pid, returncode)`` is called from a thread."""
+    """Driver-side handle of the fork server. ``on_exit(pid, returncode)`` is called from a thread,
+    and ``on_death()`` if the server dies before ``stop()``."""
 
-    def __init__(self, on_exit: Callable[[int, int], None]) -> None:
+    def __init__(
+        self, on_exit: Callable[[int, int], None], on_death: Callable[[], None] = lambda: None
+    ) -> None:
         self._on_exit = on_exit
+        self._on_death = on_death
+        self._stopping = False
         self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -88,19 +106,27 @@ class ForkServer:
             self._sock.send(pickle.dumps(("preload", modules)))
 
     def _read(self) -> None:
-        while True:
-            try:
+        try:
+            while True:
                 data = self._sock.recv(_MAX_MESSAGE)
-            except OSError:
-                return
-            if not data:
-                return
-            kind, pid, returncode = pickle.loads(data)
-            if kind == "exited":
-                self._on_exit(pid, returncode)
+                if not data:
+                    return
+                kind, pid, returncode = pickle.loads(data)
+                if kind == "exited":
+                    self._on_exit(pid, returncode)
+        except OSError:
+            return
+        finally:
+            if not self._stopping:  # the server died: workers waiting to start never will
+                self._on_death()
+
+    @property
+    def alive(self) -> bool:
+        return self._reader.is_alive()
 
     def stop(self, timeout_s: float = 0.2) -> None:
         """Stop the server (it kills any worker still running) and reap it."""
+        self._stopping = True
         try:
             with self._lock:
                 self._sock.send(pickle.dumps(("stop",)))
@@ -136,6 +162,7 @@ def _wait_pid(pid: int, timeout_s: float) -> None:
 
 def _serve(sock: socket.socket) -> None:
     set_parent_death_signal()
+    become_subreaper()
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     wake_r, wake_w = os.pipe()
@@ -166,13 +193,16 @@ def _serve(sock: socket.socket) -> None:
 
 
 def _reap(sock: socket.socket, children: set[int]) -> None:
-    while children:
+    """Reap every child: workers (reported to the driver) and orphans re-parented to us."""
+    while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        if pid not in children:
+            continue
         children.discard(pid)
         try:
             sock.send(pickle.dumps(("exited", pid, os.waitstatus_to_exitcode(status))))

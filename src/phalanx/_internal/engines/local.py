@@ -27,11 +27,18 @@ import cloudpickle
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.forkserver import ForkServer
 from phalanx._internal.engines.output_pump import OutputPump
+from phalanx._internal.engines.process_tree import kill_descendants
 from phalanx._internal.engines.resources import check_local_resources, local_gpu_ids
 from phalanx._internal.env import NOTICE_FILE_VAR
-from phalanx._internal.worker.runtime import RemoteCallError, RemoteException
+from phalanx._internal.worker.runtime import RemoteCallError, RemoteException, undecodable_error
 from phalanx.config import ScalingConfig
-from phalanx.errors import ControllerError
+from phalanx.errors import WorkerStartupError
+
+START_HINT = (
+    "check the driver's stderr above for the cause (out of memory, a crash while forking); "
+    "raise PHALANX_WORKER_START_TIMEOUT_S if starting is only slow. The attempt is retried "
+    "under FailureConfig(max_failures=...)."
+)
 
 Events = queue.Queue[tuple[int, tuple[Any, ...]]]
 
@@ -48,9 +55,13 @@ class LocalWorkerHandle(WorkerHandle):
         self.stack_file = tempfile.TemporaryFile()  # the worker's faulthandler writes here
         self.returncode: int | None = None
         self.hello = Future[tuple[int, str]]()
+        self.broken: RemoteCallError | None = None  # set once a message could not be read
 
     def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
+        if self.broken is not None:
+            future.set_exception(self.broken)
+            return future
         call_id = next(self._ids)
         self._calls[call_id] = future
         payload = cloudpickle.dumps((fn, args, kwargs))
@@ -65,7 +76,9 @@ class LocalWorkerHandle(WorkerHandle):
         kind = message[0]
         if kind == "ret":
             _, call_id, ok, value = message
-            future = self._calls.pop(call_id)
+            future = self._calls.pop(call_id, None)
+            if future is None:  # failed already (see fail())
+                return
             if ok:
                 future.set_result(value)
             else:
@@ -74,6 +87,21 @@ class LocalWorkerHandle(WorkerHandle):
             self.hello.set_result((message[1], message[2]))
         else:
             self._events.put((self.index, message))
+
+    def on_undecodable(self, data: bytes, exc: BaseException) -> None:
+        """A message from this worker cannot be unpickled (called from the pump thread)."""
+        self.fail(undecodable_error(self.rank, data, exc))
+
+    def fail(self, error: RemoteCallError) -> None:
+        """Fail every call in flight (and every later one): the driver cannot follow this worker
+        any more, and a lost report or return value must not leave fit() waiting forever."""
+        self.broken = error
+        calls, self._calls = self._calls, {}
+        for future in calls.values():
+            if not future.done():
+                future.set_exception(error)
+        if not self.hello.done():
+            self.hello.set_exception(ConnectionError(error.remote.message))
 
     def on_disconnect(self) -> None:
         error = ConnectionError(f"worker {self.index} (pid {self.metadata.pid}) disconnected")
@@ -106,8 +134,9 @@ class LocalWorkerHandle(WorkerHandle):
                 pass
 
     def _signal(self, sig: int) -> None:
+        # Also after the worker exited: what it started in its process group outlives it.
         pid = self.metadata.pid
-        if pid is None or self.returncode is not None:
+        if pid is None:
             return
         try:
             os.killpg(pid, sig)
@@ -133,26 +162,82 @@ class LocalProcessEngine(Engine):
         self._early_exits: dict[int, int] = {}
         self._notice_dir: str | None = None
         self._preloaded: set[str] = set()
+        self._starting: list[LocalWorkerHandle] = []
 
     def check(self, scaling_config: ScalingConfig) -> None:
         check_local_resources(scaling_config)
 
     def launch(self, spec: WorkerGroupSpec, events: Events) -> list[WorkerHandle]:
-        if self._server is None:
-            self._server = ForkServer(on_exit=self._on_exit)
-            self._pump = OutputPump()
-            self._notice_dir = tempfile.mkdtemp(prefix="phalanx-notice-")
-        assert self._pump is not None
-        gpu_ids = local_gpu_ids(spec.scaling_config)
-        handles: list[LocalWorkerHandle] = []
-        for index in range(spec.num_workers):
-            handles.append(self._spawn(index, spec, events, gpu_ids[index]))
-        self._await_hellos(handles, spec, gpu_ids)
-        wanted = tuple(m for m in spec.preload_modules if m not in self._preloaded)
-        if wanted:  # the server is idle while these workers run: import for the next ones
-            self._server.preload(wanted)
-            self._preloaded.update(wanted)
+        """Start the workers; any failure to do so is a :class:`WorkerStartupError` (retried by
+        the failure policy), after everything this launch started is gone."""
+        self._starting = []
+        try:
+            self._start_server()
+            gpu_ids = local_gpu_ids(spec.scaling_config)
+            for index in range(spec.num_workers):
+                self._starting.append(self._spawn(index, spec, events, gpu_ids[index]))
+            self._await_hellos(self._starting, spec, gpu_ids)
+        except BaseException as exc:
+            self._abort_launch()
+            if isinstance(exc, WorkerStartupError) or not isinstance(exc, Exception):
+                raise
+            why = f"the fork server failed: {type(exc).__name__}: {exc}"
+            raise WorkerStartupError.of(list(range(spec.num_workers)), why, START_HINT) from exc
+        handles, self._starting = self._starting, []
+        self._preload(spec.preload_modules)
         return list(handles)
+
+    def _start_server(self) -> None:
+        if self._server is not None and not self._server.alive:
+            raise ConnectionError(f"it died (pid {self._server.pid}) after the last attempt")
+        if self._server is None:
+            self._server = ForkServer(on_exit=self._on_exit, on_death=self._on_server_death)
+        if self._pump is not None and not self._pump.alive:
+            self._pump.stop()
+            self._pump = None
+        if self._pump is None:
+            self._pump = OutputPump()
+        if self._notice_dir is None:
+            self._notice_dir = tempfile.mkdtemp(prefix="phalanx-notice-")
+
+    def _preload(self, modules: tuple[str, ...]) -> None:
+        wanted = tuple(m for m in modules if m not in self._preloaded)
+        if wanted and self._server is not None:
+            # The server is idle while these workers run: import for the next ones.
+            try:
+                self._server.preload(wanted)
+            except OSError:  # the server died; the next launch starts another one
+                return
+            self._preloaded.update(wanted)
+
+    def _on_server_death(self) -> None:
+        """The fork server died (pump thread): workers not started yet never will be."""
+        error = ConnectionError("the fork server died before the worker started")
+        for handle in list(self._starting):
+            if not handle.hello.done():
+                handle.hello.set_exception(error)
+
+    def _abort_launch(self) -> None:
+        """Undo a failed launch: its workers, and the fork server, which may be the cause (the
+        next launch forks a new one)."""
+        started, self._starting = self._starting, []
+        for handle in started:
+            handle.kill(force=True)
+        self._stop_server()
+        if self._pump is not None:
+            for handle in started:
+                self._pump.remove_worker(handle, timeout_s=0.2)
+                handle.stack_file.close()
+        for handle in started:
+            if handle.metadata.pid is not None:
+                self._by_pid.pop(handle.metadata.pid, None)
+        self._preloaded.clear()
+
+    def _stop_server(self) -> None:
+        if self._server is not None:
+            kill_descendants(self._server.pid)
+            self._server.stop()
+            self._server = None
 
     def _spawn(
         self, index: int, spec: WorkerGroupSpec, events: Events, gpu_ids: tuple[int, ...]
@@ -185,10 +270,9 @@ class LocalProcessEngine(Engine):
             try:
                 pid, host = handle.hello.result(timeout=max(0.0, deadline - time.monotonic()))
             except Exception as exc:
-                raise ControllerError(
-                    f"Worker {handle.index} did not start within {spec.start_timeout_s:.0f} s "
-                    f"({exc!r})."
-                ) from exc
+                late = [h.index for h in handles if not h.hello.done() or h.hello.exception()]
+                why = f"no hello within {spec.start_timeout_s:g} s ({exc!r})"
+                raise WorkerStartupError.of(late, why, START_HINT) from exc
             handle.metadata = WorkerMetadata(host, "local", pid, gpu_ids[handle.index])
             self._by_pid[pid] = handle
             if pid in self._early_exits:
@@ -214,6 +298,9 @@ class LocalProcessEngine(Engine):
         for handle in local:
             handle.kill(force=True)
         _wait_until(lambda: not any(h.is_alive() for h in local), 5.0)
+        if self._server is not None:  # what the workers started outside their process groups
+            others = {p for p, h in self._by_pid.items() if h not in local and h.is_alive()}
+            kill_descendants(self._server.pid, frozenset(others))
         assert self._pump is not None
         for handle in local:
             self._pump.remove_worker(handle)
@@ -260,9 +347,7 @@ class LocalProcessEngine(Engine):
         if self._notice_dir is not None:
             shutil.rmtree(self._notice_dir, ignore_errors=True)
             self._notice_dir = None
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        self._stop_server()
         if self._pump is not None:
             self._pump.stop()
             self._pump = None

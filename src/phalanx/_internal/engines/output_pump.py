@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from phalanx._internal.worker.runtime import RemoteCallError, RemoteException
+
 if TYPE_CHECKING:
     from phalanx._internal.engines.local import LocalWorkerHandle
 
@@ -50,6 +52,18 @@ class RankOutput:
     def close(self) -> None:
         for f in self._files.values():
             f.close()
+
+
+def reader_error(rank: int, exc: BaseException) -> RemoteCallError:
+    """The failure of a worker whose messages the driver's reader thread could not handle."""
+    return RemoteCallError(
+        RemoteException(
+            "ReaderError",
+            f"the driver could not read the messages of rank {rank}: {type(exc).__name__}: {exc}",
+            "",
+            None,
+        )
+    )
 
 
 class OutputPump:
@@ -106,6 +120,10 @@ class OutputPump:
 
         self._call_soon(unregister)
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         self._stopping = True
         os.write(self._wake_w, b"x")
@@ -125,29 +143,52 @@ class OutputPump:
     # -- the pump thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while not self._stopping:
-            for key, _ in self._selector.select(timeout=1.0):
-                if key.data is None:
-                    os.read(self._wake_r, 4096)
-                    continue
-                kind, handle, state = key.data
+        try:
+            while not self._stopping:
+                self._run_once()
+        except BaseException as exc:  # nothing may leave fit() waiting for a dead reader
+            self._on_death(exc)
+            raise
+
+    def _run_once(self) -> None:
+        for key, _ in self._selector.select(timeout=1.0):
+            if key.data is None:
+                os.read(self._wake_r, 4096)
+                continue
+            kind, handle, state = key.data
+            try:
                 if kind == "conn":
                     self._read_conn(key.fd, handle, state)
                 else:
                     self._read_output(key.fd, kind, handle, state)
-            with self._lock:
-                pending, self._pending = self._pending, []
-            for fn in pending:
-                fn()
+            except Exception as exc:  # one worker's problem fails that worker, not the pump
+                handle.fail(reader_error(handle.rank, exc))
+                if kind != "conn":  # or a broken output stream would spin here
+                    self._close_fd(key.fd)
+                    self._mark_closed(handle.index, key.fd)
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for fn in pending:
+            fn()
+
+    def _on_death(self, exc: BaseException) -> None:
+        for key in list(self._selector.get_map().values()):
+            if key.data is not None:
+                key.data[1].fail(reader_error(key.data[1].rank, exc))
 
     def _read_conn(self, fd: int, handle: LocalWorkerHandle, output: RankOutput) -> None:
         try:
-            message: Any = pickle.loads(handle._conn.recv_bytes())
+            data = handle._conn.recv_bytes()
         except (EOFError, OSError):
             handle.on_disconnect()
             self._selector.unregister(fd)
             handle._conn.close()
             self._mark_closed(handle.index, fd)
+            return
+        try:
+            message: Any = pickle.loads(data)
+        except Exception as exc:
+            handle.on_undecodable(data, exc)
             return
         handle.on_message(message)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import pickletools
 import threading
 import traceback
 from dataclasses import dataclass
@@ -67,6 +68,57 @@ class RemoteCallError(Exception):
     def __init__(self, remote: RemoteException) -> None:
         super().__init__(f"{remote.type_name}: {remote.message}")
         self.remote = remote
+
+
+UNDECODABLE = "UndecodableMessage"
+_PLUMBING = ("builtins.", "copyreg.", "_codecs.", "cloudpickle.", "phalanx.")
+
+
+def undecodable_error(rank: int, data: bytes, exc: BaseException) -> RemoteCallError:
+    """The failure of a worker whose message the driver cannot unpickle: which message, the
+    types it holds and the unpickling error. The attempt cannot go on (a report or a return
+    value would be lost), so every call in flight on that worker fails with it."""
+    kind, types = _pickle_contents(data)
+    holds = f" (it holds {', '.join(types)})" if types else ""
+    message = (
+        f"rank {rank} sent a {kind or 'message'!r} message that the driver cannot load{holds}: "
+        f"{type(exc).__name__}: {exc}\nHINT: metrics, return values and exceptions must unpickle "
+        "on the driver: an exception class whose __init__ takes other arguments than it passes "
+        "to Exception.__init__, or a class from a module only the workers have, cannot. Return "
+        "or report plain values (numbers, strings, dicts), or define __reduce__."
+    )
+    return RemoteCallError(RemoteException(UNDECODABLE, message, "", None))
+
+
+def _pickle_contents(data: bytes) -> tuple[str | None, list[str]]:
+    """The first string of a pickled message (its kind) and the classes it refers to."""
+    kind: str | None = None
+    names: list[str] = []
+    strings: list[str] = []
+    memo: list[object] = []
+    last: object = None
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if isinstance(arg, str) and "UNICODE" in op.name:
+                kind = kind if kind is not None else arg
+                last = arg
+                strings.append(arg)
+            elif op.name == "MEMOIZE":
+                memo.append(last)
+            elif op.name in ("BINGET", "LONG_BINGET") and isinstance(arg, int) and arg < len(memo):
+                last = memo[arg]
+                if isinstance(last, str):
+                    strings.append(last)
+            elif op.name == "GLOBAL" and isinstance(arg, str):
+                names.append(arg.replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                names.append(f"{strings[-2]}.{strings[-1]}")
+            else:
+                last = None
+    except Exception:  # a truncated or foreign pickle: say what was found so far
+        pass
+    found = [n for n in dict.fromkeys(names) if not n.startswith(_PLUMBING)]
+    return kind, found[:5]
 
 
 def capture_exception(exc: BaseException) -> RemoteException:

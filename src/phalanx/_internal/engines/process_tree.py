@@ -1,0 +1,79 @@
+"""Find and kill every descendant of a process, from ``/proc`` (Linux; elsewhere a no-op).
+
+What a training function starts must not outlive its attempt, wherever it went: its own process
+group (killed with the worker's group), a new session (``setsid``, ``start_new_session=True``),
+or an orphan re-parented to a subreaper (the fork server, a Ray actor). The engines call
+:func:`kill_descendants` on the process whose tree the workers live in.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+_PROC = "/proc"
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every live (not zombie) process."""
+    parents: dict[int, int] = {}
+    try:
+        entries = os.listdir(_PROC)
+    except OSError:
+        return parents
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{_PROC}/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()  # the name may hold spaces and ')'
+        if len(fields) > 1 and fields[0] != b"Z":
+            parents[int(entry)] = int(fields[1])
+    return parents
+
+
+def descendants(root: int) -> list[int]:
+    """Every live descendant of ``root`` (children first)."""
+    return _subtree(_children(), root)
+
+
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for pid, parent in _parents().items():
+        children.setdefault(parent, []).append(pid)
+    return children
+
+
+def _subtree(children: dict[int, list[int]], root: int) -> list[int]:
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        frontier = [c for p in frontier for c in children.get(p, ())]
+        found.extend(frontier)
+    return found
+
+
+def kill_descendants(
+    root: int, keep: frozenset[int] = frozenset(), timeout_s: float = 2.0
+) -> set[int]:
+    """SIGKILL every descendant of ``root`` except ``keep`` (and theirs), until none is left or
+    ``timeout_s`` passed (a process may fork while we kill). Returns the pids killed."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        children = _children()
+        spared = set(keep).union(*(_subtree(children, pid) for pid in keep))
+        targets = [p for p in _subtree(children, root) if p not in spared]
+        if not targets or time.monotonic() > deadline:
+            return killed
+        for pid in targets:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except (ProcessLookupError, PermissionError):
+                continue
+        time.sleep(0.01)
