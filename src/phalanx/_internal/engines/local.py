@@ -211,11 +211,15 @@ class LocalProcessEngine(Engine):
             self._preloaded.update(wanted)
 
     def _on_server_death(self) -> None:
-        """The fork server died (pump thread): workers not started yet never will be."""
+        """The fork server died (its reader thread): workers not started yet never will be."""
         error = ConnectionError("the fork server died before the worker started")
         for handle in list(self._starting):
             if not handle.hello.done():
                 handle.hello.set_exception(error)
+        # Its workers die with it (parent-death signal), and no one reports their exit now.
+        for handle in list(self._by_pid.values()):
+            if handle.returncode is None:
+                handle.on_exit(-signal.SIGKILL)
 
     def _abort_launch(self) -> None:
         """Undo a failed launch: its workers, and the fork server, which may be the cause (the

@@ -38,7 +38,7 @@ from phalanx._internal.engines.ray_resources import (
 )
 from phalanx._internal.storage.run_storage import LOG_DIR, MARKER_FILE
 from phalanx.config import ScalingConfig
-from phalanx.errors import ConfigError, ControllerError, StorageError
+from phalanx.errors import ConfigError, StorageError, WorkerStartupError
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,12 @@ STOP_FLUSH_S = 0.5  # how long a stopping worker gets to send its last output li
 GONE_TIMEOUT_S = 5.0
 
 _RemoteWorker = ray.remote(PhalanxWorker)
+
+START_HINT = (
+    "check the Ray logs of those actors (ray logs, or /tmp/ray/session_latest/logs); raise "
+    "PHALANX_WORKER_START_TIMEOUT_S if starting is only slow. The attempt is retried under "
+    "FailureConfig(max_failures=...)."
+)
 
 
 @dataclass
@@ -128,9 +134,14 @@ class RayEngine(Engine):
             self._wait_for_placement(group, spec, bundle)
             attempt.handles = self._start_actors(group, bundle, spec, events)
             self._await_hellos(attempt.handles, spec)
-        except BaseException:
+        except BaseException as exc:
             self._release(attempt)
-            raise
+            if isinstance(exc, ConfigError | StorageError | WorkerStartupError):
+                raise
+            if not isinstance(exc, Exception):  # Ctrl-C
+                raise
+            why = f"creating the Ray actors failed: {type(exc).__name__}: {exc}"
+            raise WorkerStartupError.of(list(range(spec.num_workers)), why, START_HINT) from exc
         return list(attempt.handles)
 
     def _wait_for_placement(
@@ -185,20 +196,18 @@ class RayEngine(Engine):
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=spec.start_timeout_s)
         late = [h.index for h, ref in zip(handles, refs, strict=True) if ref not in ready]
         if late:
-            raise ControllerError(
-                f"Ray workers {late} did not start within {spec.start_timeout_s:.0f} s (the "
-                "placement group was ready, so the actors were scheduled).\nHINT: check the Ray "
-                "logs of those actors (ray logs, or /tmp/ray/session_latest/logs); raise "
-                "PHALANX_WORKER_START_TIMEOUT_S if starting is only slow."
+            why = (
+                f"no hello within {spec.start_timeout_s:g} s (the placement group was ready, "
+                "so the actors were scheduled)"
             )
+            raise WorkerStartupError.of(late, why, START_HINT)
         problems = {}
         for handle, ref in zip(handles, refs, strict=True):
             try:
                 info = ray.get(ref)
             except RayActorError as exc:
-                raise ControllerError(
-                    f"The Ray actor of worker {handle.index} failed to start: {exc}"
-                ) from exc
+                why = f"the Ray actor failed to start: {exc}"
+                raise WorkerStartupError.of([handle.index], why, START_HINT) from exc
             handle.metadata = WorkerMetadata(
                 info["host"], info["node_id"], info["pid"], info["gpu_ids"]
             )

@@ -22,6 +22,8 @@ import threading
 import traceback
 from typing import Any
 
+from phalanx._internal.engines.forkserver import become_subreaper
+from phalanx._internal.engines.process_tree import kill_descendants
 from phalanx._internal.worker.runtime import capture_exception, dumps, run_call, set_outbox
 
 # Lines Ray's log monitor uses to attribute worker output; they mean nothing to the user.
@@ -170,6 +172,9 @@ class PhalanxWorker:
         self, env: dict[str, str], sys_path: list[str], capture_output: bool = True
     ) -> None:
         os.environ.update(env)
+        # What the training function starts stays our descendant, even after its parent died or
+        # it left for a new session: stop() kills it all before the actor is killed.
+        become_subreaper()
         # The driver's import path, after the worker's own: modules the training function
         # imports by name (the user's project) then load as they would in the local engine.
         sys.path.extend(p for p in sys_path if p not in sys.path)
@@ -199,7 +204,9 @@ class PhalanxWorker:
         return self._buffer.take(wait_s)
 
     def stop(self, flush_timeout_s: float) -> None:
-        """Send the output written so far, then a last ``("closed",)`` message."""
+        """Kill every process the training function started, send the output written so far,
+        then a last ``("closed",)`` message."""
+        kill_descendants(os.getpid())
         if self._output is not None:
             self._output.flush(flush_timeout_s)
         self._buffer.close()

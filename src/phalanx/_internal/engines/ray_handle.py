@@ -24,8 +24,8 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from phalanx._internal.engines.base import WorkerHandle, WorkerMetadata
-from phalanx._internal.engines.output_pump import RankOutput
-from phalanx._internal.worker.runtime import RemoteCallError
+from phalanx._internal.engines.output_pump import RankOutput, reader_error
+from phalanx._internal.worker.runtime import RemoteCallError, undecodable_error
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class RayWorkerHandle(WorkerHandle):
         self._lock = threading.Lock()
         self._output = RankOutput(self, log_dir, attempt)
         self._stopping = False
+        self.broken: RemoteCallError | None = None  # set once a message could not be read
 
     # -- WorkerHandle ---------------------------------------------------------------------------
 
@@ -64,8 +65,8 @@ class RayWorkerHandle(WorkerHandle):
         future: Future[Any] = Future()
         payload = cloudpickle.dumps((fn, args, kwargs))
         with self._lock:
-            if self.death is not None:
-                future.set_exception(RayWorkerDied(self.death))
+            if self.death is not None or self.broken is not None:
+                future.set_exception(self.broken or RayWorkerDied(str(self.death)))
                 return future
             seq = next(self._seq)
             self._calls[seq] = future
@@ -90,12 +91,18 @@ class RayWorkerHandle(WorkerHandle):
     def on_messages(self, batch: list[bytes]) -> None:
         wrote = set()
         for data in batch:
-            message = pickle.loads(data)
+            try:
+                message = pickle.loads(data)
+            except Exception as exc:
+                self.fail(undecodable_error(self.rank, data, exc))
+                continue
             kind = message[0]
             if kind == "ret":
                 _, seq, ok, value = message
                 with self._lock:
-                    future = self._calls.pop(seq)
+                    future = self._calls.pop(seq, None)
+                if future is None:  # failed already (see fail())
+                    continue
                 if ok:
                     future.set_result(value)
                 else:
@@ -111,6 +118,16 @@ class RayWorkerHandle(WorkerHandle):
                 self._events.put((self.index, message))
         for stream in wrote:
             stream.flush()
+
+    def fail(self, error: RemoteCallError) -> None:
+        """Fail every call in flight (and every later one): the driver cannot follow this worker
+        any more, and a lost report or return value must not leave fit() waiting forever."""
+        with self._lock:
+            self.broken = error
+            calls, self._calls = self._calls, {}
+        for future in calls.values():
+            if not future.done():
+                future.set_exception(error)
 
     def on_death(self, why: str) -> None:
         """The actor is gone: fail what is pending, then tell the controller."""
@@ -190,11 +207,21 @@ class DrainPoller:
         while not self._stopping.is_set():
             try:
                 self._poll_once()
-            except BaseException:  # Ray itself went away (ray.shutdown() while fit() ran)
-                if self._stopping.is_set() or not ray.is_initialized():
+            except BaseException as exc:  # Ray itself went away (ray.shutdown() while fit() ran)
+                if self._stopping.is_set():
+                    return
+                if not ray.is_initialized():
+                    self._fail_all(f"Ray shut down while fit() ran ({exc!r})")
                     return
                 logger.exception("The Ray engine's message poller failed; retrying")
                 self._stopping.wait(POLL_S)
+
+    def _fail_all(self, why: str) -> None:
+        """Nothing reads the actors' messages any more: every worker is lost to the driver."""
+        with self._lock:
+            handles, self._inflight = list(self._inflight.values()), {}
+        for handle in handles:
+            handle.on_death(why)
 
     def _poll_once(self) -> None:
         with self._lock:
@@ -234,7 +261,8 @@ class DrainPoller:
         self._unavailable.pop(handle, None)
         try:
             handle.on_messages(batch)
-        except Exception:
+        except Exception as exc:  # a lost message would leave its call waiting forever
             logger.exception("Handling worker %d's messages failed", handle.index)
+            handle.fail(reader_error(handle.rank, exc))
         if not handle.closed.is_set():
             self._submit(handle)
