@@ -6,6 +6,8 @@ The tests shared with the Ray engine are in ``tests/ray/test_never_hang.py``.
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import os
 import re
@@ -201,11 +203,9 @@ def test_unlimited_retries_of_quick_failures_back_off_and_say_so(storage, caplog
     warnings = [r.getMessage() for r in caplog.records if r.name == CONTROLLER_LOG]
     assert [re.search(r" in ([\d.]+) s \(", w).group(1) for w in warnings] == ["0.5", "1", "2"]
     assert all("max_failures=-1 (unlimited)" in w and "doubles up to 30 s" in w for w in warnings)
-    import json
-
     with open(os.path.join(storage, "run", "checkpoint_manager_snapshot.json")) as f:
         starts = [a["started"] for a in json.load(f)["attempts"]]
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert all(gap >= wait for gap, wait in zip(gaps, [0.5, 1.0, 2.0])), gaps
 
 
