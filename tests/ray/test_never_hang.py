@@ -31,8 +31,9 @@ pytestmark = pytest.mark.slow
 ENGINES = ["local", "ray"]
 
 
-@pytest.fixture(params=ENGINES)
+@pytest.fixture(scope="module", params=ENGINES)
 def engine(request):
+    # Module-scoped: Ray starts before the autouse leak check takes its snapshot.
     if request.param == "ray":
         request.getfixturevalue("local_ray")
     return request.param
@@ -164,10 +165,14 @@ def start_processes(config):
         proc.start()
         pids.append(proc.pid)
     rank = train.get_context().get_world_rank()
-    with open(os.path.join(config["dir"], f"pids_{rank}"), "w") as f:
+    tmp = os.path.join(os.path.dirname(config["dir"]), f"pids_{rank}.tmp")
+    with open(tmp, "w") as f:
         f.write(" ".join(map(str, pids)))
+    os.replace(tmp, os.path.join(config["dir"], f"pids_{rank}"))
     train.report({"started": len(pids)})
     if config["fail"]:
+        while len(os.listdir(config["dir"])) < train.get_context().get_world_size():
+            time.sleep(0.01)  # every rank started its processes: now fail the attempt
         raise RuntimeError("fail after starting processes")
 
 
