@@ -153,6 +153,8 @@ def test_roll_call_prefers_the_rank_outside_a_collective_then_the_oldest_report(
 def fails_once_on_rank_1():
     ctx = train.get_context()
     with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, f"rank_{ctx.get_world_rank()}"), "w") as f:
+            f.write("weights")
         train.report({"step": 0}, checkpoint=Checkpoint.from_directory(d))
     if ctx.get_attempt() == 0 and ctx.get_world_rank() == 1:
         raise ValueError("bad batch 7")
@@ -231,6 +233,7 @@ DRIVER = textwrap.dedent(
             pass
         for step in range(10_000):
             with tempfile.TemporaryDirectory() as d:
+                open(os.path.join(d, f"step_{os.getpid()}"), "w").write(str(step))
                 train.report({"step": step}, checkpoint=Checkpoint.from_directory(d))
             time.sleep(0.1)
 
