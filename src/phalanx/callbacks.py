@@ -11,6 +11,16 @@ Example::
             print("loss on each rank:", [m["loss"] for m in metrics])
 
     RunConfig(callbacks=[PrintLoss()])
+
+Experiment trackers need more than Ray's ``after_report`` gives (the round, the attempt, a step
+that never repeats): they override :meth:`Callback.on_report`, a phalanx hook called right after
+``after_report`` with a :class:`ReportInfo`. A separate hook (rather than a new ``after_report``
+argument or a mutable field on the shared run context) keeps every Ray ``UserCallback`` subclass
+working unchanged::
+
+    class PrintStep(phalanx.Callback):
+        def on_report(self, run_context, report):
+            print(report.step, report.training_iteration, report.attempt, report.run_metrics)
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ if TYPE_CHECKING:
     from phalanx.config import RunConfig, ScalingConfig
     from phalanx.result import Result
 
-__all__ = ["Callback", "TrainRunContext", "UserCallback"]
+__all__ = ["Callback", "ReportInfo", "TrainRunContext", "UserCallback"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,31 @@ class TrainRunContext:
     backend_config: BackendConfig
     run_path: str
     run_name: str
+
+
+@dataclass(frozen=True)
+class ReportInfo:
+    """One committed round of reports, as trackers see it.
+
+    ``step`` counts the rounds committed over the run's whole life (1, 2, 3, ...), across retries
+    and resumes: a retry restarts the training function from the latest checkpoint, so its rounds
+    repeat the ``training_iteration`` of rounds the failed attempt had already reported, but never
+    a ``step``. Log against ``step``; ``training_iteration`` is the round's position in the
+    trajectory (what Ray calls it) and ``attempt`` is ``get_context().get_attempt()`` of the
+    workers that reported it (0 for the first attempt of a ``fit()``).
+    """
+
+    step: int
+    training_iteration: int
+    attempt: int
+    metrics: list[dict[str, Any]]
+    checkpoint: Checkpoint | None
+    timestamp: float
+
+    @property
+    def run_metrics(self) -> dict[str, Any]:
+        """The run's metrics for the round: rank 0's (or the lowest rank's that has any)."""
+        return next((m for m in self.metrics if m), self.metrics[0] if self.metrics else {})
 
 
 class Callback:
@@ -54,6 +89,10 @@ class Callback:
         """After every round of reports: ``metrics[r]`` is rank r's dict (``{}`` for a rank whose
         function had returned before that round); ``checkpoint`` is the round's committed
         checkpoint, if any."""
+
+    def on_report(self, run_context: TrainRunContext, report: ReportInfo) -> None:
+        """Right after :meth:`after_report`, with the round's step, iteration and attempt
+        (phalanx only; Ray has no such hook)."""
 
     def after_exception(
         self, run_context: TrainRunContext, worker_exceptions: dict[int, BaseException]

@@ -37,3 +37,8 @@ NOTICE_FILE_VAR = "PHALANX_NOTICE_FILE"
 def notice_file() -> str | None:
     """Where a local worker reads the driver's preemption notice (set by the local engine)."""
     return os.environ.get(NOTICE_FILE_VAR)
+
+
+def set_mlflow_tracking_token(token: str) -> None:
+    """MLflow reads its tracking server's token only from the environment (as Ray sets it)."""
+    os.environ["MLFLOW_TRACKING_TOKEN"] = token

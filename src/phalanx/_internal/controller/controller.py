@@ -31,6 +31,7 @@ from phalanx._internal.controller.outcome import (
     root_exception,
     save_error,
 )
+from phalanx._internal.controller.report_steps import ReportSteps
 from phalanx._internal.controller.rounds import Report, ReportRounds, Round
 from phalanx._internal.controller.validation import Validations
 from phalanx._internal.controller.watchdog import ProgressWatchdog, hang_error
@@ -110,6 +111,7 @@ class Controller:
             storage.run_path,
             spec.run_name,
         )
+        self.steps = ReportSteps(self.history, self.callbacks)
         self.attempt: Attempt | None = None
         self.attempts = 0
         self.error: BaseException | None = None
@@ -403,6 +405,9 @@ class Controller:
             if validation is not None and checkpoint is not None:
                 self.validations.submit(dir_name, checkpoint, validation)
         self._notify("after_report", self.run_context, round_.metrics, checkpoint)
+        self._notify(
+            "on_report", self.run_context, self.steps.info(round_, self.attempts - 1, checkpoint)
+        )
 
     def _checkpoint_files(self) -> dict[str, bytes]:
         """Files phalanx adds to every checkpoint: the fitted preprocessor, if any."""

@@ -1,0 +1,54 @@
+"""The run-wide step handed to ``Callback.on_report``: one per committed round, never repeated.
+
+A retry restarts the training function from the latest checkpoint and a resumed run continues a
+run directory, so ``training_iteration`` can come back to a value a tracker already saw; trackers
+refuse or garble that (W&B drops rows whose step goes backwards, TensorBoard draws zig-zags). The
+step instead counts committed rounds over the run's whole life. It needs no file of its own: every
+committed round is one row of ``metrics.jsonl``, so a resumed run starts from that file's length.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from phalanx._internal.storage.run_storage import HISTORY_FILE
+from phalanx.callbacks import Callback, ReportInfo
+
+if TYPE_CHECKING:
+    from phalanx._internal.controller.rounds import Round
+    from phalanx._internal.storage.history import MetricsHistory
+    from phalanx.checkpoint import Checkpoint
+
+
+class ReportSteps:
+    def __init__(self, history: MetricsHistory, callbacks: list[Callback]) -> None:
+        self.history = history
+        self.last_step = _count_rows(history.storage.read(HISTORY_FILE))
+        # With a tracker watching, a round's history row reaches the disk before the tracker
+        # sees its step, so even a driver killed right after cannot hand that step out again.
+        # Only on local storage: an object store rewrites the whole file on every flush.
+        self._flush_first = history.storage.local and any(_watches(c) for c in callbacks)
+
+    def info(self, round_: Round, attempt: int, checkpoint: Checkpoint | None) -> ReportInfo:
+        self.last_step += 1
+        if self._flush_first:
+            self.history.flush()
+        return ReportInfo(
+            step=self.last_step,
+            training_iteration=round_.index + 1,
+            attempt=attempt,
+            metrics=list(round_.metrics),
+            checkpoint=checkpoint,
+            timestamp=time.time(),
+        )
+
+
+def _count_rows(data: bytes | None) -> int:
+    """Rows of metrics.jsonl, a cut last line included (a gap in steps is harmless, a repeat
+    is not)."""
+    return sum(1 for line in (data or b"").splitlines() if line.strip())
+
+
+def _watches(callback: Any) -> bool:
+    return type(callback).on_report is not Callback.on_report

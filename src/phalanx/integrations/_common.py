@@ -1,0 +1,121 @@
+"""What every tracker callback shares: optional imports, the run's output directory, metrics."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import shutil
+import tempfile
+from numbers import Number
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from phalanx._internal import env
+from phalanx._internal.storage.run_storage import RunStorage
+
+if TYPE_CHECKING:
+    from phalanx.callbacks import TrainRunContext
+
+logger = logging.getLogger(__name__)
+
+
+def require(module: str, extra: str, package: str) -> ModuleType:
+    """Import a tracker's package, or say which phalanx extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"This phalanx integration needs the {package!r} package, which is not installed "
+            f"({exc}).\nHINT: pip install 'phalanx[{extra}]' (or pip install {package}).",
+            name=exc.name,
+        ) from exc
+
+
+def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts become ``outer/inner`` keys, as Ray's loggers write them."""
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}/"))
+        else:
+            flat[name] = value
+    return flat
+
+
+def scalar(value: Any) -> float | None:
+    """A number a tracker can plot (bools, numpy scalars, 0-d tensors too), else None."""
+    if isinstance(value, Number) and not isinstance(value, complex):
+        return float(value)  # type: ignore[arg-type]
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            inner = item()
+        except (TypeError, ValueError, RuntimeError):  # arrays with more than one element
+            return None
+        return scalar(inner) if isinstance(inner, Number) else None
+    return None
+
+
+def scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """The plottable entries of ``metrics`` (flattened); the rest is left to CSV/JSON."""
+    out = {}
+    for key, value in flatten(metrics).items():
+        number = scalar(value)
+        if number is not None:
+            out[key] = number
+    return out
+
+
+def run_storage(run_context: TrainRunContext) -> RunStorage:
+    run_config = run_context.run_config
+    return RunStorage.create(
+        run_config.storage_path or env.default_storage_path(),
+        run_context.run_name,
+        run_config.storage_filesystem,
+    )
+
+
+class OutputDir:
+    """A tracker's files in the run directory.
+
+    On local storage they are written there directly. On remote storage they are written to a
+    private local directory (seeded with what a resumed run already wrote) and uploaded with
+    :meth:`sync` at checkpoints and at the end: trackers write files, object stores cannot append.
+    """
+
+    def __init__(self, run_context: TrainRunContext, relative: str) -> None:
+        self.storage = run_storage(run_context)
+        self.relative = relative
+        if self.storage.local:
+            self._cache = None
+            self.root = self.storage.run_path
+        else:
+            self._cache = tempfile.mkdtemp(prefix=f"phalanx-{run_context.run_name}-")
+            self.root = self._cache
+            remote = self.storage.path(relative)
+            if self.storage.filesystem.exists(remote):
+                self.storage.filesystem.get(remote, self.path, recursive=True)
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.root, self.relative)
+
+    def sync(self) -> None:
+        if self._cache is None or not os.path.exists(self.path):
+            return
+        recursive = os.path.isdir(self.path)
+        self.storage.filesystem.put(
+            self.path.rstrip("/") + ("/" if recursive else ""),
+            self.storage.path(self.relative),
+            recursive=recursive,
+        )
+
+    def close(self) -> None:
+        """Upload, then drop the private copy (never the run directory's files)."""
+        self.sync()
+        if self._cache is not None:
+            shutil.rmtree(self._cache, ignore_errors=True)
+            self._cache = None
