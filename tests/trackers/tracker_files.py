@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import struct
+import time
 from typing import Any
 
 
@@ -65,9 +66,22 @@ def wandb_records(run_dir: str) -> list[Any]:
     return records
 
 
+def wandb_finished_records(run_dir: str, timeout_s: float = 30.0) -> list[Any]:
+    """The records once the run's exit record is written: wandb-core writes the file a moment
+    after ``run.finish()`` returns."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = wandb_records(run_dir)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{run_dir} has no exit record after {timeout_s}s")
+        time.sleep(0.05)
+
+
 def wandb_history(run_dir: str) -> list[dict[str, Any]]:
     rows = []
-    for record in wandb_records(run_dir):
+    for record in wandb_finished_records(run_dir):
         if record.WhichOneof("record_type") == "history":
             row = {
                 item.key or "/".join(item.nested_key): json.loads(item.value_json)
@@ -79,7 +93,7 @@ def wandb_history(run_dir: str) -> list[dict[str, Any]]:
 
 def wandb_config(run_dir: str) -> dict[str, Any]:
     config: dict[str, Any] = {}
-    for record in wandb_records(run_dir):
+    for record in wandb_finished_records(run_dir):
         kind = record.WhichOneof("record_type")
         updates = record.run.config.update if kind == "run" else record.config.update
         if kind in ("run", "config"):
