@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -27,25 +26,6 @@ wandb = pytest.importorskip("wandb")
 pytest.importorskip("sqlalchemy")
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
-
-
-@pytest.fixture(scope="module")
-def tracking_uri(tmp_path_factory):
-    """One SQLite store for the module: creating its tables takes seconds. MLflow's telemetry
-    (which sets an environment variable on first use) is off while this module runs."""
-    root = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{root}/mlflow.db"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-        with contextlib.chdir(root):  # the Default experiment's artifact root is ./mlruns
-            mlflow.tracking.MlflowClient(uri).search_experiments()
-        yield uri
-
-
-@pytest.fixture
-def wandb_service():
-    yield
-    wandb.teardown()  # stop wandb-core, the service process wandb.init started
 
 
 def train_fn(config):
