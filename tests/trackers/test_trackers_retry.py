@@ -2,8 +2,8 @@
 
 The retry restarts from the latest checkpoint, so it re-runs epochs the failed attempt had already
 reported; the resumed fit() continues the run directory. Trackers log against the run-wide step,
-so none of them ever sees a step twice, and TensorBoard's reader (which purges points whose step
-goes backwards) keeps every point.
+so none of them ever sees a step twice (W&B would drop a row whose step went backwards, and
+TensorBoard would draw the curve back over itself).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def test_steps_never_repeat_across_a_retry_and_a_resume(
     assert [(int(r["step"]), int(r["epoch"])) for r in csv] == expected
 
     scalars = tensorboard_scalars(os.path.join(run, "tensorboard"))
-    assert [(s, int(v)) for s, v in scalars["epoch"]] == expected  # nothing purged
+    assert [(s, int(v)) for s, v in scalars["epoch"]] == expected
 
     client = mlflow.tracking.MlflowClient(tracking_uri)
     (mlrun,) = client.search_runs([client.get_experiment_by_name("retry").experiment_id])

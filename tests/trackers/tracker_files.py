@@ -12,8 +12,7 @@ from typing import Any
 
 
 def tensorboard_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series, read by TensorBoard's own event reader (which would purge points whose
-    step went backwards: a repeated step shows up here as lost points)."""
+    """Every scalar series, in file order, read by TensorBoard's own event reader."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(logdir, size_guidance={"scalars": 0})
