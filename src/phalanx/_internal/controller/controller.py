@@ -111,7 +111,7 @@ class Controller:
             storage.run_path,
             spec.run_name,
         )
-        self.steps = ReportSteps(self.history, self.callbacks)
+        self.report_steps = ReportSteps(self.history, self.callbacks)
         self.attempt: Attempt | None = None
         self.attempts = 0
         self.error: BaseException | None = None
@@ -406,7 +406,9 @@ class Controller:
                 self.validations.submit(dir_name, checkpoint, validation)
         self._notify("after_report", self.run_context, round_.metrics, checkpoint)
         self._notify(
-            "on_report", self.run_context, self.steps.info(round_, self.attempts - 1, checkpoint)
+            "on_report",
+            self.run_context,
+            self.report_steps.info(round_, self.attempts - 1, checkpoint),
         )
 
     def _checkpoint_files(self) -> dict[str, bytes]:
