@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 import pytest
-from tracker_files import csv_rows, json_rows, tensorboard_scalars
+from tracker_files import csv_rows, import_tensorboard_reader, json_rows, tensorboard_scalars
 
 import phalanx as train
 from phalanx import Callback, Checkpoint, DataParallelTrainer, RunConfig, ScalingConfig
@@ -19,6 +19,7 @@ from phalanx.integrations import CSVLoggerCallback, JsonLoggerCallback, TBXLogge
 # tensorboardX sets CRC32C_SW_MODE in os.environ when imported: import it before the no_leaks
 # fixture takes its snapshot (the package's own side effect, not phalanx's)
 pytest.importorskip("tensorboardX")
+import_tensorboard_reader()
 
 
 def train_fn(config):

@@ -16,6 +16,7 @@ import time
 import pytest
 from tracker_files import (
     csv_rows,
+    import_tensorboard_reader,
     json_rows,
     tensorboard_scalars,
     wandb_history,
@@ -35,6 +36,7 @@ from phalanx.integrations import (
 mlflow = pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
 pytest.importorskip("tensorboardX")
+import_tensorboard_reader()
 
 pytestmark = [
     pytest.mark.slow,

@@ -11,6 +11,17 @@ import time
 from typing import Any
 
 
+def import_tensorboard_reader() -> None:
+    """Import TensorBoard's reader now, in full: it imports TensorFlow lazily when TensorFlow is
+    installed, and TensorFlow sets environment variables (no_leaks would blame the test)."""
+    import pytest
+
+    pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    from tensorboard.compat import tf
+
+    getattr(tf, "__version__", None)
+
+
 def tensorboard_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     """Every scalar series, in file order, read by TensorBoard's own event reader."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
