@@ -187,3 +187,14 @@ def test_torch_batches_cross_row_groups_and_keep_every_column(tmp_path):
     assert sorted(ids.tolist()) == list(range(n)) and ids.tolist() != list(range(n))
     for b in shuffled:  # rows stay whole through the shuffle
         assert torch.equal(b["g"], b["id"].float()) and torch.equal(b["image"][:, 0, 0], b["g"] * 4)
+
+
+def test_an_iter_result_is_reiterable_each_pass_one_epoch_as_in_ray(shard):
+    """Lightning is given ``iter_torch_batches()`` once and loops over it every epoch."""
+    batches = shard.iter_torch_batches(batch_size=32, local_shuffle_buffer_size=50)
+    passes = [torch.cat([b["id"] for b in batches]) for _ in range(3)]
+    for ids in passes:
+        assert sorted(ids.tolist()) == list(range(N))
+    assert not torch.equal(passes[0], passes[1])  # a new (shuffled) epoch each pass
+    first = next(shard.iter_batches(batch_size=30))  # next() reads the first pass
+    assert first["id"].tolist() == list(range(30))

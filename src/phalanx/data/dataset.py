@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from phalanx.data.files import file_source
-from phalanx.data.iterator import Assignment, DataIterator
+from phalanx.data.iterator import Assignment, DataIterator, Passes
 from phalanx.data.plan import pieces_in_range, rank_range
 from phalanx.data.source import Source, TableSource
 
@@ -100,7 +100,7 @@ class Dataset:
         drop_last: bool = False,
         local_shuffle_buffer_size: int | None = None,
         local_shuffle_seed: int | None = None,
-    ) -> Iterator[Any]:
+    ) -> Passes:
         """Batches over every row: a dict of numpy arrays (``"default"``/``"numpy"``), a
         pandas DataFrame (``"pandas"``) or a pyarrow Table (``"pyarrow"``)."""
         return self.iterator().iter_batches(
@@ -112,7 +112,7 @@ class Dataset:
             local_shuffle_seed=local_shuffle_seed,
         )
 
-    def iter_torch_batches(self, **kwargs: Any) -> Iterator[Any]:
+    def iter_torch_batches(self, **kwargs: Any) -> Passes:
         return self.iterator().iter_torch_batches(**kwargs)
 
     def iter_rows(self) -> Iterator[dict[str, Any]]:
@@ -120,11 +120,11 @@ class Dataset:
 
     def take_batch(self, batch_size: int = 20, *, batch_format: str | None = "default") -> Any:
         """The first ``batch_size`` rows as one batch."""
-        batches = self.iter_batches(
-            batch_size=batch_size, batch_format=batch_format, prefetch_batches=0
+        batches = iter(
+            self.iter_batches(batch_size=batch_size, batch_format=batch_format, prefetch_batches=0)
         )
         try:
-            return next(iter(batches))
+            return next(batches)
         except StopIteration:
             raise ValueError("take_batch: the dataset has no rows.") from None
         finally:

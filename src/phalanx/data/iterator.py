@@ -1,4 +1,5 @@
-"""DataIterator: one worker's shard of a dataset; every ``iter_*`` call is one epoch over it."""
+"""DataIterator: one worker's shard of a dataset; every pass over an ``iter_*`` result is one
+epoch over it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from phalanx.data.plan import Piece, epoch_order, pieces_in_range, rank_range
 from phalanx.data.prefetch import prefetched
 from phalanx.data.source import Source, TableSource
 
-__all__ = ["DataIterator"]
+__all__ = ["DataIterator", "Passes"]
 
 READ_BYTES = 8 << 20
 """About this many bytes of rows are read from storage at a time (more when a batch is larger)."""
@@ -48,10 +49,34 @@ class Assignment:
         return stop - start
 
 
+class Passes:
+    """The batches of a shard, as Ray's ``iter_batches`` returns them: an iterable whose every
+    pass (``for``, ``iter()``) is a new epoch. A framework given it once (Lightning's
+    ``train_dataloaders``) gets every epoch's rows, not an exhausted generator from epoch 2 on.
+
+    ``next()`` on it also works and reads its first pass (phalanx's ``iter_*`` returned a
+    generator before; ``next(shard.iter_batches())`` still gives the first batch).
+    """
+
+    def __init__(self, start: Callable[[], Iterator[Any]]) -> None:
+        self._start = start
+        self._first: Iterator[Any] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._start()
+
+    def __next__(self) -> Any:
+        if self._first is None:
+            self._first = self._start()
+        return next(self._first)
+
+
 class DataIterator:
     """This worker's shard of one dataset, read in batches (what ``get_dataset_shard`` returns).
 
-    Each ``iter_batches`` / ``iter_torch_batches`` call is one pass (epoch) over the shard. Rows
+    What ``iter_batches`` / ``iter_torch_batches`` return is an iterable, as in Ray: each pass
+    over it (each ``for`` loop, or ``iter()``) is one epoch over the shard, so it can be handed
+    once to a framework that loops over it every epoch (a Lightning ``train_dataloaders``). Rows
     are read from storage by this worker, in a background thread that stays about
     ``prefetch_batches`` batches ahead (at least one block of rows as read), so memory stays
     bounded whatever the dataset's size.
@@ -90,7 +115,7 @@ class DataIterator:
         drop_last: bool = False,
         local_shuffle_buffer_size: int | None = None,
         local_shuffle_seed: int | None = None,
-    ) -> Iterator[Any]:
+    ) -> Passes:
         """Batches of ``batch_size`` rows: a dict of column -> numpy array (``"numpy"``, the
         default), a ``pandas.DataFrame`` or a ``pyarrow.Table``. ``batch_size=None`` gives the
         blocks as read. With ``local_shuffle_buffer_size``, rows are drawn at random from a
@@ -103,14 +128,16 @@ class DataIterator:
             )
         ops: BlockOps[Any] = NUMPY if batch_format in ("numpy", "default") else ARROW
         finish = _to_pandas if batch_format == "pandas" else None
-        return self._iter(
-            ops,
-            finish,
-            batch_size,
-            drop_last,
-            local_shuffle_buffer_size,
-            local_shuffle_seed,
-            prefetch_batches,
+        return Passes(
+            lambda: self._iter(
+                ops,
+                finish,
+                batch_size,
+                drop_last,
+                local_shuffle_buffer_size,
+                local_shuffle_seed,
+                prefetch_batches,
+            )
         )
 
     def iter_torch_batches(
@@ -124,7 +151,7 @@ class DataIterator:
         drop_last: bool = False,
         local_shuffle_buffer_size: int | None = None,
         local_shuffle_seed: int | None = None,
-    ) -> Iterator[Any]:
+    ) -> Passes:
         """Batches as a dict of column -> ``torch.Tensor`` on ``device`` (``"auto"``: this
         worker's device). ``dtypes``: one torch dtype or a dict per column. ``collate_fn`` gets
         each numpy batch (pyarrow/pandas for Ray's ``ArrowBatchCollateFn`` /
@@ -157,14 +184,16 @@ class DataIterator:
             def finish(batch: Any) -> Any:
                 return tb.to_device(collate_fn(convert(batch) if convert else batch), target)
 
-        return self._iter(
-            ops,
-            finish,
-            batch_size,
-            drop_last,
-            local_shuffle_buffer_size,
-            local_shuffle_seed,
-            prefetch_batches,
+        return Passes(
+            lambda: self._iter(
+                ops,
+                finish,
+                batch_size,
+                drop_last,
+                local_shuffle_buffer_size,
+                local_shuffle_seed,
+                prefetch_batches,
+            )
         )
 
     def iter_rows(self) -> Iterator[dict[str, Any]]:

@@ -21,6 +21,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from phalanx.data.iterator import Passes
+
 __all__ = [
     "RayDataShard",
     "is_ray_dataset",
@@ -64,17 +66,18 @@ class RayDataShard:
 
     ``iter_batches``/``iter_torch_batches``/``iter_rows`` take Ray's arguments; every other
     ``DataIterator`` attribute (``materialize``, ``schema``, ``stats``, ``to_torch``...) is passed
-    through. Each ``iter_*`` call (and ``to_pandas``/``count``) is a new epoch over the shard.
+    through. Each pass over what an ``iter_*`` call returns (and ``to_pandas``/``count``) is a new epoch
+    over the shard.
     """
 
     def __init__(self, iterator: Any) -> None:
         self._iterator = iterator
 
-    def iter_batches(self, **kwargs: Any) -> Iterator[Any]:
-        return iter(self._iterator.iter_batches(**kwargs))
+    def iter_batches(self, **kwargs: Any) -> Passes:
+        return Passes(lambda: iter(self._iterator.iter_batches(**kwargs)))
 
-    def iter_torch_batches(self, **kwargs: Any) -> Iterator[Any]:
-        return iter(self._iterator.iter_torch_batches(**kwargs))
+    def iter_torch_batches(self, **kwargs: Any) -> Passes:
+        return Passes(lambda: iter(self._iterator.iter_torch_batches(**kwargs)))
 
     def iter_rows(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
         return iter(self._iterator.iter_rows(**kwargs))

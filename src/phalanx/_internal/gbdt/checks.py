@@ -135,13 +135,13 @@ def head_frame(value: Any, rows: int = PROBE_ROWS) -> Any:
         return None
     if type(value).__module__.startswith("ray."):
         return None
-    batches = (
+    batches = iter(
         as_dataset(value)
         .iterator()
         .iter_batches(batch_size=rows, batch_format="pandas", prefetch_batches=0)
     )
     try:
-        return next(iter(batches), None)
+        return next(batches, None)
     finally:
         close = getattr(batches, "close", None)
         if close is not None:
