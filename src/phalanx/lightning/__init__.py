@@ -1,0 +1,53 @@
+"""phalanx.lightning: PyTorch Lightning in a phalanx worker; ``ray.train.lightning`` with its
+imports changed. Works with either import name, ``lightning`` or ``pytorch_lightning`` (see
+:mod:`phalanx.lightning.flavour` for which one it binds to when both are installed).
+
+Example::
+
+    import lightning.pytorch as pl
+    import phalanx as train
+    from phalanx.lightning import (RayDDPStrategy, RayLightningEnvironment,
+                                   RayTrainReportCallback, prepare_trainer)
+    from phalanx.torch import TorchTrainer
+
+    def train_func(config):
+        trainer = pl.Trainer(max_epochs=3, devices="auto", accelerator="auto",
+                             strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()],
+                             callbacks=[RayTrainReportCallback()])
+        trainer = prepare_trainer(trainer)
+        trainer.fit(MyModule(), train_dataloaders=loader)
+
+    TorchTrainer(train_func, scaling_config=train.ScalingConfig(num_workers=2)).fit()
+"""
+
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
+    raise ModuleNotFoundError(
+        "phalanx.lightning needs PyTorch, which is not installed.\n"
+        'HINT: pip install "phalanx[lightning]".'
+    ) from exc
+
+from phalanx.lightning.flavour import import_lightning
+
+import_lightning()  # a clear error naming the extra when Lightning is missing
+
+from phalanx.lightning.callback import RayTrainReportCallback  # noqa: E402
+from phalanx.lightning.environment import RayLightningEnvironment  # noqa: E402
+from phalanx.lightning.prepare import prepare_trainer  # noqa: E402
+from phalanx.lightning.strategies import (  # noqa: E402
+    RayDDPStrategy,
+    RayDeepSpeedStrategy,
+    RayFSDPStrategy,
+)
+
+__all__ = [
+    "RayDDPStrategy",
+    "RayDeepSpeedStrategy",
+    "RayFSDPStrategy",
+    "RayLightningEnvironment",
+    "RayTrainReportCallback",
+    "prepare_trainer",
+]
