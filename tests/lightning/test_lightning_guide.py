@@ -88,13 +88,14 @@ class KillRankOnce(pl.Callback):
 
 
 def lightning_trainer(config, extra_callbacks=()):
+    report = RayTrainReportCallback(validation=config.get("validation", False))
     trainer = pl.Trainer(
         max_epochs=config["epochs"],
         devices="auto",
         accelerator="auto",
         strategy=RayDDPStrategy(),
         plugins=[RayLightningEnvironment()],
-        callbacks=[RayTrainReportCallback(), *extra_callbacks],
+        callbacks=[report, *extra_callbacks],
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,
@@ -170,20 +171,30 @@ def dataset_loop(config):
     trainer.fit(Regressor(), train_dataloaders=loader)
 
 
+def epoch_in_checkpoint(checkpoint):
+    """A validation function (run by the driver on each committed checkpoint)."""
+    with checkpoint.as_directory() as d:
+        state = torch.load(os.path.join(d, "checkpoint.ckpt"), weights_only=False)
+    return {"checkpoint_epoch": state["epoch"]}
+
+
 def test_dataset_shard_iter_torch_batches_is_a_lightning_train_dataloader(tmp_path):
     x, y = make_data(ROWS, 0)
     dataset = from_numpy({"x": x.numpy(), "y": y.numpy()})
     result = TorchTrainer(
         dataset_loop,
-        train_loop_config={"epochs": 3, "root": str(tmp_path)},
+        train_loop_config={"epochs": 3, "root": str(tmp_path), "validation": True},
         scaling_config=train.ScalingConfig(num_workers=2),
         datasets={"train": dataset},
+        validation_config=train.ValidationConfig(epoch_in_checkpoint),
         run_config=train.RunConfig(storage_path=str(tmp_path / "runs"), name="data"),
     ).fit()
     history = result.metrics_dataframe
     steps = ROWS // 2 // BATCH  # each rank reads its half of the rows, every epoch
     assert history["step"].tolist() == [steps, 2 * steps, 3 * steps]
     assert np.isfinite(history["loss"]).all()
+    # RayTrainReportCallback(validation=True): each checkpoint was validated on the driver.
+    assert [m["checkpoint_epoch"] for _, m in result.best_checkpoints] == [0, 1, 2]
 
 
 SCRIPT = """

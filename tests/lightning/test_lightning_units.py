@@ -15,12 +15,10 @@ from lightning.pytorch.plugins.environments import LightningEnvironment  # noqa:
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
 from phalanx import DataParallelTrainer, ScalingConfig  # noqa: E402
-from phalanx.errors import ConfigError  # noqa: E402
 from phalanx.lightning import (  # noqa: E402
     RayDDPStrategy,
     RayDeepSpeedStrategy,
     RayLightningEnvironment,
-    RayTrainReportCallback,
     prepare_trainer,
 )
 from phalanx.lightning.flavour import _preference  # noqa: E402
@@ -124,8 +122,3 @@ def test_deepspeed_strategy_names_the_extra_when_deepspeed_is_missing():
             RayDeepSpeedStrategy()
     else:
         pytest.skip("DeepSpeed is installed here")
-
-
-def test_report_callback_refuses_async_validation_it_cannot_run():
-    with pytest.raises(ConfigError, match=r"(?s)validation=True.*HINT"):
-        RayTrainReportCallback(validation=True)

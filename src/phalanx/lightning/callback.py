@@ -10,7 +10,6 @@ from typing import Any
 
 import phalanx
 from phalanx.checkpoint import Checkpoint
-from phalanx.errors import ConfigError
 from phalanx.lightning.flavour import import_lightning
 from phalanx.session import CheckpointUploadMode
 
@@ -33,8 +32,9 @@ class RayTrainReportCallback(pl.callbacks.Callback):  # type: ignore[misc,name-d
     "val_loss")`` keeps the best checkpoints.
 
     ``checkpoint_upload_mode``: as in :func:`phalanx.report` (``None`` means ``SYNC``).
-    ``validation``: Ray's asynchronous checkpoint validation, which phalanx does not run; only
-    ``False`` is accepted.
+    ``validation``: ``True`` or a ``phalanx.ValidationTaskConfig`` runs the trainer's
+    ``validation_config`` function on each committed checkpoint, as :func:`phalanx.report` does
+    (passed by the ranks that saved a part: rank 0 under DDP).
 
     Example::
 
@@ -55,12 +55,6 @@ class RayTrainReportCallback(pl.callbacks.Callback):  # type: ignore[misc,name-d
         validation: Any = False,
     ) -> None:
         super().__init__()
-        if validation is not False:
-            raise ConfigError(
-                f"RayTrainReportCallback(validation={validation!r}): phalanx does not run "
-                "asynchronous checkpoint validation.\nHINT: leave validation=False and validate "
-                "in Lightning's validation loop (its metrics are reported with the checkpoint)."
-            )
         mode = (
             CheckpointUploadMode.SYNC if checkpoint_upload_mode is None else checkpoint_upload_mode
         )
@@ -82,7 +76,10 @@ class RayTrainReportCallback(pl.callbacks.Callback):  # type: ignore[misc,name-d
         # Under DDP only rank 0 writes: the others' parts would be empty, so they report metrics.
         checkpoint = Checkpoint.from_directory(tmpdir) if os.listdir(tmpdir) else None
         phalanx.report(
-            metrics, checkpoint=checkpoint, checkpoint_upload_mode=self.checkpoint_upload_mode
+            metrics,
+            checkpoint=checkpoint,
+            checkpoint_upload_mode=self.checkpoint_upload_mode,
+            validation=self.validation if checkpoint is not None else False,
         )
         trainer.strategy.barrier()
         if checkpoint is not None and self._upload_removes_directory():
