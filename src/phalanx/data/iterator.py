@@ -210,6 +210,22 @@ class DataIterator:
         buffer_size: int | None,
         shuffle_seed: int | None,
         prefetch_batches: int,
+    ) -> BatchIterable:
+        return BatchIterable(
+            lambda: self._one_pass(
+                ops, finish, batch_size, drop_last, buffer_size, shuffle_seed, prefetch_batches
+            )
+        )
+
+    def _one_pass(
+        self,
+        ops: BlockOps[Any],
+        finish: Callable[[Any], Any] | None,
+        batch_size: int | None,
+        drop_last: bool,
+        buffer_size: int | None,
+        shuffle_seed: int | None,
+        prefetch_batches: int,
     ) -> Iterator[Any]:
         with self._lock:
             epoch, self._epoch = self._epoch, self._epoch + 1

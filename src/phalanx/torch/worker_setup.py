@@ -10,6 +10,7 @@ import datetime
 import logging
 import os
 import socket
+import sys
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -57,9 +58,25 @@ def setup_worker(specs: list[TorchWorkerSpec]) -> int | None:
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     _set_thread_default(spec.cpus_per_worker, ctx.get_local_world_size())
     os.environ["ACCELERATE_TORCH_DEVICE"] = str(get_device())
+    _forget_inherited_accelerate_state()
     if spec.open_store_on is None:
         return None
     return _open_store(spec.open_store_on, ctx.get_world_size(), spec.store_timeout_s)
+
+
+def _forget_inherited_accelerate_state() -> None:
+    """Accelerate keeps its process state (world size, rank, device) in class-level singletons.
+    A worker forked from a driver that already used it (a ``Trainer`` or ``Accelerator`` built
+    there, in a notebook) would inherit "1 process, rank 0" and train every rank alone, silently.
+    A fresh process (torchrun, a Ray actor) has none: forget it, so it is read from this
+    worker's environment."""
+    state = sys.modules.get("accelerate.state")
+    if state is None:
+        return
+    for name in ("AcceleratorState", "PartialState", "GradientState"):
+        shared = getattr(getattr(state, name, None), "_shared_state", None)
+        if isinstance(shared, dict):
+            shared.clear()
 
 
 def _set_thread_default(cpus_per_worker: float | None, local_world_size: int) -> None:
