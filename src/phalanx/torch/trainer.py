@@ -29,7 +29,9 @@ class TorchTrainer(DataParallelTrainer):
     NCCL on GPU; see :class:`TorchConfig`), has torchrun's environment (``RANK``,
     ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
     ``MASTER_PORT``), uses its share of the CPU cores (``OMP_NUM_THREADS``, unless you set it),
-    and sees its GPU as the current CUDA device.
+    and sees its GPU as the current CUDA device. Accelerate finds the group as
+    ``accelerate launch`` would set it up (``ACCELERATE_TORCH_DEVICE``; ``ACCELERATE_USE_CPU``
+    on CPU workers), even when the driver used Accelerate before ``fit()``.
 
     Example::
 

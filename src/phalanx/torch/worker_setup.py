@@ -57,7 +57,12 @@ def setup_worker(specs: list[TorchWorkerSpec]) -> int | None:
         # A failed or stuck NCCL collective then raises instead of hanging the worker forever.
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     _set_thread_default(spec.cpus_per_worker, ctx.get_local_world_size())
-    os.environ["ACCELERATE_TORCH_DEVICE"] = str(get_device())
+    device = get_device()
+    os.environ["ACCELERATE_TORCH_DEVICE"] = str(device)
+    if device.type == "cpu":
+        # What `accelerate launch --cpu` sets: without it Accelerate takes CPU ranks for
+        # separate single-process runs (no gradient sync) and HF's Trainer looks for a GPU.
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     _forget_inherited_accelerate_state()
     if spec.open_store_on is None:
         return None
