@@ -107,6 +107,16 @@ def test_every_prefetch_depth_gives_the_same_batches(shard, prefetch):
     assert [i for b in batches for i in b["id"].tolist()] == list(range(N))
 
 
+def test_each_iteration_of_the_batches_is_a_new_epoch_as_in_ray(shard):
+    batches = shard.iter_torch_batches(batch_size=30)  # what Hugging Face's Trainer re-reads
+    epochs = [[i for b in batches for i in b["id"].tolist()] for _ in range(2)]
+    assert epochs[0] == epochs[1] == list(range(N))
+    ongoing = shard.iter_batches(batch_size=30)
+    head = next(ongoing)  # next() starts a pass; a for loop after it finishes that pass
+    assert [len(head["id"])] + [len(b["id"]) for b in ongoing] == [30, 30, 30, 10]
+    assert sum(len(b["id"]) for b in ongoing) == N  # and the next loop is a new epoch
+
+
 def test_abandoned_iteration_stops_the_prefetch_thread():
     big = from_numpy({"x": np.zeros(200_000)}).iterator()
     batches = big.iter_batches(batch_size=10)
