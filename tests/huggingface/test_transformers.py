@@ -209,3 +209,49 @@ def test_guide_flow_checkpoints_survive_a_killed_worker_and_predict(tmp_path, mo
             attention_mask=torch.as_tensor(data["attention_mask"]),
         ).logits
     assert logits.shape == (16, 2) and torch.isfinite(logits).all()
+
+
+def _folders_train_func(config):
+    rank = phalanx.get_context().get_world_rank()
+    report = phalanx.report  # record, in this worker only, whether this rank passed a checkpoint
+
+    def recording_report(metrics, checkpoint=None, **kwargs):
+        report({**metrics, "passed": checkpoint is not None}, checkpoint=checkpoint, **kwargs)
+
+    phalanx.report = recording_report
+    args = TrainingArguments(
+        output_dir=os.path.join(config["output_dir"], "" if config["shared"] else f"rank{rank}"),
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=4,
+        report_to="none",
+        disable_tqdm=True,
+    )
+    data = phalanx.get_dataset_shard("train").iter_torch_batches(batch_size=8)
+    model = BertForSequenceClassification(tiny_bert_config())
+    trainer = prepare_trainer(Trainer(model=model, args=args, train_dataset=data))
+    trainer.add_callback(RayTrainReportCallback())
+    trainer.train()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shared", [True, False], ids=["one-folder", "folder-per-rank"])
+def test_a_folder_is_reported_once_by_the_ranks_sharing_it(tmp_path, shared):
+    output_dir = tmp_path / "hf_output"
+    result = TorchTrainer(
+        _folders_train_func,
+        train_loop_config={"output_dir": str(output_dir), "shared": shared},
+        scaling_config=ScalingConfig(num_workers=2),
+        datasets={"train": phalanx.data.from_numpy(token_data(32))},
+        run_config=RunConfig(name="parts", storage_path=str(tmp_path / "runs")),
+    ).fit()
+    passed = dict(zip(*result.all_ranks_metrics_dataframe[["rank", "passed"]].T.values))
+    # One folder: rank 0 reports it once every rank has saved into it (rank 1's RNG state
+    # included). A folder per rank (as on separate nodes): each reports its own part.
+    assert passed == {0: True, 1: not shared}
+    if not shared:  # HF writes the model on rank 0 only; every rank writes its RNG state
+        assert os.listdir(output_dir / "rank1" / "checkpoint-4") == ["rng_state_1.pth"]
+    hf_dir = os.path.join(result.checkpoint.path, RayTrainReportCallback.CHECKPOINT_NAME)
+    names = set(os.listdir(hf_dir))
+    assert {"model.safetensors", "rng_state_0.pth", "rng_state_1.pth"} <= names, names
+    assert result.metrics["step"] == 4
