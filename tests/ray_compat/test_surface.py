@@ -1,7 +1,8 @@
 """Ray Train 2.60's public API, name by name, against phalanx's (see surface_check.py).
 
 Every public name of ``ray.train``, ``ray.train.torch``, ``ray.train.xgboost``,
-``ray.train.lightgbm``, ``ray.train.collective`` and ``ray.train.lightning`` must exist in the matching phalanx module
+``ray.train.lightgbm``, ``ray.train.collective``, ``ray.train.lightning`` and
+``ray.train.huggingface.transformers`` must exist in the matching phalanx module
 with a compatible signature, or be listed in docs/ray_differences.md.
 """
 
@@ -22,6 +23,7 @@ MODULES = {
     "ray.train.lightgbm": "phalanx.lightgbm",
     "ray.train.collective": "phalanx.collective",
     "ray.train.lightning": "phalanx.lightning",
+    "ray.train.huggingface.transformers": "phalanx.huggingface.transformers",
 }
 
 # Names another part of issue 14 (14b, the AIR-era part) delivers; strict, so the mark must go
