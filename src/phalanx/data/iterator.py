@@ -70,6 +70,13 @@ class Passes:
             self._first = self._start()
         return next(self._first)
 
+    def close(self) -> None:
+        """Stop the pass ``next()`` started (its read-ahead thread), as a generator's ``close``."""
+        first, self._first = self._first, None
+        close = getattr(first, "close", None)
+        if close is not None:
+            close()
+
 
 class DataIterator:
     """This worker's shard of one dataset, read in batches (what ``get_dataset_shard`` returns).
@@ -202,22 +209,6 @@ class DataIterator:
             yield from batch.to_pylist()
 
     def _iter(
-        self,
-        ops: BlockOps[Any],
-        finish: Callable[[Any], Any] | None,
-        batch_size: int | None,
-        drop_last: bool,
-        buffer_size: int | None,
-        shuffle_seed: int | None,
-        prefetch_batches: int,
-    ) -> BatchIterable:
-        return BatchIterable(
-            lambda: self._one_pass(
-                ops, finish, batch_size, drop_last, buffer_size, shuffle_seed, prefetch_batches
-            )
-        )
-
-    def _one_pass(
         self,
         ops: BlockOps[Any],
         finish: Callable[[Any], Any] | None,
