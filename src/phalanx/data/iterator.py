@@ -52,28 +52,31 @@ class Assignment:
 class Passes:
     """The batches of a shard, as Ray's ``iter_batches`` returns them: an iterable whose every
     pass (``for``, ``iter()``) is a new epoch. A framework given it once (Lightning's
-    ``train_dataloaders``) gets every epoch's rows, not an exhausted generator from epoch 2 on.
+    ``train_dataloaders``, Hugging Face's Trainer) gets every epoch's rows, not an exhausted
+    generator from epoch 2 on.
 
-    ``next()`` on it also works and reads its first pass (phalanx's ``iter_*`` returned a
-    generator before; ``next(shard.iter_batches())`` still gives the first batch).
+    ``next()`` also works (unlike Ray's): it starts a pass and continues it, and a ``for`` loop
+    after ``next()`` finishes that pass, as it would on the generator phalanx returned before
+    (``first = next(batches); for b in batches: ...`` sees every batch once).
     """
 
     def __init__(self, start: Callable[[], Iterator[Any]]) -> None:
         self._start = start
-        self._first: Iterator[Any] | None = None
+        self._current: Iterator[Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        return self._start()
+        current, self._current = self._current, None
+        return current if current is not None else self._start()
 
     def __next__(self) -> Any:
-        if self._first is None:
-            self._first = self._start()
-        return next(self._first)
+        if self._current is None:
+            self._current = self._start()
+        return next(self._current)
 
     def close(self) -> None:
         """Stop the pass ``next()`` started (its read-ahead thread), as a generator's ``close``."""
-        first, self._first = self._first, None
-        close = getattr(first, "close", None)
+        current, self._current = self._current, None
+        close = getattr(current, "close", None)
         if close is not None:
             close()
 
