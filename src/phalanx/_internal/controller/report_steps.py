@@ -4,7 +4,8 @@ A retry restarts the training function from the latest checkpoint and a resumed 
 run directory, so ``training_iteration`` can come back to a value a tracker already saw; trackers
 refuse or garble that (W&B drops rows whose step goes backwards, TensorBoard draws zig-zags). The
 step instead counts committed rounds over the run's whole life. It needs no file of its own: every
-committed round is one row of ``metrics.jsonl``, so a resumed run starts from that file's length.
+committed round is one row of ``metrics.jsonl``, so a resumed run starts from that file's length
+(a row cut by a crash counted too: a gap in steps is harmless, a repeat is not).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from phalanx._internal.storage.run_storage import HISTORY_FILE
 from phalanx.callbacks import Callback, ReportInfo
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class ReportSteps:
     def __init__(self, history: MetricsHistory, callbacks: list[Callback]) -> None:
         self.history = history
-        self.last_step = _count_rows(history.storage.read(HISTORY_FILE))
+        self.last_step = history.rows_at_start()
         # With a tracker watching, a round's history row reaches the disk before the tracker
         # sees its step, so even a driver killed right after cannot hand that step out again.
         # Only on local storage: an object store rewrites the whole file on every flush.
@@ -42,12 +42,6 @@ class ReportSteps:
             checkpoint=checkpoint,
             timestamp=time.time(),
         )
-
-
-def _count_rows(data: bytes | None) -> int:
-    """Rows of metrics.jsonl, a cut last line included (a gap in steps is harmless, a repeat
-    is not)."""
-    return sum(1 for line in (data or b"").splitlines() if line.strip())
 
 
 def _watches(callback: Any) -> bool:

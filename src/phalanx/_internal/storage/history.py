@@ -64,6 +64,7 @@ class MetricsHistory:
         self._pending: dict[str, list[str]] = {HISTORY_FILE: [], ALL_RANKS_HISTORY_FILE: []}
         self._remote_text: dict[str, str] = {}
         self._last_flush = time.monotonic()
+        self._cut: dict[str, bool] = {}
         for name in self._pending:
             self._repair(name)
 
@@ -87,8 +88,21 @@ class MetricsHistory:
             if cut:
                 self.storage.write_atomic(name, data[:keep])
             self._remote_text[name] = data[:keep].decode()
+        self._cut[name] = bool(cut)
         if cut:
             logger.warning("Repaired %s: dropped a partial last row (%d bytes).", name, cut)
+
+    def rows_at_start(self) -> int:
+        """Rows metrics.jsonl had when the run (re)started, a row cut by a crash included.
+        Streamed, never read whole (the file may not be a regular one)."""
+        rows = int(self._cut.get(HISTORY_FILE, False))
+        if not self.storage.local:
+            return rows + sum(1 for line in self._remote_text[HISTORY_FILE].splitlines() if line)
+        path = self.storage.path(HISTORY_FILE)
+        if not os.path.isfile(path):
+            return rows
+        with open(path, "rb") as f:
+            return rows + sum(1 for line in f if line.strip())
 
     def last_metrics(self) -> dict[str, Any] | None:
         """The user's metrics of the last row of the final trajectory (None for a new run)."""
