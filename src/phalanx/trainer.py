@@ -19,6 +19,7 @@ from phalanx._internal.controller.controller import Controller, RunSpec
 from phalanx._internal.controller.interrupt import sigterm_interrupts
 from phalanx._internal.controller.resume import log_resume
 from phalanx._internal.engines.select import resolve_engine
+from phalanx._internal.logs import console_logging
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.run_lock import RunLock
 from phalanx._internal.storage.run_record import describe_run, recorded_run
@@ -169,7 +170,8 @@ class DataParallelTrainer(BaseTrainer):
 
     def fit(self) -> Result:
         try:
-            with sigterm_interrupts():  # a `kill` of the driver stops the run like Ctrl-C
+            # sigterm: a `kill` of the driver stops the run like Ctrl-C
+            with sigterm_interrupts(), console_logging(self.run_config):
                 return self._fit()
         except KeyboardInterrupt as exc:
             # The user pressed Ctrl-C: show where their program was, not phalanx's internals
@@ -183,8 +185,6 @@ class DataParallelTrainer(BaseTrainer):
         engine.check(self.scaling_config)
         if engine.name == "local":
             check_runtime_env_locally(run_config.worker_runtime_env)
-        if run_config.logging_config is not None:
-            logging.getLogger("phalanx").setLevel(run_config.logging_config.log_level)
         if self.preprocessor is not None:
             from phalanx.preprocess.attach import fit_on_train, serialize
 
@@ -223,6 +223,7 @@ class DataParallelTrainer(BaseTrainer):
             start_timeout_s=env.worker_start_timeout_s(),
             validation_config=self.validation_config,
             train_fn=self.train_loop_per_worker,
+            total_rounds=getattr(self, "num_boost_round", None),
         )
         with recorded_run(storage, describe_run(spec)):  # <run>/run.json: config and status
             return Controller(spec, engine, storage, manager).run()

@@ -42,3 +42,8 @@ def notice_file() -> str | None:
 def set_mlflow_tracking_token(token: str) -> None:
     """MLflow reads its tracking server's token only from the environment (as Ray sets it)."""
     os.environ["MLFLOW_TRACKING_TOKEN"] = token
+
+
+def progress_interval_s() -> float:
+    """How often the progress line is logged when the driver's output is not a terminal."""
+    return float(os.environ.get("PHALANX_PROGRESS_INTERVAL_S", "30"))

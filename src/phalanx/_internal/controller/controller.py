@@ -31,6 +31,7 @@ from phalanx._internal.controller.outcome import (
     root_exception,
     save_error,
 )
+from phalanx._internal.controller.progress import RunWatcher
 from phalanx._internal.controller.report_steps import ReportSteps
 from phalanx._internal.controller.rounds import Report, ReportRounds, Round
 from phalanx._internal.controller.validation import Validations
@@ -88,6 +89,7 @@ class RunSpec:
     start_timeout_s: float = 60.0
     validation_config: Any = None  # phalanx.ValidationConfig
     train_fn: Callable[..., Any] | None = None  # called as is when it runs in the driver
+    total_rounds: int | None = None  # GBDT's num_boost_round, for the progress view
 
 
 class Controller:
@@ -122,6 +124,12 @@ class Controller:
         self._preprocessor_bytes: bytes | None = None
         self.validations = Validations(spec.validation_config)
         self._validation_requests: dict[int, Any] = {}  # round -> report(validation=...)
+        self.watcher = RunWatcher(
+            spec.run_name,
+            max(1, spec.scaling_config.num_workers),
+            spec.run_config.verbose,
+            spec.total_rounds,
+        )
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -132,6 +140,7 @@ class Controller:
             State.FAILED: self._handle_failure,
         }
         self._notify("before_run", self.run_context)
+        self.watcher.start(self.engine.name, self.storage.run_uri)
         self._resume_validations()
         state = State.START
         failed = True
@@ -146,6 +155,7 @@ class Controller:
                 logger.warning(self._resume_hint())
             raise
         finally:
+            self.watcher.stop()
             self.engine.close()
             self._close_storage(quiet=failed)
         return self._finish(state)
@@ -196,6 +206,7 @@ class Controller:
             ProgressWatchdog(self.failure_config.hang_timeout_s, n),
         )
         self.attempt = attempt
+        self.watcher.on_attempt(attempt)
         try:
             group.start()
             group.execute_per_rank(init_session, [(s,) for s in self._session_specs(group)])
@@ -405,11 +416,9 @@ class Controller:
             if validation is not None and checkpoint is not None:
                 self.validations.submit(dir_name, checkpoint, validation)
         self._notify("after_report", self.run_context, round_.metrics, checkpoint)
-        self._notify(
-            "on_report",
-            self.run_context,
-            self.report_steps.info(round_, self.attempts - 1, checkpoint),
-        )
+        info = self.report_steps.info(round_, self.attempts - 1, checkpoint)
+        self._notify("on_report", self.run_context, info)
+        self.watcher.on_report(info)
 
     def _checkpoint_files(self) -> dict[str, bytes]:
         """Files phalanx adds to every checkpoint: the fitted preprocessor, if any."""
@@ -535,6 +544,7 @@ class Controller:
         )
         if result.error is not None:
             save_error(self.storage, result.error)
+        self.watcher.finish(result)
         self._notify("after_run", self.run_context, result)
         if isinstance(result.error, TrainingFailedError):
             result.error.result = result

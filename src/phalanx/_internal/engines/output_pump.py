@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import pickle
 import selectors
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from phalanx._internal.terminal import TERMINAL, LineState
 from phalanx._internal.worker.runtime import RemoteCallError, RemoteException
 
 if TYPE_CHECKING:
     from phalanx._internal.engines.local import LocalWorkerHandle
+
+IDLE_S = 0.03  # a partial line is forwarded after this long without more output
 
 
 class RankedWorker(Protocol):
@@ -24,20 +27,30 @@ class RankedWorker(Protocol):
 
 
 class RankOutput:
-    """Writes a worker's lines, prefixed with its rank, to the driver and to ``rank_<r>.log``."""
+    """Writes a worker's output, prefixed with its rank, to the driver and to ``rank_<r>.log``.
+
+    Text comes in pieces (whole lines, or a partial line after an idle time); the prefix goes at
+    the start of every line and after every ``\\r``, so progress bars render in place. The log
+    file gets the text as written, unprefixed.
+    """
 
     def __init__(self, handle: RankedWorker, log_dir: str | None, attempt: int) -> None:
         self.handle = handle
         self.log_dir = log_dir
         self.attempt = attempt
         self._files: dict[int, IO[str]] = {}
+        self._states: dict[str, LineState] = {}
 
-    def write(self, line: str, stream: IO[str]) -> None:
+    def write(self, text: str, stream_name: str) -> None:
         rank = self.handle.rank
-        stream.write(f"[rank{rank}]: {line}\n")
+        state = self._states.get(stream_name)
+        if state is None or state.prefix != f"[rank{rank}]: ":
+            state = self._states[stream_name] = LineState(f"[rank{rank}]: ")
+        TERMINAL.write(state, stream_name, text)
         log = self._log(rank)
         if log is not None:
-            log.write(line + "\n")
+            log.write(text)
+            log.flush()
 
     def _log(self, rank: int) -> IO[str] | None:
         if self.log_dir is None:
@@ -66,6 +79,11 @@ def reader_error(rank: int, exc: BaseException) -> RemoteCallError:
     )
 
 
+def _decoder() -> codecs.IncrementalDecoder:
+    """Keeps a character split between two reads whole."""
+    return codecs.getincrementaldecoder("utf-8")("backslashreplace")
+
+
 class OutputPump:
     def __init__(self) -> None:
         self._selector = selectors.DefaultSelector()
@@ -77,6 +95,7 @@ class OutputPump:
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._stopping = False
+        self._idle: dict[int, tuple[float, str, list[Any]]] = {}  # fd -> partial line's flush
         self._thread = threading.Thread(target=self._run, name="phalanx-pump", daemon=True)
         self._thread.start()
 
@@ -98,7 +117,8 @@ class OutputPump:
         def register() -> None:
             self._selector.register(conn_fd, selectors.EVENT_READ, ("conn", handle, output))
             for fd, stream in ((out_fd, "stdout"), (err_fd, "stderr")):
-                self._selector.register(fd, selectors.EVENT_READ, (stream, handle, [b"", output]))
+                state = [_decoder(), output, ""]  # decoder, RankOutput, partial line
+                self._selector.register(fd, selectors.EVENT_READ, (stream, handle, state))
 
         self._call_soon(register)
 
@@ -151,7 +171,7 @@ class OutputPump:
             raise
 
     def _run_once(self) -> None:
-        for key, _ in self._selector.select(timeout=1.0):
+        for key, _ in self._selector.select(timeout=self._select_timeout()):
             if key.data is None:
                 os.read(self._wake_r, 4096)
                 continue
@@ -166,6 +186,7 @@ class OutputPump:
                 if kind != "conn":  # or a broken output stream would spin here
                     self._close_fd(key.fd)
                     self._mark_closed(handle.index, key.fd)
+        self._flush_idle()
         with self._lock:
             pending, self._pending = self._pending, []
         for fn in pending:
@@ -193,26 +214,40 @@ class OutputPump:
         handle.on_message(message)
 
     def _read_output(self, fd: int, kind: str, handle: LocalWorkerHandle, state: list[Any]) -> None:
-        stream = sys.stdout if kind == "stdout" else sys.stderr
         chunk = os.read(fd, 1 << 16)
-        data = state[0] + chunk
-        if chunk:
-            lines = data.split(b"\n")
-            state[0] = lines.pop()
-        else:  # EOF: whatever is left is the last line
-            lines, state[0] = ([data] if data else []), b""
-        output: RankOutput = state[1]
-        for line in lines:
-            output.write(line.decode("utf-8", "backslashreplace"), stream)
-        if lines:
-            stream.flush()
+        decoder, output = state[0], state[1]
+        text = state[2] + decoder.decode(chunk, final=not chunk)
+        # Whole lines go at once; a partial line (a bar, a prompt) after IDLE_S without more
+        # text, so a line printed in pieces is not cut while it is being written.
+        cut = len(text) if not chunk else text.rfind("\n") + 1
+        state[2] = text[cut:]
+        output.write(text[:cut], kind)
+        if state[2]:
+            self._idle[fd] = (time.monotonic() + IDLE_S, kind, state)
+        else:
+            self._idle.pop(fd, None)
         if not chunk:
             self._close_fd(fd)
             self._mark_closed(handle.index, fd)
             if not self._open.get(handle.index):
                 output.close()
 
+    def _flush_idle(self) -> None:
+        now = time.monotonic()
+        for fd, (deadline, kind, state) in list(self._idle.items()):
+            if deadline <= now:
+                del self._idle[fd]
+                text, state[2] = state[2], ""
+                state[1].write(text, kind)
+
+    def _select_timeout(self) -> float:
+        if not self._idle:
+            return 1.0
+        soonest = min(deadline for deadline, _, _ in self._idle.values())
+        return max(0.0, soonest - time.monotonic())
+
     def _close_fd(self, fd: int) -> None:
+        self._idle.pop(fd, None)
         try:
             self._selector.unregister(fd)
         except (KeyError, ValueError):

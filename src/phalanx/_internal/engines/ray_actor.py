@@ -8,8 +8,9 @@ runs:
 - everything the worker sends (reports, returns, output lines) is pickled into a buffer at once,
   so ``report()`` never waits for the driver; the driver keeps one ``drain(wait_s)`` call in
   flight per actor, which returns as soon as messages exist;
-- file descriptors 1 and 2 go to pipes that a thread reads line by line into ``("out", stream,
-  lines)`` messages: the driver prints them with the rank prefix and writes the rank's log file.
+- file descriptors 1 and 2 go to pipes that a thread reads into ``("out", stream, text)``
+  messages, whole lines at once and a partial line (a progress bar, a prompt) after a short idle
+  time: the driver prints them with the rank prefix and writes the rank's log file.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from phalanx._internal.worker.runtime import capture_exception, dumps, run_call,
 # Lines Ray's log monitor uses to attribute worker output; they mean nothing to the user.
 _RAY_MARKERS = (":actor_name:", ":task_name:", ":job_id:")
 _STREAMS = ((1, "stdout"), (2, "stderr"))
+IDLE_S = 0.03  # a partial line is sent after this long without more output
 
 
 class MessageBuffer:
@@ -94,14 +96,20 @@ class OutputCapture:
 
     def _run(self) -> None:
         while True:
-            for key, _ in self._selector.select():
+            # A partial line (a bar, a prompt) goes after IDLE_S without more output.
+            timeout = IDLE_S if any(self._partial.values()) else None
+            events = self._selector.select(timeout)
+            for key, _ in events:
                 if key.data is None:
                     os.read(self._wake_r, 64)
                     for fd, stream in self._stream_fds():
                         self._read(fd, stream, final=True)
+                    self._send_partial()
                     self._flushed.set()
                 else:
                     self._read(int(key.fd), key.data, final=False)
+            if not events:
+                self._send_partial()
 
     def _stream_fds(self) -> list[tuple[int, str]]:
         keys = self._selector.get_map().values()
@@ -123,12 +131,34 @@ class OutputCapture:
                 break
         lines = data.split(b"\n")
         self._partial[stream] = lines.pop()
+        text = "".join(
+            s + "\n" for s in (ln.decode("utf-8", "replace") for ln in lines) if not _is_marker(s)
+        )
         if final and self._partial[stream]:
-            lines.append(self._partial[stream])
+            text += self._partial[stream].decode("utf-8", "replace")
             self._partial[stream] = b""
-        text = [s for s in (ln.decode("utf-8", "replace") for ln in lines) if not _is_marker(s)]
         if text:
             self._buffer.send(("out", stream, text))
+
+    def _send_partial(self) -> None:
+        for stream, data in self._partial.items():
+            # A character cut in two waits for its other half.
+            cut = _utf8_boundary(data)
+            if cut:
+                self._partial[stream] = data[cut:]
+                self._buffer.send(("out", stream, data[:cut].decode("utf-8", "replace")))
+
+
+def _utf8_boundary(data: bytes) -> int:
+    """The length of ``data`` without a trailing incomplete UTF-8 character."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # the lead byte of the last character
+            need = (
+                1 if byte < 0x80 else 2 if byte >= 0xC0 and byte < 0xE0 else 3 if byte < 0xF0 else 4
+            )
+            return len(data) if back >= need else len(data) - back
+    return len(data)
 
 
 def _is_marker(line: str) -> bool:

@@ -13,7 +13,6 @@ import itertools
 import logging
 import pickle
 import queue
-import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -89,7 +88,6 @@ class RayWorkerHandle(WorkerHandle):
     # -- called by the poller thread ------------------------------------------------------------
 
     def on_messages(self, batch: list[bytes]) -> None:
-        wrote = set()
         for data in batch:
             try:
                 message = pickle.loads(data)
@@ -108,16 +106,11 @@ class RayWorkerHandle(WorkerHandle):
                 else:
                     future.set_exception(RemoteCallError(value))
             elif kind == "out":
-                stream = sys.stdout if message[1] == "stdout" else sys.stderr
-                for line in message[2]:
-                    self._output.write(line, stream)
-                wrote.add(stream)
+                self._output.write(message[2], message[1])
             elif kind == "closed":
                 self.closed.set()
             else:
                 self._events.put((self.index, message))
-        for stream in wrote:
-            stream.flush()
 
     def fail(self, error: RemoteCallError) -> None:
         """Fail every call in flight (and every later one): the driver cannot follow this worker
