@@ -195,6 +195,39 @@ def test_output_is_prefixed_with_the_rank_and_written_to_per_rank_logs(storage, 
     assert ":actor_name:" not in out + err
 
 
+def test_bars_and_prompts_reach_the_driver_while_the_actor_waits(storage, tmp_path, capfd):
+    go = str(tmp_path / "go")
+
+    def loop():
+        sys.stderr.write("\r 10%|#")  # a progress bar's redraw: no newline
+        sys.stderr.flush()
+        sys.stdout.write("continue? ")  # an input() prompt
+        sys.stdout.flush()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("yes")
+
+    seen = {"out": "", "err": ""}
+    runner = threading.Thread(target=fit, args=(loop, storage, 1))
+    runner.start()
+    try:
+
+        def arrived() -> bool:
+            out, err = capfd.readouterr()
+            seen["out"] += out
+            seen["err"] += err
+            return "[rank0]: continue? " in seen["out"] and "\r[rank0]:  10%|#" in seen["err"]
+
+        wait_for(arrived, timeout_s=60, what="the prompt and the bar")
+        assert "yes" not in seen["out"]  # the worker is still waiting
+    finally:
+        open(go, "w").close()
+        runner.join(timeout=60)
+    out, _ = capfd.readouterr()
+    assert "continue? yes\n" in seen["out"] + out, seen
+
+
 def test_torch_ddp_with_gloo_on_two_actors(storage):
     pytest.importorskip("torch")
     from phalanx.torch import TorchTrainer

@@ -3,8 +3,8 @@
 Worker output arrives in pieces: whole lines, and partial lines (a tqdm bar redrawn after each
 ``\\r``, a ``pdb`` prompt waiting for input) forwarded after a short idle time. Each source keeps
 a :class:`LineState` so ``[rank0]: `` goes at the start of every line and after every ``\\r``.
-When one source writes while another's line is still open, the open line is ended first, so two
-ranks never share a line. The progress view draws one status line at the bottom; every write
+When one rank (or the driver) writes while another's line is still open, the open line is ended
+first, so two ranks never share a line. The progress view draws one status line at the bottom; every write
 erases it first and redraws it afterwards, unless a worker's line is open (a bar or a prompt
 owns the cursor; the view yields to it until that line ends).
 """
@@ -83,7 +83,7 @@ class Terminal:
         with self._lock:
             self._hide()
             other = self._open
-            if other is not None and other is not state:
+            if other is not None and other.prefix != state.prefix:  # another rank's line
                 self._end_line(other)
             state.stream_name = stream_name
             stream = self.stream(stream_name)
