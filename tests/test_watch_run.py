@@ -22,7 +22,7 @@ from phalanx import Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig
 
 ERASE_LINE = "\r\x1b[2K"
 
-DRIVER = r'''
+DRIVER = r"""
 import os, sys, tempfile, time
 import phalanx
 from phalanx import DataParallelTrainer, LoggingConfig, RunConfig, ScalingConfig
@@ -63,7 +63,7 @@ if __name__ == "__main__":
         run_config=RunConfig(name="watched", storage_path=storage, verbose=int(verbose),
                              logging_config=LoggingConfig(level) if level != "-" else None),
     ).fit()
-'''
+"""
 
 
 class Driver:
@@ -78,12 +78,12 @@ class Driver:
         args = [sys.executable, str(script), str(tmp_path / "runs"), str(verbose), fn, self.go]
         if tty:
             master, slave = pty.openpty()
-            self.proc = subprocess.Popen(args + [level], stdout=slave, stderr=slave, env=env)
+            self.proc = subprocess.Popen([*args, level], stdout=slave, stderr=slave, env=env)
             os.close(slave)
             self.fd = master
         else:
             self.proc = subprocess.Popen(
-                args + [level], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
+                [*args, level], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
             )
             assert self.proc.stdout is not None
             self.fd = self.proc.stdout.fileno()
