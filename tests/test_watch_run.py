@@ -219,3 +219,16 @@ def test_lifecycle_lines_go_through_the_phalanx_logger(tmp_path: Path, caplog) -
     assert "Resuming run 'logged' from checkpoint_000001" in caplog.text
     assert "Attempt 1 failed" in caplog.text and "RuntimeError: boom" in caplog.text
     assert "Run 'logged' finished in" in caplog.text
+
+
+def test_rank_prefixes_go_at_line_starts_and_after_carriage_returns() -> None:
+    from phalanx._internal.terminal import LineState
+
+    state = LineState("[rank1]: ")
+    pieces = ["epoch 1", " done\nbar  0%", "\r bar 50%", "\r bar 100%\r\n", "\nlast"]
+    out = "".join(state.render(p) for p in pieces)
+    assert out == (
+        "[rank1]: epoch 1 done\n[rank1]: bar  0%\r[rank1]:  bar 50%\r[rank1]:  bar 100%\r\n"
+        "[rank1]:\n[rank1]: last"
+    )
+    assert state.open

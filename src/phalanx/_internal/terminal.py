@@ -101,14 +101,18 @@ class Terminal:
 
     # -- the status line (the progress view) ----------------------------------------------------
 
-    def attach_status(self, render: Callable[[], str]) -> None:
-        """Show ``render()`` as the bottom line; driver prints go through :meth:`write` too."""
+    def attach_status(self, render: Callable[[], str]) -> bool:
+        """Show ``render()`` as the bottom line; driver prints go through :meth:`write` too.
+        False when a view is shown already (a second fit() in another thread shows none)."""
         with self._lock:
+            if self._status is not None:
+                return False
             self._real = {"stdout": sys.stdout, "stderr": sys.stderr}
             self._status = render
             sys.stdout = _DriverStream(self, "stdout")  # type: ignore[assignment]
             sys.stderr = _DriverStream(self, "stderr")  # type: ignore[assignment]
             self._show()
+            return True
 
     def detach_status(self) -> None:
         with self._lock:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 REFRESH_S = 0.5  # how often the status line redraws (its elapsed time moves)
+MIN_REDRAW_S = 0.05  # at most this often on new rounds: the terminal is slower than report()
 MAX_METRICS = 6
 
 
@@ -50,6 +51,7 @@ class RunWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tty = False
+        self._drawn = 0.0
 
     # -- the controller's hooks -----------------------------------------------------------------
 
@@ -64,9 +66,7 @@ class RunWatcher:
         )
         if self.verbose == 0:
             return
-        self._tty = _isatty(sys.stderr)
-        if self._tty:
-            TERMINAL.attach_status(self.status_line)
+        self._tty = _isatty(sys.stderr) and TERMINAL.attach_status(self.status_line)
         self._thread = threading.Thread(target=self._run, name="phalanx-progress", daemon=True)
         self._thread.start()
 
@@ -83,7 +83,9 @@ class RunWatcher:
                 info.checkpoint.path.rstrip("/").rsplit("/", 1)[-1],
                 info.training_iteration,
             )
-        if self._tty:
+        now = time.monotonic()
+        if self._tty and now - self._drawn >= MIN_REDRAW_S:  # hundreds of rounds a second
+            self._drawn = now
             TERMINAL.refresh()
 
     def stop(self) -> None:
