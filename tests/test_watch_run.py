@@ -94,11 +94,17 @@ class Driver:
         deadline = time.monotonic() + timeout_s
         while text not in self.out:
             left = deadline - time.monotonic()
-            assert left > 0, f"{text!r} did not arrive; output so far:\n{self.out!r}"
+            if left <= 0:
+                self._fail(f"{text!r} did not arrive")
             ready, _, _ = select.select([self.fd], [], [], left)
-            if ready and not self._read():
-                assert text in self.out, f"{text!r} never came; output:\n{self.out!r}"
+            if ready and not self._read() and text not in self.out:
+                self._fail(f"{text!r} never came")
         return self.out
+
+    def _fail(self, why: str) -> None:
+        self.proc.kill()  # its workers end with it (they watch the driver)
+        self.proc.wait()
+        raise AssertionError(f"{why}; output so far:\n{self.out!r}")
 
     def _read(self) -> bool:
         try:

@@ -156,3 +156,34 @@ def test_early_stopping_is_one_decision_across_workers(run_config):
     assert model.num_boosted_rounds() == best + 4 < 60
     per_rank = result.all_ranks_metrics_dataframe.groupby("rank")["best_iteration"].last()
     assert list(per_rank) == [best, best]
+
+
+class SlowRounds(xgboost.callback.TrainingCallback):
+    """Boosting rounds slow enough for the progress line to see several of them."""
+
+    def after_iteration(self, model, epoch, evals_log) -> bool:
+        import time
+
+        time.sleep(0.05)
+        return False
+
+
+def test_progress_line_shows_the_boosting_round_out_of_num_boost_round(
+    classification, run_config, caplog, monkeypatch
+):
+    monkeypatch.setenv("PHALANX_PROGRESS_INTERVAL_S", "0.1")  # output is not a terminal here
+    caplog.set_level("INFO", logger="phalanx")
+    train, valid = classification
+    XGBoostTrainer(
+        datasets={"train": train, "valid": valid},
+        label_column="y",
+        params={"objective": "binary:logistic", "eval_metric": "logloss", "nthread": 1},
+        num_boost_round=30,
+        callbacks=[SlowRounds()],
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=run_config,
+    ).fit()
+    lines = [r.getMessage() for r in caplog.records if "boosting round" in r.getMessage()]
+    assert lines, caplog.text
+    assert all(" · boosting round " in ln and "/30 · " in ln for ln in lines)
+    assert any("valid-logloss=" in ln for ln in lines)
