@@ -276,7 +276,8 @@ def test_ctrl_c_and_sigterm_stop_every_worker_and_say_how_to_resume(tmp_path, si
             driver.kill()
             driver.wait()
     assert driver.returncode != 0
-    resume = [line for line in err.splitlines() if line.startswith("Interrupted:")]
+    # phalanx's console handler (no logging configured) prefixes its lines with "[phalanx] "
+    resume = [line for line in err.splitlines() if line.startswith("[phalanx] Interrupted:")]
     assert len(resume) == 1, err
     assert "checkpoint(s) kept in" in resume[0]
     assert f"RunConfig(name='stopme', storage_path='{runs}')" in resume[0]

@@ -238,3 +238,13 @@ def test_rank_prefixes_go_at_line_starts_and_after_carriage_returns() -> None:
         "[rank1]:\n[rank1]: last"
     )
     assert state.open
+
+
+def test_a_partial_line_never_splits_a_character() -> None:
+    from phalanx._internal.engines.ray_actor import _utf8_boundary
+
+    bar = "50%|██".encode()
+    assert _utf8_boundary(bar) == len(bar)
+    for cut in (1, 2):  # "█" is 3 bytes: half of it waits for the rest
+        assert _utf8_boundary(bar[:-cut]) == len(bar) - 3
+    assert _utf8_boundary(b"plain") == 5

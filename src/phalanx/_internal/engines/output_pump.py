@@ -217,15 +217,16 @@ class OutputPump:
         chunk = os.read(fd, 1 << 16)
         decoder, output = state[0], state[1]
         text = state[2] + decoder.decode(chunk, final=not chunk)
-        # Whole lines go at once; a partial line (a bar, a prompt) after IDLE_S without more
-        # text, so a line printed in pieces is not cut while it is being written.
+        # Whole lines go at once; a partial line (a bar, a prompt) IDLE_S after its first
+        # byte came, so a line printed in pieces is rarely cut, and a bar redrawn faster than
+        # IDLE_S still moves.
         cut = len(text) if not chunk else text.rfind("\n") + 1
         state[2] = text[cut:]
         output.write(text[:cut], kind)
-        if state[2]:
-            self._idle[fd] = (time.monotonic() + IDLE_S, kind, state)
-        else:
+        if not state[2]:
             self._idle.pop(fd, None)
+        elif fd not in self._idle:
+            self._idle[fd] = (time.monotonic() + IDLE_S, kind, state)
         if not chunk:
             self._close_fd(fd)
             self._mark_closed(handle.index, fd)

@@ -20,6 +20,7 @@ import selectors
 import socket
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -68,6 +69,7 @@ class OutputCapture:
         self._buffer = buffer
         self._selector = selectors.DefaultSelector()
         self._partial = {"stdout": b"", "stderr": b""}
+        self._since: dict[str, float] = {}  # stream -> when its partial line began
         for fd, name in _STREAMS:
             read_end, write_end = os.pipe()
             os.dup2(write_end, fd)
@@ -96,20 +98,28 @@ class OutputCapture:
 
     def _run(self) -> None:
         while True:
-            # A partial line (a bar, a prompt) goes after IDLE_S without more output.
-            timeout = IDLE_S if any(self._partial.values()) else None
-            events = self._selector.select(timeout)
+            # A partial line (a bar, a prompt) goes IDLE_S after its first byte came.
+            events = self._selector.select(self._partial_timeout())
             for key, _ in events:
                 if key.data is None:
                     os.read(self._wake_r, 64)
                     for fd, stream in self._stream_fds():
                         self._read(fd, stream, final=True)
-                    self._send_partial()
+                    self._send_partial(force=True)
                     self._flushed.set()
                 else:
                     self._read(int(key.fd), key.data, final=False)
-            if not events:
-                self._send_partial()
+            self._send_partial(force=False)
+
+    def _partial_timeout(self) -> float | None:
+        for stream, data in self._partial.items():
+            if not data:
+                self._since.pop(stream, None)
+            elif stream not in self._since:
+                self._since[stream] = time.monotonic()
+        if not self._since:
+            return None
+        return max(0.0, min(self._since.values()) + IDLE_S - time.monotonic())
 
     def _stream_fds(self) -> list[tuple[int, str]]:
         keys = self._selector.get_map().values()
@@ -140,12 +150,16 @@ class OutputCapture:
         if text:
             self._buffer.send(("out", stream, text))
 
-    def _send_partial(self) -> None:
+    def _send_partial(self, force: bool) -> None:
+        now = time.monotonic()
         for stream, data in self._partial.items():
-            # A character cut in two waits for its other half.
-            cut = _utf8_boundary(data)
+            since = self._since.get(stream)
+            if not data or not (force or (since is not None and now - since >= IDLE_S)):
+                continue
+            cut = _utf8_boundary(data)  # a character cut in two waits for its other half
+            self._partial[stream] = data[cut:]
+            self._since[stream] = now  # what is left (half a character) waits its turn again
             if cut:
-                self._partial[stream] = data[cut:]
                 self._buffer.send(("out", stream, data[:cut].decode("utf-8", "replace")))
 
 
