@@ -55,13 +55,18 @@ def rounds(cfg):
                            checkpoint=phalanx.Checkpoint.from_directory(d))
         wait_for(cfg["go"] + f"-{i}")
 
+class Printer(phalanx.Callback):
+    def on_report(self, run_context, report):
+        print(f"driver says round {report.training_iteration}")
+
 if __name__ == "__main__":
     storage, verbose, fn, go, level = sys.argv[1:6]
     DataParallelTrainer(
         globals()[fn], train_loop_config={"go": go},
         scaling_config=ScalingConfig(num_workers=1),
         run_config=RunConfig(name="watched", storage_path=storage, verbose=int(verbose),
-                             logging_config=LoggingConfig(level) if level != "-" else None),
+                             logging_config=LoggingConfig(level) if level != "-" else None,
+                             callbacks=[Printer()]),
     ).fit()
 """
 
@@ -157,6 +162,7 @@ def test_progress_view_updates_on_a_terminal_without_garbling_output(tmp_path: P
     out = driver.finish()
     # The worker's line went above the status line (erased first), never into it.
     assert f"{ERASE_LINE}[rank0]: hello from the worker\r\n" in out
+    assert f"{ERASE_LINE}driver says round 2\r\n" in out  # the driver's own prints too
     assert "Run 'watched' finished in" in out
     assert out.rstrip().endswith("checkpoint: checkpoint_000002")  # the view is gone at the end
 
