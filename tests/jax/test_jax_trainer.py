@@ -1,0 +1,146 @@
+"""JaxTrainer on real local worker processes: one jax.distributed cluster, gloo on 127.0.0.1."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import phalanx as train
+from phalanx.jax import JaxConfig, JaxTrainer
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jax_minimal.py"
+
+
+def collectives(config):
+    """psum, pmean and a global array's sum across the workers, each rank giving rank + 1."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rank = train.get_context().get_world_rank()
+    mesh = Mesh(np.array(jax.devices()), ("w",))
+    local = np.full((1,), float(rank + 1), np.float32)
+    glob = jax.make_array_from_process_local_data(NamedSharding(mesh, P("w")), local)
+
+    def reduce(op):
+        f = jax.shard_map(lambda t: op(t, "w"), mesh=mesh, in_specs=P("w"), out_specs=P())
+        return float(np.asarray(jax.jit(f)(glob).addressable_data(0))[0])
+
+    total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))(glob)
+    train.report(
+        {
+            "process_index": jax.process_index(),
+            "process_count": jax.process_count(),
+            "devices": len(jax.devices()),
+            "local_devices": len(jax.local_devices()),
+            "platform": jax.devices()[0].platform,
+            "psum": reduce(jax.lax.psum),
+            "pmean": reduce(jax.lax.pmean),
+            "sum": float(np.asarray(total.addressable_data(0))),
+        }
+    )
+
+
+def test_psum_and_pmean_span_every_worker(storage):
+    result = JaxTrainer(
+        collectives,
+        scaling_config=train.ScalingConfig(num_workers=3),
+        run_config=train.RunConfig(storage_path=storage, name="collectives"),
+    ).fit()
+    assert result.error is None
+    m = result.metrics  # rank 0's
+    assert (m["process_index"], m["process_count"], m["devices"], m["local_devices"]) == (
+        0,
+        3,
+        3,
+        1,
+    )
+    assert m["platform"] == "cpu"
+    assert m["psum"] == pytest.approx(6.0)  # 1 + 2 + 3
+    assert m["pmean"] == pytest.approx(2.0)
+    assert m["sum"] == pytest.approx(6.0)
+
+
+def test_example_trains_checkpoints_and_resumes_after_a_worker_is_killed(storage):
+    spec = importlib.util.spec_from_file_location("jax_minimal", EXAMPLE)
+    assert spec and spec.loader
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    result = example.build_trainer(storage, epochs=5, kill_at=2, lr=0.2).fit()
+
+    assert result.error is None
+    assert result.metrics["epoch"] == 4
+    assert result.metrics["resumed_at"] == 2  # rank 1 died in epoch 2: resumed after epoch 1
+    losses = list(result.metrics_dataframe["loss"])
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] / 4
+    with result.checkpoint.as_directory() as d, np.load(os.path.join(d, "params.npz")) as saved:
+        assert int(saved["epoch"]) == 4
+        # Both shards' gradients were averaged: one worker's alone would move w differently.
+        single = _single_process_sgd(example, epochs=5, lr=0.2)
+        np.testing.assert_allclose(saved["w"], single, rtol=1e-4, atol=1e-5)
+
+
+def _single_process_sgd(example, epochs: int, lr: float) -> np.ndarray:
+    """The same updates in numpy, with the mean of both shards' gradients."""
+    shards = [example.shard(0), example.shard(1)]
+    w, b = np.zeros(example.DIM, np.float32), np.float32(0)
+    for _ in range(epochs):
+        gw, gb = [], []
+        for x, y in shards:
+            err = x @ w + b - y
+            gw.append(2 * x.T @ err / len(y))
+            gb.append(2 * err.mean())
+        w, b = w - lr * np.mean(gw, axis=0), b - lr * np.mean(gb)
+    return w
+
+
+def test_the_user_can_choose_the_platform_and_a_bad_one_fails_clearly(storage):
+    def platform():
+        import jax
+
+        train.report({"platform": jax.devices()[0].platform, "count": jax.process_count()})
+
+    result = JaxTrainer(
+        platform,
+        jax_config=JaxConfig(timeout_s=60),
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=train.RunConfig(
+            storage_path=storage,
+            name="platform",
+            worker_runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}},
+        ),
+    ).fit()
+    assert result.metrics == {"platform": "cpu", "count": 2}
+
+
+def test_a_driver_that_ran_jax_gets_a_clear_error(tmp_path):
+    """Local workers are forked: JAX state the driver created must not be used silently."""
+    script = textwrap.dedent(
+        f"""
+        import jax, jax.numpy as jnp
+        import phalanx as train
+        from phalanx.jax import JaxTrainer
+        jnp.ones(2).sum().block_until_ready()  # the driver initializes JAX's backends
+        try:
+            JaxTrainer(lambda: None, scaling_config=train.ScalingConfig(num_workers=2),
+                       run_config=train.RunConfig(storage_path={str(tmp_path)!r})).fit()
+        except Exception as exc:
+            print("ERROR:", exc)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240
+    )
+    assert "the driver ran JAX code" in out.stdout, out.stdout + out.stderr
+    assert "HINT: run JAX code only inside the training function" in out.stdout
