@@ -9,3 +9,5 @@ with contextlib.suppress(ImportError):
     import lightgbm  # noqa: F401
 with contextlib.suppress(ImportError):
     import xgboost  # noqa: F401
+with contextlib.suppress(ImportError):
+    import jax  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL and TPU_SKIP_MDS_QUERY when imported)

@@ -233,3 +233,36 @@ def _same_default(ray_default: Any, phx_default: Any) -> bool:
 
 def _show(default: Any) -> str:
     return "(required)" if default is inspect.Parameter.empty else repr(default)
+
+
+def import_ray_horovod() -> None:
+    """Import ``ray.train.horovod`` to read its signatures, with or without Horovod installed.
+
+    Its modules import ``horovod`` (which no longer builds against current PyTorch) only for
+    names used at run time. Without Horovod, empty stand-ins are imported in its place and
+    removed again: nothing of Horovod is called, only Ray's classes are inspected.
+    """
+    import importlib
+    import sys
+
+    try:
+        importlib.import_module("horovod")
+    except ImportError:
+        pass
+    else:
+        importlib.import_module("ray.train.horovod")
+        return
+    names = ["horovod", "horovod.ray", "horovod.ray.runner", "horovod.ray.utils"]
+    names += ["horovod.runner", "horovod.runner.common", "horovod.runner.common.util"]
+    stand_ins = {name: types.ModuleType(name) for name in names}
+    stand_ins["horovod.ray.runner"].Coordinator = object  # type: ignore[attr-defined]
+    stand_ins["horovod.ray.utils"].detect_nics = None  # type: ignore[attr-defined]
+    stand_ins["horovod.ray.utils"].nics_to_env_var = None  # type: ignore[attr-defined]
+    util = stand_ins["horovod.runner.common.util"]
+    util.secret = util.timeout = types.ModuleType("stand_in")  # type: ignore[attr-defined]
+    sys.modules.update(stand_ins)
+    try:
+        importlib.import_module("ray.train.horovod")
+    finally:
+        for name in stand_ins:
+            sys.modules.pop(name, None)
