@@ -70,7 +70,11 @@ def train_func(config: dict[str, Any]) -> None:
             params = {"w": saved["w"], "b": saved["b"]}
             start = int(saved["epoch"]) + 1
     for epoch in range(start, config["epochs"]):
-        if (epoch, ctx.get_world_rank(), ctx.get_attempt()) == (config["kill_at"], 1, 0):
+        if (epoch, ctx.get_world_rank(), ctx.get_attempt()) == (
+            config["kill_at"],
+            config["kill_rank"],
+            0,
+        ):
             os.kill(os.getpid(), signal.SIGKILL)  # a lost machine, to show the resume
         loss, grads = mean_over_workers(grad_fn(params, x, y))
         params = {k: params[k] - config["lr"] * grads[k] for k in params}
@@ -84,11 +88,11 @@ def train_func(config: dict[str, Any]) -> None:
 
 
 def build_trainer(
-    storage_path: str | None, epochs: int, kill_at: int = -1, lr: float = 0.1
+    storage_path: str | None, epochs: int, kill_at: int = -1, lr: float = 0.1, kill_rank: int = 1
 ) -> JaxTrainer:
     return JaxTrainer(
         train_func,
-        train_loop_config={"epochs": epochs, "kill_at": kill_at, "lr": lr},
+        train_loop_config={"epochs": epochs, "kill_at": kill_at, "kill_rank": kill_rank, "lr": lr},
         scaling_config=train.ScalingConfig(num_workers=2),
         run_config=train.RunConfig(
             name="jax_minimal",
@@ -101,10 +105,13 @@ def build_trainer(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--kill-at", type=int, default=-1, help="SIGKILL rank 1 at this epoch")
+    parser.add_argument("--kill-at", type=int, default=-1, help="SIGKILL a rank at this epoch")
+    parser.add_argument("--kill-rank", type=int, default=1, help="which rank --kill-at kills")
     parser.add_argument("--storage-path", default=None)
     args = parser.parse_args()
-    result = build_trainer(args.storage_path, args.epochs, args.kill_at).fit()
+    result = build_trainer(
+        args.storage_path, args.epochs, args.kill_at, kill_rank=args.kill_rank
+    ).fit()
     print(f"final metrics: {result.metrics}")
     print(f"checkpoint: {result.checkpoint}")
 

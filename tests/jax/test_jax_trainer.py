@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import os
 import subprocess
 import sys
@@ -39,6 +40,7 @@ def collectives(config):
     total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))(glob)
     train.report(
         {
+            "coordinator_listens_on": _coordinator_listen_addresses(),
             "process_index": jax.process_index(),
             "process_count": jax.process_count(),
             "devices": len(jax.devices()),
@@ -48,6 +50,21 @@ def collectives(config):
             "pmean": reduce(jax.lax.pmean),
             "sum": float(np.asarray(total.addressable_data(0))),
         }
+    )
+
+
+def _coordinator_listen_addresses() -> list[str]:
+    """The addresses rank 0's coordinator service listens on (empty on the other ranks)."""
+    import psutil
+    from jax._src.distributed import global_state
+
+    port = int(global_state.coordinator_address.rsplit(":", 1)[1])
+    if global_state.service is None:
+        return []
+    return sorted(
+        c.laddr.ip
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
     )
 
 
@@ -66,22 +83,30 @@ def test_psum_and_pmean_span_every_worker(storage):
         1,
     )
     assert m["platform"] == "cpu"
+    listens = [ipaddress.ip_address(ip) for ip in m["coordinator_listens_on"]]
+    assert listens, "rank 0's coordinator is not listening on its port"
+    for ip in listens:  # one node: nothing on the network (127.0.0.1, or v4-mapped on IPv6)
+        assert (getattr(ip, "ipv4_mapped", None) or ip).is_loopback, ip
     assert m["psum"] == pytest.approx(6.0)  # 1 + 2 + 3
     assert m["pmean"] == pytest.approx(2.0)
     assert m["sum"] == pytest.approx(6.0)
 
 
-def test_example_trains_checkpoints_and_resumes_after_a_worker_is_killed(storage):
+@pytest.mark.parametrize("kill_rank", [0, 1], ids=["coordinator-killed", "rank-1-killed"])
+def test_example_trains_checkpoints_and_resumes_after_a_worker_is_killed(storage, kill_rank):
     spec = importlib.util.spec_from_file_location("jax_minimal", EXAMPLE)
     assert spec and spec.loader
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
 
-    result = example.build_trainer(storage, epochs=5, kill_at=2, lr=0.2).fit()
+    result = example.build_trainer(storage, epochs=5, kill_at=2, lr=0.2, kill_rank=kill_rank).fit()
 
     assert result.error is None
     assert result.metrics["epoch"] == 4
-    assert result.metrics["resumed_at"] == 2  # rank 1 died in epoch 2: resumed after epoch 1
+    assert result.metrics["resumed_at"] == 2  # a rank died in epoch 2: resumed after epoch 1
+    assert result.attempts == 2
+    # The killed rank is the root cause, not the rank JAX then terminated for losing its peer.
+    assert f"Root cause (earliest failure), rank {kill_rank}:" in result.attempt_errors[0]
     losses = list(result.metrics_dataframe["loss"])
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] / 4
     with result.checkpoint.as_directory() as d, np.load(os.path.join(d, "params.npz")) as saved:

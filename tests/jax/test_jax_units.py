@@ -70,3 +70,21 @@ def test_import_phalanx_imports_no_jax_and_a_missing_jax_names_the_extra():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert 'pip install "phalanx[jax]"' in out.stdout
+
+
+def test_the_coordinator_port_is_held_until_jax_binds_it():
+    """Between picking the port and jax's coordinator binding it, no other process can take it
+    (gRPC shares it through SO_REUSEPORT; a plain bind is refused)."""
+    import socket
+
+    from phalanx.jax import worker_setup
+
+    port = worker_setup.reserve_port("127.0.0.1")
+    try:
+        other = socket.socket()
+        with other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))
+    finally:
+        worker_setup._release()
+    with socket.socket() as again:  # released: free again
+        again.bind(("127.0.0.1", port))
