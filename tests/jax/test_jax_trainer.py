@@ -130,23 +130,32 @@ def _single_process_sgd(example, epochs: int, lr: float) -> np.ndarray:
     return w
 
 
-def test_the_user_can_choose_the_platform_and_a_bad_one_fails_clearly(storage):
+def test_the_user_s_jax_platforms_wins(storage):
+    """JAX_PLATFORMS from the worker's runtime env is used even though the workers were forked
+    from a driver that imported jax (with its own JAX_PLATFORMS already parsed)."""
+
     def platform():
         import jax
 
-        train.report({"platform": jax.devices()[0].platform, "count": jax.process_count()})
+        train.report({"platform": jax.devices()[0].platform})
 
-    result = JaxTrainer(
-        platform,
-        jax_config=JaxConfig(timeout_s=60),
-        scaling_config=train.ScalingConfig(num_workers=2),
-        run_config=train.RunConfig(
-            storage_path=storage,
-            name="platform",
-            worker_runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}},
-        ),
-    ).fit()
-    assert result.metrics == {"platform": "cpu", "count": 2}
+    def fit(platforms):
+        return JaxTrainer(
+            platform,
+            jax_config=JaxConfig(timeout_s=60),
+            scaling_config=train.ScalingConfig(num_workers=2),
+            run_config=train.RunConfig(
+                storage_path=storage,
+                name=f"platform-{platforms}",
+                worker_runtime_env={"env_vars": {"JAX_PLATFORMS": platforms}},
+            ),
+        ).fit()
+
+    assert fit("cpu").metrics == {"platform": "cpu"}
+    with pytest.raises(
+        Exception, match="tpu"
+    ):  # this machine has no TPU: the user's choice was used
+        fit("tpu")
 
 
 def test_a_driver_that_ran_jax_gets_a_clear_error(tmp_path):

@@ -47,3 +47,8 @@ def set_mlflow_tracking_token(token: str) -> None:
 def progress_interval_s() -> float:
     """How often the progress line is logged when the driver's output is not a terminal."""
     return float(os.environ.get("PHALANX_PROGRESS_INTERVAL_S", "30"))
+
+
+def jax_platforms() -> str | None:
+    """``JAX_PLATFORMS`` as the worker sees it now (set by the user, e.g. in a runtime env)."""
+    return os.environ.get("JAX_PLATFORMS") or None

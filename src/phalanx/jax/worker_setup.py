@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import phalanx
+from phalanx._internal import env
 
 __all__ = ["JaxWorkerSpec", "initialize", "reserve_port", "shutdown"]
 
@@ -34,7 +36,7 @@ class JaxWorkerSpec:
     """One worker's part of the setup, decided on the driver."""
 
     platform: str
-    """``cpu``, ``cuda`` or ``tpu``: used unless the worker's JAX already has ``jax_platforms``."""
+    """``cpu``, ``cuda`` or ``tpu``: used unless the user set ``JAX_PLATFORMS``."""
     coordinator: str
     """``host:port`` of rank 0's coordinator service."""
     num_processes: int
@@ -79,10 +81,7 @@ def initialize(specs: list[JaxWorkerSpec]) -> int:
     try:
         if xla_bridge.backends_are_initialized():
             raise RuntimeError(DRIVER_RAN_JAX_MESSAGE)
-        if not getattr(
-            jax.config, "jax_platforms", None
-        ):  # the user's JAX_PLATFORMS wins, as on Ray
-            jax.config.update("jax_platforms", spec.platform)
+        jax.config.update("jax_platforms", _platforms(jax, spec.platform))
         if getattr(jax.config, "jax_cpu_collectives_implementation", None) in (None, "none"):
             # Older JAX releases have no cross-process CPU collectives unless asked for.
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -98,6 +97,12 @@ def initialize(specs: list[JaxWorkerSpec]) -> int:
     finally:
         _release()
     return int(jax.process_index())
+
+
+def _platforms(jax: Any, ours: str) -> str:
+    """The user's ``JAX_PLATFORMS`` wins, as on Ray. It is read again here: a worker forked from
+    a driver that imported jax has the driver's parsed value, not the runtime env's."""
+    return env.jax_platforms() or getattr(jax.config, "jax_platforms", None) or ours
 
 
 SHUTDOWN_BARRIER_S = 10
