@@ -287,15 +287,23 @@ def test_ray_v2_configs_are_accepted(storage):
     def train_func():
         train.report({"shard": train.get_dataset_shard() is not None})
 
+    class Levels(logging.Handler):  # the phalanx logger's level while fit() runs
+        seen: list[int] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.seen.append(logging.getLogger("phalanx").getEffectiveLevel())
+
     phalanx_logger = logging.getLogger("phalanx")
-    level = phalanx_logger.level
+    level, handler = phalanx_logger.level, Levels()
+    phalanx_logger.addHandler(handler)
     try:
         result = DataParallelTrainer(
             train_func, scaling_config=scaling, run_config=run_config
         ).fit()
-        assert phalanx_logger.level == logging.DEBUG
     finally:
-        phalanx_logger.setLevel(level)
+        phalanx_logger.removeHandler(handler)
+    assert handler.seen and set(handler.seen) == {logging.DEBUG}  # LoggingConfig honoured
+    assert phalanx_logger.level == level  # and the user's own level is back after fit()
     assert result.metrics == {"shard": False}
 
 
