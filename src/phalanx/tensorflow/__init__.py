@@ -1,0 +1,59 @@
+"""phalanx.tensorflow: multi-worker TensorFlow / Keras (Ray Train's ``ray.train.tensorflow``).
+
+``TensorflowTrainer`` runs your training function on every worker with ``TF_CONFIG`` set, so
+``tf.distribute.MultiWorkerMirroredStrategy()`` built inside it joins all workers into one
+cluster; ``ReportCheckpointCallback`` reports Keras logs (and the model, as a
+``TensorflowCheckpoint``) from ``model.fit``; ``prepare_dataset_shard`` readies a ``tf.data``
+dataset that phalanx already sharded.
+
+TensorFlow itself is imported lazily (on the workers, or when you call something that needs it):
+``import phalanx.tensorflow`` on the driver costs no TensorFlow start-up.
+
+Example::
+
+    import phalanx as train
+    from phalanx.tensorflow import ReportCheckpointCallback, TensorflowTrainer
+
+    def train_func(config):
+        import tensorflow as tf
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        with strategy.scope():
+            model = build_model()
+            model.compile(optimizer="sgd", loss="mse")
+        model.fit(dataset, epochs=3, callbacks=[ReportCheckpointCallback()])
+
+    TensorflowTrainer(train_func, scaling_config=train.ScalingConfig(num_workers=2)).fit()
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+if importlib.util.find_spec("tensorflow") is None:  # pragma: no cover - depends on the install
+    raise ModuleNotFoundError(
+        "phalanx.tensorflow needs TensorFlow, which is not installed.\n"
+        'HINT: pip install "phalanx[tensorflow]" (tensorflow-cpu and tf-keras).'
+    )
+
+from phalanx.tensorflow.checkpoint import TensorflowCheckpoint
+from phalanx.tensorflow.config import TensorflowConfig
+from phalanx.tensorflow.data import prepare_dataset_shard
+from phalanx.tensorflow.trainer import TensorflowTrainer
+
+__all__ = [
+    "ReportCheckpointCallback",
+    "TensorflowCheckpoint",
+    "TensorflowConfig",
+    "TensorflowTrainer",
+    "prepare_dataset_shard",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The callback subclasses Keras' Callback: defining it imports TensorFlow, so only on use.
+    if name == "ReportCheckpointCallback":
+        from phalanx.tensorflow.keras import ReportCheckpointCallback
+
+        return ReportCheckpointCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,74 @@
+"""What the TensorFlow backend runs inside each worker: port, ``TF_CONFIG``, Keras flavour.
+
+Module-level functions, sent to the workers by reference by
+:class:`~phalanx.tensorflow.backend.TensorflowBackend`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+from types import TracebackType
+
+import phalanx
+from phalanx._internal.gbdt.addresses import reserve_port
+from phalanx.errors import ConfigError
+
+__all__ = ["TrainFuncContext", "release_port", "reserve_port_on_rank", "set_tf_config"]
+
+LEGACY_KERAS_VAR = "TF_USE_LEGACY_KERAS"
+
+# The bound socket that keeps this worker's port taken until TensorFlow's server needs it.
+_reserved: dict[str, socket.socket] = {}
+
+
+def reserve_port_on_rank(hosts: list[str]) -> int:
+    """Reserve a free port on this rank's address (``hosts[rank]``); return it."""
+    release_port()
+    sock = reserve_port(hosts[phalanx.get_context().get_world_rank()])
+    _reserved["socket"] = sock
+    return int(sock.getsockname()[1])
+
+
+def release_port() -> None:
+    sock = _reserved.pop("socket", None)
+    if sock is not None:
+        sock.close()
+
+
+def set_tf_config(workers: list[str]) -> None:
+    """``TF_CONFIG`` naming every worker, this one by its world rank; Keras 2 by default."""
+    rank = phalanx.get_context().get_world_rank()
+    tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
+    os.environ["TF_CONFIG"] = json.dumps(tf_config)
+    os.environ.setdefault(LEGACY_KERAS_VAR, "1")
+    if os.environ[LEGACY_KERAS_VAR] in ("1", "true", "True") and _missing("tf_keras"):
+        raise ConfigError(
+            "TF_USE_LEGACY_KERAS=1 (Keras 2, which MultiWorkerMirroredStrategy needs in "
+            "model.fit) but tf-keras is not installed on this worker.\n"
+            'HINT: pip install "phalanx[tensorflow]" (or pip install tf-keras matching your '
+            "TensorFlow version)."
+        )
+
+
+def _missing(module: str) -> bool:
+    return importlib.util.find_spec(module) is None
+
+
+class TrainFuncContext:
+    """Wraps the training function on every rank: frees the reserved port for TensorFlow's
+    server (started by ``MultiWorkerMirroredStrategy()``), and frees it at the end if unused."""
+
+    def __enter__(self) -> TrainFuncContext:
+        release_port()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        release_port()
