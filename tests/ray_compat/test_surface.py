@@ -1,8 +1,9 @@
 """Ray Train 2.60's public API, name by name, against phalanx's (see surface_check.py).
 
 Every public name of ``ray.train``, ``ray.train.torch``, ``ray.train.xgboost``,
-``ray.train.lightgbm``, ``ray.train.collective``, ``ray.train.lightning`` and
-``ray.train.huggingface.transformers`` must exist in the matching phalanx module
+``ray.train.lightgbm``, ``ray.train.collective``, ``ray.train.lightning``,
+``ray.train.huggingface.transformers``, ``ray.train.tensorflow``, ``ray.train.v2.jax`` and
+``ray.train.horovod`` must exist in the matching phalanx module
 with a compatible signature, or be listed in docs/ray_differences.md.
 """
 
@@ -28,6 +29,7 @@ MODULES = {
     "ray.train.huggingface.transformers": "phalanx.huggingface.transformers",
     "ray.train.v2.jax": "phalanx.jax",
     "ray.train.horovod": "phalanx.horovod",
+    "ray.train.tensorflow": "phalanx.tensorflow",
 }
 
 # Names another part of issue 14 (14b, the AIR-era part) delivers; strict, so the mark must go

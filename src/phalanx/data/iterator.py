@@ -206,6 +206,41 @@ class DataIterator:
             )
         )
 
+    def to_tf(
+        self,
+        feature_columns: str | list[str],
+        label_columns: str | list[str],
+        *,
+        additional_columns: str | list[str] | None = None,
+        prefetch_batches: int = 1,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        feature_type_spec: Any = None,
+        label_type_spec: Any = None,
+        additional_type_spec: Any = None,
+    ) -> Any:
+        """This shard as a ``tf.data.Dataset`` of ``(features, labels)`` batches (plus
+        ``additional_columns``), as Ray's: a column name gives a tensor, a list a dict of them;
+        type specs are taken from the schema unless given. Each pass TensorFlow makes over it
+        (each Keras epoch) is a new epoch over the shard. Needs ``phalanx[tensorflow]``."""
+        from phalanx.tensorflow.data import to_tf
+
+        batches = self.iter_batches(
+            prefetch_batches=prefetch_batches,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            local_shuffle_buffer_size=local_shuffle_buffer_size,
+            local_shuffle_seed=local_shuffle_seed,
+        )
+        return to_tf(
+            lambda: iter(batches),
+            self._source.schema,
+            (feature_columns, label_columns, additional_columns),
+            (feature_type_spec, label_type_spec, additional_type_spec),
+        )
+
     def iter_rows(self) -> Iterator[dict[str, Any]]:
         """Rows as dicts (slow; for inspection)."""
         for batch in self.iter_batches(batch_size=None, batch_format="pyarrow"):
