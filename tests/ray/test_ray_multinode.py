@@ -6,6 +6,7 @@ nodes only; each worker node is a separate raylet with its own node id.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import queue
 import threading
@@ -149,3 +150,44 @@ def test_a_node_removed_mid_run_fails_the_attempt_naming_node_and_rank(cluster, 
     message = error.worker_failures[doomed_rank].message
     assert f"rank {doomed_rank}" in message and doomed.node_id in message
     assert doomed.node_id in str(error)
+
+
+def tf_config_and_allreduce():
+    import ray
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank = train.get_context().get_world_rank()
+    total = strategy.reduce(
+        tf.distribute.ReduceOp.SUM,
+        strategy.run(lambda: tf.constant(float(rank + 1))),
+        axis=None,
+    )
+    train.report(
+        {
+            "tf_config": os.environ["TF_CONFIG"],
+            "ip": ray.util.get_node_ip_address(),
+            "total": float(total.numpy()),
+        }
+    )
+
+
+def test_tensorflow_workers_on_two_nodes_form_one_cluster_at_their_node_addresses(cluster, storage):
+    import json
+
+    if not all(importlib.util.find_spec(m) for m in ("tensorflow", "tf_keras")):
+        pytest.skip("tf-keras is not installed")
+    from phalanx.tensorflow import TensorflowTrainer
+
+    scaling = ScalingConfig(
+        num_workers=2, resources_per_worker={"CPU": 1, "trainer": 1}, placement_strategy="SPREAD"
+    )
+    result = TensorflowTrainer(
+        tf_config_and_allreduce,
+        scaling_config=scaling,
+        run_config=RunConfig(name="tf_nodes", storage_path=storage),
+    ).fit()
+    ranks = result.all_ranks_metrics_dataframe.sort_values("rank")
+    assert list(ranks["total"]) == [3.0, 3.0]  # 1 + 2: one cluster of both ranks
+    workers = json.loads(ranks["tf_config"].iloc[0])["cluster"]["worker"]
+    assert [w.rsplit(":", 1)[0] for w in workers] == list(ranks["ip"])

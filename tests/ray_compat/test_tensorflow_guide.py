@@ -10,13 +10,16 @@ kept (200 rows of ``y = 2x``).
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 import phalanx as train
 import phalanx.data
 from phalanx import RunConfig, ScalingConfig
 
-pytest.importorskip("tf_keras")
+if not all(importlib.util.find_spec(m) for m in ("tensorflow", "tf_keras")):  # no TF import
+    pytest.skip("tf-keras is not installed", allow_module_level=True)
 from phalanx.tensorflow import TensorflowTrainer
 
 pytestmark = pytest.mark.slow

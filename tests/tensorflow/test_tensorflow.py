@@ -6,6 +6,7 @@ workers, and a driver that ran TensorFlow would hand them its runtime's state.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -18,8 +19,8 @@ import pytest
 import phalanx
 from phalanx import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
-pytest.importorskip("phalanx.tensorflow")
-pytest.importorskip("tf_keras")
+if not all(importlib.util.find_spec(m) for m in ("tensorflow", "tf_keras")):  # no TF import
+    pytest.skip("tf-keras is not installed", allow_module_level=True)
 
 from phalanx.tensorflow import TensorflowCheckpoint, TensorflowConfig, TensorflowTrainer
 
