@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ def mnist_like(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, np.argmax((x - 0.5) @ teacher, axis=1).astype(np.int64)
 
 
-def build_model(tf):  # type: ignore[no-untyped-def]
+def build_model(tf: Any) -> Any:
     return tf.keras.Sequential(
         [
             tf.keras.Input(shape=(28 * 28,)),

@@ -25,7 +25,7 @@ from phalanx.tensorflow import TensorflowTrainer
 pytestmark = pytest.mark.slow
 
 
-def build_model():  # type: ignore[no-untyped-def]
+def build_model():
     import tensorflow as tf
 
     return tf.keras.Sequential(

@@ -79,7 +79,11 @@ def _fit(config: dict) -> None:
         dataset,
         epochs=EPOCHS,
         verbose=0,
-        callbacks=[ReportCheckpointCallback(metrics={"train_loss": "loss"})],
+        callbacks=[
+            ReportCheckpointCallback(
+                metrics={"train_loss": "loss"}, report_metrics_on=["train_batch_end", "epoch_end"]
+            )
+        ],
     )
     np.savez(os.path.join(config["out"], f"rank{rank}.npz"), *model.get_weights())
 
@@ -109,8 +113,10 @@ def test_keras_fit_on_two_workers_matches_one_process_with_the_global_batch(tmp_
     assert not np.allclose(reference[0], 0.1)  # it did train
 
     result = runs[2]
-    assert len(result.metrics_dataframe) == EPOCHS
-    assert result.metrics["train_loss"] < result.metrics_dataframe["train_loss"].iloc[0]
+    history = result.metrics_dataframe  # every batch's loss, then the epoch's with a checkpoint
+    assert len(history) == EPOCHS * (STEPS + 1)
+    assert result.metrics["train_loss"] < history["train_loss"].iloc[0]
+    assert len(result.best_checkpoints) == EPOCHS
     with result.checkpoint.as_directory() as directory:
         assert os.path.isfile(os.path.join(directory, "model.keras"))
     assert (

@@ -65,6 +65,20 @@ class ReportCheckpointCallback(tf.keras.callbacks.Callback):
             )
         self._metrics = metrics
 
+    # Keras converts every batch's logs to numpy (a device sync) for a callback with batch hooks:
+    # say that this one has them only where a batch event was asked for.
+    def _implements_train_batch_hooks(self) -> bool:
+        return self._wants("train_batch_")
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return self._wants("test_batch_")
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return self._wants("predict_batch_")
+
+    def _wants(self, prefix: str) -> bool:
+        return any(e.startswith(prefix) for e in (*self._checkpoint_on, *self._report_metrics_on))
+
     def _handle(self, logs: dict[str, Any] | None, when: str) -> None:
         checkpoint_now = when in self._checkpoint_on
         if not checkpoint_now and when not in self._report_metrics_on:
