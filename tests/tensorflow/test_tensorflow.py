@@ -223,3 +223,43 @@ def test_tf_config_of_each_rank_names_every_worker(storage):
     assert len(set(workers)) == 2 and all(w.startswith("127.0.0.1:") for w in workers)
     assert tf_config["task"] == {"type": "worker", "index": 0}
     assert result.metrics["legacy"] == "1"
+
+
+DRIVER_ON_KERAS_3 = """
+import sys
+import tensorflow as tf
+import phalanx
+from phalanx.tensorflow import TensorflowTrainer
+
+assert tf.keras.__name__.startswith("keras"), tf.keras.__name__  # Keras 3 bound in the driver
+
+def train_func():
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input(shape=(2,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensor_slices(([[1.0, 2.0]] * 8, [[1.0]] * 8)).batch(4)
+    model.fit(data, epochs=1, verbose=0)
+    phalanx.report({"keras": tf.keras.__name__})
+
+result = TensorflowTrainer(
+    train_func,
+    scaling_config=phalanx.ScalingConfig(num_workers=2),
+    run_config=phalanx.RunConfig(name="keras3_driver", storage_path=sys.argv[1]),
+).fit()
+print("KERAS", result.metrics["keras"])
+"""
+
+
+@pytest.mark.slow
+def test_workers_of_a_driver_that_used_keras_3_train_with_keras_2(tmp_path):
+    """The driver's tf.keras resolved to Keras 3 (a script that used it before fit(), or a
+    library that did, e.g. importing ray.train.tensorflow); forked workers must not keep it."""
+    out = subprocess.run(
+        [sys.executable, "-c", DRIVER_ON_KERAS_3, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "KERAS tf_keras" in out.stdout, out.stdout

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import socket
+import sys
 from types import TracebackType
 
 import phalanx
@@ -17,6 +19,8 @@ from phalanx._internal.gbdt.addresses import reserve_port
 from phalanx.errors import ConfigError
 
 __all__ = ["TrainFuncContext", "release_port", "reserve_port_on_rank", "set_tf_config"]
+
+logger = logging.getLogger(__name__)
 
 LEGACY_KERAS_VAR = "TF_USE_LEGACY_KERAS"
 
@@ -44,13 +48,38 @@ def set_tf_config(workers: list[str]) -> None:
     tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
     os.environ["TF_CONFIG"] = json.dumps(tf_config)
     os.environ.setdefault(LEGACY_KERAS_VAR, "1")
-    if os.environ[LEGACY_KERAS_VAR] in ("1", "true", "True") and _missing("tf_keras"):
+    legacy = os.environ[LEGACY_KERAS_VAR] in ("1", "true", "True")
+    if legacy and not _missing("tf_keras"):
+        _route_tf_keras_to_keras_2()
+    if legacy and _missing("tf_keras"):
         raise ConfigError(
             "TF_USE_LEGACY_KERAS=1 (Keras 2, which MultiWorkerMirroredStrategy needs in "
             "model.fit) but tf-keras is not installed on this worker.\n"
             'HINT: pip install "phalanx[tensorflow]" (or pip install tf-keras matching your '
             "TensorFlow version)."
         )
+
+
+def _route_tf_keras_to_keras_2() -> None:
+    """A worker forked from a driver whose ``tf.keras`` already resolved to Keras 3 (the driver
+    used it, or imported a library that did) inherits that binding, and ``model.fit`` under
+    ``MultiWorkerMirroredStrategy`` then fails. ``tf.keras`` is put back to TensorFlow's lazy
+    loader, which reads ``TF_USE_LEGACY_KERAS`` (now set) on first use."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return  # imported later, it reads TF_USE_LEGACY_KERAS itself
+    from tensorflow.python.util.lazy_loader import KerasLazyLoader
+
+    bound = vars(tf).get("keras")
+    if isinstance(bound, KerasLazyLoader):
+        if not vars(bound).get("_tfll_initialized"):
+            return
+        if vars(bound).get("_tfll_keras_version") == "tf_keras":
+            return
+    elif getattr(bound, "__name__", "").startswith("tf_keras"):
+        return
+    logger.debug("tf.keras was bound to Keras 3 before this worker started; rebinding it.")
+    tf.keras = KerasLazyLoader(vars(tf))
 
 
 def _missing(module: str) -> bool:
