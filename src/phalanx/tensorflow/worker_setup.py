@@ -79,7 +79,7 @@ def _route_tf_keras_to_keras_2() -> None:
     elif getattr(bound, "__name__", "").startswith("tf_keras"):
         return
     logger.debug("tf.keras was bound to Keras 3 before this worker started; rebinding it.")
-    tf.keras = KerasLazyLoader(vars(tf))
+    vars(tf)["keras"] = KerasLazyLoader(vars(tf))
 
 
 def _missing(module: str) -> bool:
