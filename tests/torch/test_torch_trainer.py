@@ -415,6 +415,26 @@ def test_one_worker_helpers_amp_and_reproducibility(storage):
     assert "before any prepare_* call" in m["late_accelerate"]
 
 
+def _amp_run() -> None:
+    accelerate(amp=True)  # refused if an earlier run's prepare_model state were still here
+    model = prepare_model(torch.nn.Linear(4, 2))
+    try:
+        accelerate(amp=False)
+        late = "accepted"
+    except RuntimeError as exc:
+        late = str(exc)
+    train.report({"dtype": str(model(torch.randn(3, 4)).dtype), "late_accelerate": late})
+
+
+def test_amp_state_belongs_to_one_run_not_to_the_process(storage):
+    """num_workers=0 runs the function in this process: neither the next such run nor a worker
+    forked from this process afterwards may see the first run's accelerate/prepare state."""
+    for num_workers in (0, 0, 1):
+        m = _fit(_amp_run, storage, num_workers=num_workers).metrics
+        assert m["dtype"] == "torch.bfloat16", num_workers
+        assert "before any prepare_* call" in m["late_accelerate"], num_workers
+
+
 # -- workers forked after the driver used OpenMP -------------------------------------------------
 
 

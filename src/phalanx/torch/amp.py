@@ -19,46 +19,61 @@ from typing import Any
 
 import torch
 
+from phalanx._internal.worker.session import get_session
 from phalanx.torch.devices import get_device
 
 __all__ = ["accelerate", "backward", "prepare_optimizer"]
 
 
 class _AmpState:
-    """Per process: every worker is its own process."""
+    """Per training run. A process can hold several runs' worth: ``num_workers=0`` runs the
+    function in the driver, and workers forked from that driver later inherit its modules."""
 
-    enabled: bool = False
-    scaler: Any = None
-    prepared: bool = False
+    def __init__(self, owner: object = None) -> None:
+        self.owner = owner  # the session of the run that set this state
+        self.enabled = False
+        self.scaler: Any = None
+        self.prepared = False
 
 
 _state = _AmpState()
 
 
+def _run_state() -> _AmpState:
+    """This run's state, fresh the first time a run asks."""
+    global _state
+    session = get_session()
+    if _state.owner is not session:
+        _state = _AmpState(session)
+    return _state
+
+
 def accelerate(amp: bool = False) -> None:
     """Turn on automatic mixed precision for the models and optimizers prepared afterwards."""
-    if _state.prepared:
+    state = _run_state()
+    if state.prepared:
         raise RuntimeError(
             "phalanx.torch.accelerate() was called after prepare_model/prepare_optimizer.\n"
             "HINT: call accelerate(amp=True) once, before any prepare_* call."
         )
-    _state.enabled = bool(amp)
-    _state.scaler = None
+    state.enabled = bool(amp)
+    state.scaler = None
 
 
 def amp_enabled() -> bool:
-    return _state.enabled
+    return _run_state().enabled
 
 
 def mark_prepared() -> None:
-    _state.prepared = True
+    _run_state().prepared = True
 
 
 def _scaler(device: torch.device) -> Any:
+    state = _run_state()
     # Loss scaling guards float16 gradients on GPU; CPU autocast uses bfloat16, which needs none.
-    if _state.scaler is None and _state.enabled and device.type == "cuda":
-        _state.scaler = torch.amp.GradScaler("cuda")
-    return _state.scaler
+    if state.scaler is None and state.enabled and device.type == "cuda":
+        state.scaler = torch.amp.GradScaler("cuda")
+    return state.scaler
 
 
 class AutocastForward:
