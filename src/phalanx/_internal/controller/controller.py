@@ -162,12 +162,16 @@ class Controller:
 
     def _close_storage(self, quiet: bool) -> None:
         """Flush the history, drop uncommitted parts, finish deletions. On the way out of a
-        failure a broken storage is logged, so the error raised is the one that ended the run."""
-        for action, step in (
+        failure a broken storage is logged, so the error raised is the one that ended the run,
+        and a checkpoint the failure cut off between its rename and its snapshot entry goes."""
+        steps: list[tuple[str, Callable[[], Any]]] = [
             ("write the metrics history", self.history.flush),
             ("remove uncommitted checkpoint parts", self.storage.remove_staging),
-            ("finish deleting evicted checkpoints", self.manager.close),
-        ):
+        ]
+        if quiet:
+            steps.append(("remove uncommitted checkpoints", self.manager.remove_orphans))
+        steps.append(("finish deleting evicted checkpoints", self.manager.close))
+        for action, step in steps:
             if quiet:
                 _quietly(action, step)
             else:
