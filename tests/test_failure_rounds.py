@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import tempfile
 import time
 
@@ -34,6 +35,8 @@ def loop(config):
             train.report({"step": step, "loss": loss})
             if first and step == k:
                 open(config["marker"], "w").close()
+                if config.get("kill"):  # a lost machine: nothing runs after report() returns
+                    os.kill(os.getpid(), signal.SIGKILL)
                 raise FloatingPointError("loss is NaN")
             continue
         with tempfile.TemporaryDirectory() as d:
@@ -68,3 +71,31 @@ def test_a_failure_right_after_a_report_loses_no_round_in_20_runs(tmp_path):
         assert math.isnan(failed["loss"].iloc[-1])  # the failing rank's last report is kept
         assert list(result.metrics_dataframe["step"]) == list(range(steps))
         assert result.checkpoint.path.endswith(f"checkpoint_{steps - 1:06d}")
+
+
+def test_a_rank_killed_right_after_its_report_loses_no_round_in_20_runs(tmp_path):
+    """``report()`` has handed the report to the kernel when it returns: a SIGKILL right after
+    it (a lost machine, an OOM kill) cannot take the report back."""
+    k, steps = 2, 4
+    for repetition in range(20):
+        result = DataParallelTrainer(
+            loop,
+            train_loop_config={
+                "k": k,
+                "steps": steps,
+                "marker": str(tmp_path / f"m{repetition}"),
+                "kill": True,
+            },
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(
+                name=f"r{repetition}",
+                storage_path=str(tmp_path / "runs"),
+                failure_config=FailureConfig(max_failures=1),
+            ),
+        ).fit()
+        assert result.attempts == 2
+        assert "SIGKILL" in result.attempt_errors[0]
+        rows = result.all_ranks_metrics_dataframe
+        retry = rows[rows["attempt"] == 2]
+        assert retry["step"].min() == k + 1, f"repetition {repetition} lost round {k}"
+        assert list(result.metrics_dataframe["step"]) == list(range(steps))

@@ -98,6 +98,27 @@ def test_many_reports_arrive_in_order(storage):
     assert list(result.metrics_dataframe["step"]) == list(range(1000))
 
 
+def test_reports_larger_than_the_socket_buffer_keep_their_order_and_never_block(storage):
+    """A report the socket cannot take at once goes to the sender thread; the small reports
+    after it wait their turn (never overtake it), and report() does not wait for the driver."""
+
+    def loop():
+        start, slowest = time.perf_counter(), 0.0
+        for step in range(60):
+            blob = "x" * (4 << 20) if step % 20 == 0 else ""  # 4 MiB, beyond any socket buffer
+            t = time.perf_counter()
+            train.report({"step": step, "blob": blob})
+            slowest = max(slowest, time.perf_counter() - t) if not blob else slowest
+        return time.perf_counter() - start, slowest
+
+    result = fit(loop, storage)
+    frame = result.metrics_dataframe
+    assert list(frame["step"]) == list(range(60))
+    assert [len(b) for b in frame["blob"]] == [4 << 20 if s % 20 == 0 else 0 for s in range(60)]
+    _, slowest_small = result.return_value
+    assert slowest_small < 0.05  # a small report behind a queued 4 MiB one is only queued
+
+
 def test_report_does_not_wait_for_a_slow_driver(storage):
     class SlowDriver(Callback):
         def after_report(self, run_context, metrics, checkpoint):

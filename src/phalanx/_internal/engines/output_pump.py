@@ -1,4 +1,12 @@
-"""One driver thread that reads every local worker's control socket and output pipes."""
+"""One driver thread that reads every local worker's control socket and output pipes.
+
+Workers write their messages straight into their control socket from the thread that calls
+``report()`` (see ``worker/process_main.py``). A send that wakes a waiting reader costs the
+worker ~10 µs; one into a socket nobody waits on costs ~2 µs. So after a round that read
+messages the pump pauses ``COALESCE_S`` before it waits again: reports that come in that pause
+are cheap for the worker and read together, and the pause is a small share of any step longer
+than it.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,7 @@ import codecs
 import os
 import pickle
 import selectors
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +27,8 @@ if TYPE_CHECKING:
     from phalanx._internal.engines.local import LocalWorkerHandle
 
 IDLE_S = 0.03  # a partial line is forwarded after this long without more output
+COALESCE_S = 0.002  # the pause after a round that read messages (see the module docstring)
+_READ_SIZE = 1 << 20
 
 
 class RankedWorker(Protocol):
@@ -91,6 +102,7 @@ class OutputPump:
         self._pending: list[Callable[[], None]] = []
         self._open: dict[int, set[int]] = {}  # worker index -> fds still open
         self._conn_fds: dict[int, int] = {}
+        self._inbox: dict[int, bytearray] = {}  # control socket fd -> bytes not yet a message
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
@@ -135,6 +147,7 @@ class OutputPump:
                 if fd != conn_fd:
                     self._close_fd(fd)
                 elif not conn.closed:
+                    self._inbox.pop(fd, None)
                     self._selector.unregister(fd)
                     conn.close()
 
@@ -171,6 +184,7 @@ class OutputPump:
             raise
 
     def _run_once(self) -> None:
+        read_messages = False
         for key, _ in self._selector.select(timeout=self._select_timeout()):
             if key.data is None:
                 os.read(self._wake_r, 4096)
@@ -178,7 +192,8 @@ class OutputPump:
             kind, handle, state = key.data
             try:
                 if kind == "conn":
-                    self._read_conn(key.fd, handle, state)
+                    read_messages = True
+                    self._read_conn(key.fd, handle)
                 else:
                     self._read_output(key.fd, kind, handle, state)
             except Exception as exc:  # one worker's problem fails that worker, not the pump
@@ -191,27 +206,41 @@ class OutputPump:
             pending, self._pending = self._pending, []
         for fn in pending:
             fn()
+        if read_messages and not self._stopping:
+            time.sleep(COALESCE_S)
 
     def _on_death(self, exc: BaseException) -> None:
         for key in list(self._selector.get_map().values()):
             if key.data is not None:
                 key.data[1].fail(reader_error(key.data[1].rank, exc))
 
-    def _read_conn(self, fd: int, handle: LocalWorkerHandle, output: RankOutput) -> None:
+    def _read_conn(self, fd: int, handle: LocalWorkerHandle) -> None:
+        """Read what the socket holds (often several messages) and hand over each whole one."""
         try:
-            data = handle._conn.recv_bytes()
-        except (EOFError, OSError):
+            chunk = os.read(fd, _READ_SIZE)
+        except OSError:
+            chunk = b""
+        if not chunk:  # the worker is gone; a partial message left behind is not a message
+            self._inbox.pop(fd, None)
             handle.on_disconnect()
             self._selector.unregister(fd)
             handle._conn.close()
             self._mark_closed(handle.index, fd)
             return
+        buffer = self._inbox.setdefault(fd, bytearray())
+        buffer += chunk
+        start = 0
         try:
-            message: Any = pickle.loads(data)
-        except Exception as exc:
-            handle.on_undecodable(data, exc)
-            return
-        handle.on_message(message)
+            while (frame := _next_frame(buffer, start)) is not None:
+                data, start = frame
+                try:
+                    message: Any = pickle.loads(data)
+                except Exception as exc:
+                    handle.on_undecodable(data, exc)
+                    continue
+                handle.on_message(message)
+        finally:
+            del buffer[:start]
 
     def _read_output(self, fd: int, kind: str, handle: LocalWorkerHandle, state: list[Any]) -> None:
         chunk = os.read(fd, 1 << 16)
@@ -262,3 +291,22 @@ class OutputPump:
         fds = self._open.get(index)
         if fds is not None:
             fds.discard(fd)
+
+
+def _next_frame(buffer: bytearray, start: int) -> tuple[bytes, int] | None:
+    """The message at ``start`` (framed as ``multiprocessing.connection`` frames it) and where
+    the next one starts, or None when it has not fully arrived."""
+    if len(buffer) - start < 4:
+        return None
+    (size,) = struct.unpack_from("!i", buffer, start)
+    head = 4
+    if size == -1:  # over 2 GiB: an 8-byte size follows
+        if len(buffer) - start < 12:
+            return None
+        (size,) = struct.unpack_from("!Q", buffer, start + 4)
+        head = 12
+    end = start + head + size
+    if len(buffer) < end:
+        return None
+    with memoryview(buffer) as view:  # released at once: the buffer is resized after
+        return bytes(view[start + head : end]), end
