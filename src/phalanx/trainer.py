@@ -18,7 +18,7 @@ from phalanx._internal.config_checks import check_runtime_env_locally
 from phalanx._internal.controller.controller import Controller, RunSpec
 from phalanx._internal.controller.interrupt import sigterm_interrupts
 from phalanx._internal.controller.resume import log_resume
-from phalanx._internal.engines.select import resolve_engine
+from phalanx._internal.engines.choose import resolve_engine
 from phalanx._internal.logs import console_logging
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.run_lock import RunLock

@@ -290,7 +290,7 @@ def test_a_request_for_busy_resources_waits_and_says_so(storage, monkeypatch, ca
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from phalanx._internal.engines import ray as ray_engine
+    from phalanx._internal.engines.ray import engine as ray_engine
 
     monkeypatch.setattr(ray_engine, "WAIT_LOG_EVERY_S", 0.2)
     blocker = placement_group([{"CPU": 4}])
@@ -303,7 +303,7 @@ def test_a_request_for_busy_resources_waits_and_says_so(storage, monkeypatch, ca
         except BaseException as exc:
             outcome.put(exc)
 
-    caplog.set_level(logging.WARNING, logger="phalanx._internal.engines.ray")
+    caplog.set_level(logging.WARNING, logger="phalanx._internal.engines.ray.engine")
     runner = threading.Thread(target=run)
     runner.start()
     try:
@@ -319,7 +319,7 @@ def test_a_request_for_busy_resources_waits_and_says_so(storage, monkeypatch, ca
 
 def test_workers_that_cannot_see_the_run_directory_fail_with_a_hint(tmp_path):
     from phalanx._internal.engines.base import WorkerGroupSpec
-    from phalanx._internal.engines.ray import RayEngine
+    from phalanx._internal.engines.ray.engine import RayEngine
 
     run_dir = tmp_path / "run"  # no .phalanx_run marker: as if on another machine's disk
     engine = RayEngine()

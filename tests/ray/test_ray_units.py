@@ -9,8 +9,8 @@ import types
 import pytest
 
 from phalanx import ConfigError, ScalingConfig
-from phalanx._internal.engines.ray_resources import actor_options, infeasibility, worker_bundle
-from phalanx._internal.engines.select import engine_name, resolve_engine
+from phalanx._internal.engines.choose import engine_name, resolve_engine
+from phalanx._internal.engines.ray.placement import actor_options, infeasibility, worker_bundle
 from phalanx.data.ray_data import RayDataShard, is_ray_dataset
 
 # -- engine choice ----------------------------------------------------------------------------

@@ -8,11 +8,35 @@ or an orphan re-parented to a subreaper (the fork server, a Ray actor). The engi
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import sys
 import time
 
 _PROC = "/proc"
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux only)."""
+    _prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants of this process are re-parented to it, not to init (Linux only)."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _prctl(option: int, value: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - non-glibc systems
+        pass
 
 
 def _parents() -> dict[int, int]:

@@ -5,8 +5,8 @@ Only Ray Core is used (actors, placement groups). The placement group has one bu
 the cluster can never satisfy fails at once (:meth:`RayEngine.check`); one that needs resources
 that are busy now waits, and logs every few seconds that it waits and for what.
 
-What runs in each actor is in ``ray_actor``; the driver's side of an actor and the thread that
-drains every actor's messages are in ``ray_handle``.
+What runs in each actor is in ``actor``; the driver's side of an actor and the thread that
+drains every actor's messages are in ``handle``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from phalanx._internal import env
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
-from phalanx._internal.engines.ray_actor import PhalanxWorker
-from phalanx._internal.engines.ray_handle import DrainPoller, RayWorkerHandle
-from phalanx._internal.engines.ray_resources import (
+from phalanx._internal.engines.ray.actor import PhalanxWorker
+from phalanx._internal.engines.ray.handle import DrainPoller, RayWorkerHandle
+from phalanx._internal.engines.ray.placement import (
     _fmt,
     actor_options,
     infeasibility,

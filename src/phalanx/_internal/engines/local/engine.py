@@ -25,10 +25,10 @@ from typing import Any
 import cloudpickle
 
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
-from phalanx._internal.engines.forkserver import ForkServer
-from phalanx._internal.engines.output_pump import OutputPump
+from phalanx._internal.engines.local.forkserver import ForkServer
+from phalanx._internal.engines.local.pump import OutputPump
+from phalanx._internal.engines.local.resources import check_local_resources, local_gpu_ids
 from phalanx._internal.engines.process_tree import kill_descendants
-from phalanx._internal.engines.resources import check_local_resources, local_gpu_ids
 from phalanx._internal.env import NOTICE_FILE_VAR
 from phalanx._internal.worker.runtime import RemoteCallError, RemoteException, undecodable_error
 from phalanx.config import ScalingConfig

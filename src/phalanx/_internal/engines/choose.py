@@ -49,7 +49,7 @@ def resolve_engine(scaling_config: ScalingConfig) -> Engine:
         from phalanx._internal.engines.thread import ThreadEngine
 
         return ThreadEngine()
-    from phalanx._internal.engines.local import LocalProcessEngine
+    from phalanx._internal.engines.local.engine import LocalProcessEngine
 
     return LocalProcessEngine()
 
@@ -63,6 +63,6 @@ def _ray_engine() -> Engine:
             f"RAY_ADDRESS={env.ray_address()!r}) but Ray is not installed.\n"
             'HINT: pip install "ray[data]", or unset RAY_ADDRESS / use engine="local".'
         ) from exc
-    from phalanx._internal.engines.ray import RayEngine
+    from phalanx._internal.engines.ray.engine import RayEngine
 
     return RayEngine()

@@ -24,7 +24,6 @@ stack-dump file)
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import select
@@ -35,31 +34,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from phalanx._internal.engines.fork_safety import release_openmp_threads
+from phalanx._internal.engines.local.fork_safety import release_openmp_threads
+from phalanx._internal.engines.process_tree import become_subreaper, set_parent_death_signal
 
 _MAX_MESSAGE = 1 << 16
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux only)."""
-    _prctl(_PR_SET_PDEATHSIG, int(sig))
-
-
-def become_subreaper() -> None:
-    """Orphaned descendants of this process are re-parented to it, not to init (Linux only)."""
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-
-
-def _prctl(option: int, value: int) -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(option, value, 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - non-glibc systems
-        pass
 
 
 class ForkServer:
@@ -255,7 +233,7 @@ def _become_worker(fds: list[int], env: dict[str, str]) -> None:
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from phalanx._internal.worker.process_main import worker_main
+        from phalanx._internal.engines.local.worker_main import worker_main
 
         code = worker_main(fds, env)
     except BaseException:

@@ -24,8 +24,7 @@ import time
 import traceback
 from typing import Any
 
-from phalanx._internal.engines.forkserver import become_subreaper
-from phalanx._internal.engines.process_tree import kill_descendants
+from phalanx._internal.engines.process_tree import become_subreaper, kill_descendants
 from phalanx._internal.worker.runtime import capture_exception, dumps, run_call, set_outbox
 
 # Lines Ray's log monitor uses to attribute worker output; they mean nothing to the user.

@@ -23,7 +23,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from phalanx._internal.engines.base import WorkerHandle, WorkerMetadata
-from phalanx._internal.engines.output_pump import RankOutput, reader_error
+from phalanx._internal.engines.rank_output import RankOutput, reader_error
 from phalanx._internal.worker.runtime import RemoteCallError, undecodable_error
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """One driver thread that reads every local worker's control socket and output pipes.
 
 Workers write their messages straight into their control socket from the thread that calls
-``report()`` (see ``worker/process_main.py``). A send that wakes a waiting reader costs the
+``report()`` (see ``worker_main.py``). A send that wakes a waiting reader costs the
 worker ~10 µs; one into a socket nobody waits on costs ~2 µs. So after a round that read
 messages the pump pauses ``COALESCE_S`` before it waits again: reports that come in that pause
 are cheap for the worker and read together, and the pause is a small share of any step longer
@@ -18,76 +18,16 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from phalanx._internal.terminal import TERMINAL, LineState
-from phalanx._internal.worker.runtime import RemoteCallError, RemoteException
+from phalanx._internal.engines.rank_output import RankOutput, reader_error
 
 if TYPE_CHECKING:
-    from phalanx._internal.engines.local import LocalWorkerHandle
+    from phalanx._internal.engines.local.engine import LocalWorkerHandle
 
 IDLE_S = 0.03  # a partial line is forwarded after this long without more output
 COALESCE_S = 0.002  # the pause after a round that read messages (see the module docstring)
 _READ_SIZE = 1 << 20
-
-
-class RankedWorker(Protocol):
-    """What RankOutput needs of a worker handle (local or Ray): its current rank."""
-
-    rank: int
-
-
-class RankOutput:
-    """Writes a worker's output, prefixed with its rank, to the driver and to ``rank_<r>.log``.
-
-    Text comes in pieces (whole lines, or a partial line after an idle time); the prefix goes at
-    the start of every line and after every ``\\r``, so progress bars render in place. The log
-    file gets the text as written, unprefixed.
-    """
-
-    def __init__(self, handle: RankedWorker, log_dir: str | None, attempt: int) -> None:
-        self.handle = handle
-        self.log_dir = log_dir
-        self.attempt = attempt
-        self._files: dict[int, IO[str]] = {}
-        self._states: dict[str, LineState] = {}
-
-    def write(self, text: str, stream_name: str) -> None:
-        rank = self.handle.rank
-        state = self._states.get(stream_name)
-        if state is None or state.prefix != f"[rank{rank}]: ":
-            state = self._states[stream_name] = LineState(f"[rank{rank}]: ")
-        TERMINAL.write(state, stream_name, text)
-        log = self._log(rank)
-        if log is not None:
-            log.write(text)
-            log.flush()
-
-    def _log(self, rank: int) -> IO[str] | None:
-        if self.log_dir is None:
-            return None
-        if rank not in self._files:
-            os.makedirs(self.log_dir, exist_ok=True)
-            self._files[rank] = open(
-                os.path.join(self.log_dir, f"rank_{rank}.log"), "a", buffering=1
-            )
-        return self._files[rank]
-
-    def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-
-
-def reader_error(rank: int, exc: BaseException) -> RemoteCallError:
-    """The failure of a worker whose messages the driver's reader thread could not handle."""
-    return RemoteCallError(
-        RemoteException(
-            "ReaderError",
-            f"the driver could not read the messages of rank {rank}: {type(exc).__name__}: {exc}",
-            "",
-            None,
-        )
-    )
 
 
 def _decoder() -> codecs.IncrementalDecoder:
