@@ -15,9 +15,10 @@ import cloudpickle
 
 from phalanx._internal import env
 from phalanx._internal.config_checks import check_runtime_env_locally
-from phalanx._internal.controller.controller import Controller, RunSpec
+from phalanx._internal.controller.controller import Controller
 from phalanx._internal.controller.interrupt import sigterm_interrupts
 from phalanx._internal.controller.resume import log_resume
+from phalanx._internal.controller.spec import RunSpec
 from phalanx._internal.engines.choose import resolve_engine
 from phalanx._internal.logs import console_logging
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
@@ -185,11 +186,7 @@ class DataParallelTrainer(BaseTrainer):
         engine.check(self.scaling_config)
         if engine.name == "local":
             check_runtime_env_locally(run_config.worker_runtime_env)
-        if self.preprocessor is not None:
-            from phalanx.preprocess.attach import fit_on_train, serialize
-
-            fit_on_train(self.preprocessor, self.datasets)
-            serialize(self.preprocessor)  # fitted statistics must pickle too: fail before training
+        checkpoint_files = self._checkpoint_files()
         storage = RunStorage.create(
             run_config.storage_path or env.default_storage_path(),
             name,
@@ -197,11 +194,23 @@ class DataParallelTrainer(BaseTrainer):
         )
         lock = RunLock.acquire(storage)  # before anything in the run directory is touched
         try:
-            return self._fit_locked(engine, storage, name)
+            return self._fit_locked(engine, storage, name, checkpoint_files)
         finally:
             lock.release()
 
-    def _fit_locked(self, engine: Any, storage: RunStorage, name: str) -> Result:
+    def _checkpoint_files(self) -> dict[str, bytes]:
+        """Files added to every checkpoint: the preprocessor, fitted on the train dataset (its
+        fitted statistics must pickle too: that fails here, before training)."""
+        if self.preprocessor is None:
+            return {}
+        from phalanx.preprocess.attach import PREPROCESSOR_FILENAME, fit_on_train, serialize
+
+        fit_on_train(self.preprocessor, self.datasets)
+        return {PREPROCESSOR_FILENAME: serialize(self.preprocessor)}
+
+    def _fit_locked(
+        self, engine: Any, storage: RunStorage, name: str, checkpoint_files: dict[str, bytes]
+    ) -> Result:
         run_config = self.run_config
         storage.prepare()
         manager = CheckpointManager(storage, run_config.checkpoint_config)
@@ -217,9 +226,9 @@ class DataParallelTrainer(BaseTrainer):
             run_name=name,
             metadata=self.metadata,
             resume_from_checkpoint=self.resume_from_checkpoint,
-            datasets=self.datasets,
-            dataset_config=self.dataset_config,
-            preprocessor=self.preprocessor,
+            make_shards=_DatasetShards(self.datasets, self.dataset_config, self.preprocessor),
+            dataset_names=tuple(str(name) for name in self.datasets),
+            checkpoint_files=checkpoint_files,
             start_timeout_s=env.worker_start_timeout_s(),
             validation_config=self.validation_config,
             train_fn=self.train_loop_per_worker,
@@ -227,6 +236,32 @@ class DataParallelTrainer(BaseTrainer):
         )
         with recorded_run(storage, describe_run(spec)):  # <run>/run.json: config and status
             return Controller(spec, engine, storage, manager).run()
+
+
+class _DatasetShards:
+    """``RunSpec.make_shards``: each rank's dataset shards, built anew for every attempt (dataset
+    factories are called again), read through the preprocessor if there is one."""
+
+    def __init__(self, datasets: dict[str, Any], config: DataConfig, preprocessor: Any) -> None:
+        self.datasets = datasets
+        self.config = config
+        self.preprocessor = preprocessor
+        self._attempt_shards: list[dict[str, Any]] = []
+
+    def __call__(self, world_size: int) -> list[dict[str, Any]]:
+        if not self.datasets:
+            return [{} for _ in range(world_size)]
+        from phalanx.data import shard_datasets
+
+        shards = shard_datasets(self.datasets, self.config, world_size)
+        # Ray Data's split coordinator (an actor owned here) lives while this process holds
+        # the iterators: the workers' pickled copies do not count. Keep them for the attempt.
+        self._attempt_shards = shards
+        if self.preprocessor is None:
+            return shards
+        from phalanx.preprocess.attach import preprocess_shards
+
+        return preprocess_shards(shards, self.preprocessor)
 
 
 def default_run_name() -> str:

@@ -18,7 +18,6 @@ import queue
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -34,6 +33,7 @@ from phalanx._internal.controller.outcome import (
 from phalanx._internal.controller.progress import RunWatcher
 from phalanx._internal.controller.report_steps import ReportSteps
 from phalanx._internal.controller.rounds import Report, ReportRounds, Round
+from phalanx._internal.controller.spec import RunSpec
 from phalanx._internal.controller.validation import Validations
 from phalanx._internal.controller.watchdog import ProgressWatchdog, hang_error
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec
@@ -42,10 +42,8 @@ from phalanx._internal.storage.history import MetricsHistory
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.session import SessionSpec, init_session, run_train_fn
 from phalanx._internal.worker_group.group import WorkerGroup
-from phalanx.backend import BackendConfig
 from phalanx.callbacks import Callback, TrainRunContext
 from phalanx.checkpoint import Checkpoint
-from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.context import TrainContext
 from phalanx.errors import (
     ConfigError,
@@ -69,27 +67,6 @@ class State(enum.Enum):
     FAILED = "failed"
     FINISHED = "finished"
     ERRORED = "errored"
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything about the run that does not change between attempts."""
-
-    train_fn_payload: bytes
-    train_loop_config: dict[str, Any] | None
-    backend_config: BackendConfig
-    scaling_config: ScalingConfig
-    run_config: RunConfig
-    run_name: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    resume_from_checkpoint: Checkpoint | None = None
-    datasets: dict[str, Any] = field(default_factory=dict)
-    dataset_config: DataConfig = field(default_factory=DataConfig)
-    preprocessor: Any = None
-    start_timeout_s: float = 60.0
-    validation_config: Any = None  # phalanx.ValidationConfig
-    train_fn: Callable[..., Any] | None = None  # called as is when it runs in the driver
-    total_rounds: int | None = None  # GBDT's num_boost_round, for the progress view
 
 
 class Controller:
@@ -121,7 +98,6 @@ class Controller:
         self.last_metrics: dict[str, Any] | None = self.history.last_metrics()
         self._warned_silent = False
         self.return_value: Any = None
-        self._preprocessor_bytes: bytes | None = None
         self.validations = Validations(spec.validation_config)
         self._validation_requests: dict[int, Any] = {}  # round -> report(validation=...)
         self.watcher = RunWatcher(
@@ -256,7 +232,7 @@ class Controller:
 
     def _session_specs(self, group: WorkerGroup) -> list[SessionSpec]:
         checkpoint = self.manager.latest_checkpoint or self.spec.resume_from_checkpoint
-        shards = self._dataset_shards(len(group))
+        shards = self.spec.make_shards(len(group))
         specs = []
         for worker in group.workers:
             r = worker.ranks
@@ -284,22 +260,6 @@ class Controller:
                 )
             )
         return specs
-
-    def _dataset_shards(self, world_size: int) -> list[dict[str, Any]]:
-        """Each rank's dataset shards, built anew for every attempt (factories re-evaluated)."""
-        if not self.spec.datasets:
-            return [{} for _ in range(world_size)]
-        from phalanx.data import shard_datasets
-
-        shards = shard_datasets(self.spec.datasets, self.spec.dataset_config, world_size)
-        # Ray Data's split coordinator (an actor owned here) lives while this process holds
-        # the iterators: the workers' pickled copies do not count. Keep them for the attempt.
-        self._ray_data_shards = shards
-        if self.spec.preprocessor is None:
-            return shards
-        from phalanx.preprocess.attach import preprocess_shards
-
-        return preprocess_shards(shards, self.spec.preprocessor)
 
     # -- RUNNING --------------------------------------------------------------------------------
 
@@ -410,7 +370,7 @@ class Controller:
         checkpoint = None
         if dir_name is not None:
             self.storage.commit(
-                dir_name, self.attempts - 1, self.spec.metadata, self._checkpoint_files()
+                dir_name, self.attempts - 1, self.spec.metadata, self.spec.checkpoint_files
             )
             self.history.flush()
             validation = self._validation_requests.pop(round_.index, None)
@@ -423,16 +383,6 @@ class Controller:
         info = self.report_steps.info(round_, self.attempts - 1, checkpoint)
         self._notify("on_report", self.run_context, info)
         self.watcher.on_report(info)
-
-    def _checkpoint_files(self) -> dict[str, bytes]:
-        """Files phalanx adds to every checkpoint: the fitted preprocessor, if any."""
-        if self.spec.preprocessor is None:
-            return {}
-        from phalanx.preprocess.attach import PREPROCESSOR_FILENAME, serialize
-
-        if self._preprocessor_bytes is None:
-            self._preprocessor_bytes = serialize(self.spec.preprocessor)
-        return {PREPROCESSOR_FILENAME: self._preprocessor_bytes}
 
     # -- FAILED ---------------------------------------------------------------------------------
 

@@ -87,7 +87,7 @@ def describe_run(spec: Any) -> dict[str, Any]:
             "type": _type_name(spec.backend_config),
             **json_safe(spec.backend_config),
         },
-        "datasets": sorted(str(name) for name in spec.datasets),
+        "datasets": sorted(spec.dataset_names),
         "metadata": json_safe(spec.metadata),
     }
 

@@ -1,0 +1,45 @@
+"""RunSpec: what the trainer hands the controller, the same for every attempt of a run.
+
+The controller does control only: what a run reads (datasets, DataConfig, a preprocessor) and
+what it adds to checkpoints reach it as plain callables and bytes built by the trainer, so it
+never imports a feature or framework package (``tests/test_layering.py`` keeps it that way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from phalanx.backend import BackendConfig
+from phalanx.checkpoint import Checkpoint
+from phalanx.config import RunConfig, ScalingConfig
+
+
+def no_shards(world_size: int) -> list[dict[str, Any]]:
+    """``RunSpec.make_shards`` of a run without datasets."""
+    return [{} for _ in range(world_size)]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything about the run that does not change between attempts."""
+
+    train_fn_payload: bytes
+    train_loop_config: dict[str, Any] | None
+    backend_config: BackendConfig
+    scaling_config: ScalingConfig
+    run_config: RunConfig
+    run_name: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    resume_from_checkpoint: Checkpoint | None = None
+    # Each rank's dataset shards for a group of n ranks, called anew for every attempt (the
+    # trainer's datasets, DataConfig and preprocessor live in it, not here)
+    make_shards: Callable[[int], list[dict[str, Any]]] = no_shards
+    dataset_names: tuple[str, ...] = ()  # for run.json
+    # Files added to every committed checkpoint (the fitted preprocessor), by file name
+    checkpoint_files: dict[str, bytes] = field(default_factory=dict)
+    start_timeout_s: float = 60.0
+    validation_config: Any = None  # phalanx.ValidationConfig
+    train_fn: Callable[..., Any] | None = None  # called as is when it runs in the driver
+    total_rounds: int | None = None  # GBDT's num_boost_round, for the progress view
