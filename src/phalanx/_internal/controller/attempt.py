@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -10,7 +11,9 @@ from typing import Any
 from phalanx._internal.controller.rounds import ReportRounds
 from phalanx._internal.controller.watchdog import ProgressWatchdog
 from phalanx._internal.worker_group.group import WorkerGroup
-from phalanx.errors import WorkerFailure, WorkerGroupError
+from phalanx.errors import WorkerFailure
+
+logger = logging.getLogger(__name__)
 
 # The exit status reaches the driver on the fork server's socket and can overtake the last
 # messages still in the worker's own socket; an exit becomes a failure after this long.
@@ -34,8 +37,12 @@ class Attempt:
     exited: dict[int, tuple[float, int]] = field(default_factory=dict)
     preempted_ranks: set[int] = field(default_factory=set)
     preemption_deadline: float | None = None  # time.monotonic()
-    error: WorkerGroupError | None = None  # set when the failure needs a special error (a hang)
     failure_grace_deadline: float | None = None  # time.monotonic()
+
+    @property
+    def index(self) -> int:
+        """0-based, as ``TrainContext.get_attempt_index()`` and checkpoints count attempts."""
+        return self.number - 1
 
     def returned_ranks(self, finished: set[int]) -> set[int]:
         """Ranks (among ``finished``) whose training function returned normally."""
@@ -95,9 +102,9 @@ class Attempt:
 
     def awaiting_survivors(self, finished: set[int]) -> bool:
         """After a failure, whether the ranks still running are catching up with the last round
-        every failed rank reported (bounded by FAILURE_REPORT_GRACE_S). Not after a hang: hung
-        ranks will not catch up."""
-        if not self.failures or self.error is not None or self.only_preempted():
+        every failed rank reported (bounded by FAILURE_REPORT_GRACE_S). A hang is declared only
+        when no rank failed, and fails the attempt at once: hung ranks will not catch up."""
+        if not self.failures or self.only_preempted():
             return False
         target = min(self.rounds.reported_through(r) for r in self.failures)
         behind = [
@@ -113,6 +120,28 @@ class Attempt:
         if self.failure_grace_deadline is None:
             self.failure_grace_deadline = now + FAILURE_REPORT_GRACE_S
         return now < self.failure_grace_deadline
+
+    def on_preemption(self, rank: int, grace_s: float) -> None:
+        """A worker got SIGTERM: every rank stops after the same round, a little ahead of the
+        furthest rank, so a checkpoint passed in that round is committed."""
+        self.preempted_ranks.add(rank)
+        if self.preemption_deadline is not None:
+            return
+        stop_round = self.rounds.start_round + max(self.rounds.counts) + 1
+        self.preemption_deadline = time.monotonic() + grace_s
+        logger.warning(
+            "Rank %d was preempted (SIGTERM); every rank stops after round %d, then the run "
+            "restarts from the latest checkpoint.",
+            rank,
+            stop_round,
+        )
+        self.group.notify_preemption(
+            {
+                "stop_round": stop_round,
+                "preempted_ranks": sorted(self.preempted_ranks),
+                "deadline": time.time() + grace_s,
+            }
+        )
 
     def poll_timeout(self, default_s: float) -> float:
         if self.exited:

@@ -1,10 +1,15 @@
-"""The end of a run: the error to raise for an attempt's failures, and saving it with the run."""
+"""The end of a run: the error to raise for an attempt's failures, saving it with the run, and
+closing the run's storage without hiding that error."""
 
 from __future__ import annotations
 
 import logging
 import pickle
+from collections.abc import Callable
+from typing import Any
 
+from phalanx._internal.storage.checkpoint_manager import CheckpointManager
+from phalanx._internal.storage.history import MetricsHistory
 from phalanx._internal.storage.run_storage import ERROR_PICKLE_FILE, ERROR_TEXT_FILE, RunStorage
 from phalanx.errors import (
     PreemptionError,
@@ -55,3 +60,32 @@ def root_exception(error: TrainingFailedError) -> BaseException | None:
         root = min(error.worker_failures.values(), key=lambda f: (f.time, f.rank))
         return root.exception
     return None
+
+
+def close_storage(
+    history: MetricsHistory, storage: RunStorage, manager: CheckpointManager, quiet: bool
+) -> None:
+    """Flush the history, drop uncommitted parts, finish deletions. On the way out of a
+    failure (``quiet``) a broken storage is logged, so the error raised is the one that ended
+    the run, and a checkpoint the failure cut off between its rename and its snapshot entry
+    goes."""
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("write the metrics history", history.flush),
+        ("remove uncommitted checkpoint parts", storage.remove_staging),
+    ]
+    if quiet:
+        steps.append(("remove uncommitted checkpoints", manager.remove_orphans))
+    steps.append(("finish deleting evicted checkpoints", manager.close))
+    for action, step in steps:
+        if quiet:
+            quietly(action, step)
+        else:
+            step()
+
+
+def quietly(action: str, step: Callable[[], Any]) -> None:
+    """Run ``step``; a storage error is logged: a run that is failing already raises its own."""
+    try:
+        step()
+    except StorageError as exc:
+        logger.error("Could not %s while the run was failing: %s", action, exc)

@@ -11,7 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from phalanx._internal.storage.run_storage import RunStorage
 from phalanx.backend import BackendConfig
+from phalanx.callbacks import TrainRunContext
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import RunConfig, ScalingConfig
 
@@ -43,3 +45,15 @@ class RunSpec:
     validation_config: Any = None  # phalanx.ValidationConfig
     train_fn: Callable[..., Any] | None = None  # called as is when it runs in the driver
     total_rounds: int | None = None  # GBDT's num_boost_round, for the progress view
+
+
+def run_context(spec: RunSpec, storage: RunStorage) -> TrainRunContext:
+    """What callbacks are told about the run."""
+    return TrainRunContext(
+        spec.run_config,
+        spec.train_loop_config,
+        spec.scaling_config,
+        spec.backend_config,
+        storage.run_path,
+        spec.run_name,
+    )

@@ -13,11 +13,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx.checkpoint import Checkpoint
 from phalanx.reported_checkpoint import ReportedCheckpointStatus
 from phalanx.validation import ValidationConfig, ValidationTaskConfig
+
+if TYPE_CHECKING:
+    from phalanx._internal.storage.checkpoint_manager import CheckpointManager
+    from phalanx._internal.storage.run_storage import RunStorage
 
 logger = logging.getLogger(__name__)
 
@@ -98,3 +102,20 @@ def _validate(
         running.status = ReportedCheckpointStatus.VALIDATION_FAILED
     finally:
         running.done.set()
+
+
+def resume_unfinished(
+    validations: Validations, manager: CheckpointManager, storage: RunStorage
+) -> None:
+    """Validations a previous run of this name left unfinished run again (with the trainer's
+    default settings: a report's own fn_kwargs are not stored)."""
+    for dir_name in manager.pending_validations():
+        checkpoint = Checkpoint(storage.checkpoint_path(dir_name), storage.filesystem)
+        if validations.config is not None:
+            logger.warning("Validating %s again: its validation did not finish.", dir_name)
+            validations.submit(dir_name, checkpoint, True)
+        else:
+            logger.warning(
+                "%s was never validated and this trainer has no validation_config.", dir_name
+            )
+            manager.update_validation(dir_name, {}, "VALIDATION_FAILED")

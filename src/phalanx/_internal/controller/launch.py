@@ -1,0 +1,106 @@
+"""Starting one attempt: the worker group's blueprint, each rank's session, the framework's
+setup and the training call. Plain functions of what the controller hands them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from phalanx._internal.controller.spec import RunSpec
+from phalanx._internal.engines.base import Engine, WorkerGroupSpec
+from phalanx._internal.storage.run_storage import RunStorage
+from phalanx._internal.worker.session import SessionSpec, run_train_fn
+from phalanx._internal.worker_group.group import WorkerGroup
+from phalanx.backend import Backend
+from phalanx.checkpoint import Checkpoint
+from phalanx.context import TrainContext
+
+
+def group_spec(spec: RunSpec, storage: RunStorage, attempt_index: int) -> WorkerGroupSpec:
+    runtime_env = spec.run_config.worker_runtime_env or {}
+    return WorkerGroupSpec(
+        max(1, spec.scaling_config.num_workers),  # 0: one worker in the driver's thread
+        spec.scaling_config,
+        spec.run_name,
+        storage.local_log_dir(),
+        start_timeout_s=spec.start_timeout_s,
+        attempt=attempt_index,
+        preload_modules=spec.backend_config.preload_modules,
+        storage=storage,
+        env=dict(runtime_env.get("env_vars") or {}),
+        runtime_env=dict(runtime_env),
+    )
+
+
+def session_specs(
+    spec: RunSpec,
+    storage: RunStorage,
+    group: WorkerGroup,
+    checkpoint: Checkpoint | None,
+    next_round: int,
+    attempt_index: int,
+) -> list[SessionSpec]:
+    """Each rank's session: its context, the checkpoint to resume from, its dataset shards."""
+    shards = spec.make_shards(len(group))
+    specs = []
+    for worker in group.workers:
+        r = worker.ranks
+        context = TrainContext(
+            r.world_rank,
+            len(group),
+            r.local_rank,
+            r.local_world_size,
+            r.node_rank,
+            spec.run_name,
+            storage,
+            spec.metadata,
+            worker.metadata.gpu_ids,
+            attempt_index,
+        )
+        specs.append(
+            SessionSpec(
+                context,
+                storage,
+                checkpoint,
+                next_round,
+                attempt_index,
+                shards[worker.world_rank],
+                has_validation=spec.validation_config is not None,
+            )
+        )
+    return specs
+
+
+def prepare_workers(engine: Engine, group: WorkerGroup, spec: RunSpec, backend: Backend) -> None:
+    """The framework's setup (a process group, ...) and the runtime env's working_dir; none
+    for a function running in the driver's thread, which has no peers."""
+    if engine.in_process:
+        return
+    working_dir = (spec.run_config.worker_runtime_env or {}).get("working_dir")
+    if working_dir and engine.name == "local":  # Ray's runtime_env does it on Ray
+        group.execute(os.chdir, os.path.abspath(working_dir))
+    backend.on_start(group, spec.backend_config)
+    backend.on_training_start(group, spec.backend_config)
+
+
+def start_training(engine: Engine, group: WorkerGroup, spec: RunSpec) -> list[Future[Any]]:
+    """The training call on every rank; each wakes the controller's poll as it resolves."""
+    in_process = engine.in_process
+    futures = group.execute_async(
+        run_train_fn,
+        spec.train_fn if in_process and spec.train_fn is not None else spec.train_fn_payload,
+        spec.train_loop_config,
+        contextlib.nullcontext if in_process else spec.backend_config.train_func_context,
+    )
+    for worker, future in zip(group.workers, futures, strict=True):
+        future.add_done_callback(_wake_on_done(group.events, worker.handle.index))
+    return futures
+
+
+def _wake_on_done(events: queue.Queue[Any], index: int) -> Callable[[Future[Any]], None]:
+    """Wake the poll loop as soon as a rank's training call resolves."""
+    return lambda _future: events.put((index, ("done",)))
