@@ -68,6 +68,10 @@ Events = queue.Queue[tuple[int, tuple[Any, ...]]]
 
 
 class Controller:
+    """Runs one ``fit()``: ``run()`` is ``begin()``, ``step()`` until a final state, ``close()``
+    and ``finish()``. Tests call those one at a time (``tests/controller/controller_stepper.py``);
+    they also shorten ``poll_timeout_s`` and record the waits before retries via ``sleep``."""
+
     def __init__(
         self, spec: RunSpec, engine: Engine, storage: RunStorage, manager: CheckpointManager
     ) -> None:
@@ -121,6 +125,7 @@ class Controller:
         return self.finish(state)
 
     def begin(self) -> None:
+        """Before the first attempt: callbacks, the progress view, unfinished validations."""
         self._notify("before_run", self.run_context)
         self.watcher.start(self.engine.name, self.storage.run_uri)
         resume_unfinished(self.validations, self.manager, self.storage)
@@ -137,6 +142,7 @@ class Controller:
         raise ValueError(f"{state} is a final state: nothing to step")
 
     def close(self, failed: bool) -> None:
+        """After the last step, whatever happened: the engine and the run's storage."""
         self.watcher.stop()
         self.engine.close()
         close_storage(self.history, self.storage, self.manager, quiet=failed)
