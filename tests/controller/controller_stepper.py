@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from phalanx import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from phalanx import Callback, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from phalanx._internal.controller.controller import Controller
 from phalanx._internal.controller.spec import RunSpec
 from phalanx._internal.controller.state import FINAL_STATES, State, Step
@@ -35,8 +35,9 @@ Events = queue.Queue[tuple[int, tuple[Any, ...]]]
 class FakeWorker(WorkerHandle):
     """One scripted worker. Its training call resolves only when the test ends the rank."""
 
-    def __init__(self, index: int, events: Events) -> None:
+    def __init__(self, index: int, events: Events, setup_error: BaseException | None) -> None:
         self.index = index
+        self.setup_error = setup_error  # raised by the worker's session setup
         self.metadata = WorkerMetadata(host="fake-host", node_id="fake-node", pid=None)
         self.events = events
         self.train: Future[Any] | None = None
@@ -49,6 +50,8 @@ class FakeWorker(WorkerHandle):
         self.calls.append((fn, args))
         if fn is run_train_fn:
             self.train = future
+        elif fn is init_session and self.setup_error is not None:
+            future.set_exception(_remote(self.setup_error))
         else:  # setting the worker up (its session, the backend's hooks) succeeds at once
             future.set_result(None)
         return future
@@ -73,8 +76,7 @@ class FakeWorker(WorkerHandle):
 
     def raise_(self, exc: BaseException) -> None:
         """The training function raised ``exc`` (the worker sends it back, as a worker does)."""
-        remote = RemoteException(type(exc).__name__, str(exc), "Traceback: (scripted)", exc)
-        self._train().set_exception(RemoteCallError(remote))
+        self._train().set_exception(_remote(exc))
 
     def die(self, signal: int = 9) -> None:
         """The process was killed: the call's connection breaks, the exit status says how."""
@@ -96,11 +98,19 @@ class FakeWorker(WorkerHandle):
         return self.train
 
 
+def _remote(exc: BaseException) -> RemoteCallError:
+    """``exc`` as a worker sends it back."""
+    return RemoteCallError(
+        RemoteException(type(exc).__name__, str(exc), "Traceback: (scripted)", exc)
+    )
+
+
 class FakeEngine(Engine):
     name = "fake"
 
-    def __init__(self, startup_failures: int = 0) -> None:
+    def __init__(self, startup_failures: int = 0, setup_failures: int = 0) -> None:
         self.startup_failures = startup_failures  # the first n launches fail
+        self.setup_failures = setup_failures  # then rank 0's session setup fails n times
         self.groups: list[list[FakeWorker]] = []
         self.notices: list[dict[str, Any]] = []
 
@@ -110,7 +120,13 @@ class FakeEngine(Engine):
             raise WorkerStartupError.of(
                 list(range(spec.num_workers)), "no worker said hello", "scripted"
             )
-        workers = [FakeWorker(i, events) for i in range(spec.num_workers)]
+        error = None
+        if self.setup_failures:
+            self.setup_failures -= 1
+            error = RuntimeError("the session could not be set up")
+        workers = [
+            FakeWorker(i, events, error if i == 0 else None) for i in range(spec.num_workers)
+        ]
         self.groups.append(workers)
         return list(workers)
 
@@ -132,6 +148,7 @@ class Stepper:
         num_workers: int = 2,
         failure_config: FailureConfig | None = None,
         engine: FakeEngine | None = None,
+        callbacks: list[Callback] | None = None,
         **spec_fields: Any,
     ) -> None:
         self.engine = engine or FakeEngine()
@@ -141,6 +158,7 @@ class Stepper:
             name="run",
             storage_path=str(tmp_path / "runs"),
             failure_config=failure_config or FailureConfig(),
+            callbacks=callbacks or [],
             verbose=0,
         )
         manager = CheckpointManager(self.storage, CheckpointConfig())

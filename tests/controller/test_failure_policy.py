@@ -54,12 +54,11 @@ def run_script(stepper: Stepper, script: list[str]) -> list[str]:
     decisions = []
     for how in script:
         assert stepper.state is State.START
-        if how != "startup":
+        if how in ("startup", "setup"):  # the attempt fails before training starts
+            assert isinstance(stepper.step(), Failure)
+        else:
             assert stepper.step() is State.RUNNING
             end_attempt(stepper, how)
-        else:
-            assert isinstance(stepper.step(), Failure)
-        if how != "startup":
             stepper.poll_until_not_running()
         if stepper.state is State.FINISHED:
             decisions.append("finish")
@@ -67,6 +66,11 @@ def run_script(stepper: Stepper, script: list[str]) -> list[str]:
         assert isinstance(stepper.state, Failure)
         decisions.append({State.START: "retry", State.ERRORED: "raise"}[stepper.step()])
     return decisions
+
+
+def scripted_engine(script: list[str]) -> FakeEngine:
+    """Attempts that fail to start come first in every script."""
+    return FakeEngine(script.count("startup"), script.count("setup"))
 
 
 ROWS = {
@@ -107,6 +111,12 @@ ROWS = {
         ["retry", "raise"],
         WorkerStartupError,
     ),
+    "an error while setting the workers up is retried like a bug": (
+        FailureConfig(max_failures=1),
+        ["setup", "setup"],
+        ["retry", "raise"],
+        WorkerGroupError,
+    ),
     "a hang is a failure: HangError once the budget is used": (
         FailureConfig(max_failures=1, hang_timeout_s=0.05),
         ["hang", "hang"],
@@ -143,8 +153,7 @@ ROWS = {
 @pytest.mark.parametrize("row", ROWS, ids=list(ROWS))
 def test_failure_policy(tmp_path, row):
     config, script, decisions, error = ROWS[row]
-    startups = sum(1 for how in script if how == "startup")
-    stepper = Stepper(tmp_path, failure_config=config, engine=FakeEngine(startups))
+    stepper = Stepper(tmp_path, failure_config=config, engine=scripted_engine(script))
     try:
         assert run_script(stepper, script) == decisions
     finally:
@@ -194,8 +203,7 @@ WAITS = {
 @pytest.mark.parametrize("row", WAITS, ids=list(WAITS))
 def test_wait_before_a_retry(tmp_path, row):
     config, script, waits = WAITS[row]
-    startups = sum(1 for how in script if how == "startup")
-    stepper = Stepper(tmp_path, failure_config=config, engine=FakeEngine(startups))
+    stepper = Stepper(tmp_path, failure_config=config, engine=scripted_engine(script))
     run_script(stepper, script)
     assert stepper.waits == waits
     stepper.end()

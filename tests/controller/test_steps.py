@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from controller_stepper import Stepper
 
-from phalanx import FailureConfig
+from phalanx import Callback, FailureConfig
 from phalanx._internal.controller.state import Failure, State
+from phalanx.errors import ControllerError
 
 
 def test_a_round_commits_once_every_rank_reported_it(tmp_path):
@@ -117,3 +119,22 @@ def test_a_preemption_stops_every_rank_at_one_round_then_retries(tmp_path):
         worker.finish()
     assert stepper.step() is State.FINISHED
     assert stepper.end().attempts == 2
+
+
+def test_a_callback_that_raises_on_a_failure_stops_the_run_without_a_retry(tmp_path):
+    seen = {}
+
+    class Broken(Callback):
+        def after_exception(self, run_context, worker_exceptions):
+            seen.update(worker_exceptions)
+            raise RuntimeError("callback bug")
+
+    stepper = Stepper(tmp_path, failure_config=FailureConfig(max_failures=3), callbacks=[Broken()])
+    stepper.step()
+    stepper.workers[1].raise_(KeyError("missing"))
+    stepper.workers[0].finish()
+    assert isinstance(stepper.poll_until_not_running(), Failure)
+    with pytest.raises(ControllerError, match=r"Broken.after_exception raised RuntimeError"):
+        stepper.step()
+    assert list(seen) == [1] and isinstance(seen[1], KeyError)  # the rank's own exception
+    stepper.abandon()
