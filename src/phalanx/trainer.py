@@ -227,7 +227,7 @@ class DataParallelTrainer(BaseTrainer):
             metadata=self.metadata,
             resume_from_checkpoint=self.resume_from_checkpoint,
             make_shards=_DatasetShards(self.datasets, self.dataset_config, self.preprocessor),
-            dataset_names=tuple(str(name) for name in self.datasets),
+            dataset_names=tuple(str(key) for key in self.datasets),
             checkpoint_files=checkpoint_files,
             start_timeout_s=env.worker_start_timeout_s(),
             validation_config=self.validation_config,
