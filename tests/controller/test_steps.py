@@ -5,13 +5,15 @@ the workers and the checkpoints."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 from controller_stepper import Stepper
 
-from phalanx import Callback, FailureConfig
+from phalanx import Callback, FailureConfig, ValidationConfig
 from phalanx._internal.controller.state import Failure, State
+from phalanx._internal.storage.checkpoint_manager import PENDING_VALIDATION
 from phalanx.errors import ControllerError
 
 
@@ -138,3 +140,38 @@ def test_a_callback_that_raises_on_a_failure_stops_the_run_without_a_retry(tmp_p
         stepper.step()
     assert list(seen) == [1] and isinstance(seen[1], KeyError)  # the rank's own exception
     stepper.abandon()
+
+
+def _run_leaving_a_validation_unfinished(tmp_path):
+    """A run that committed checkpoint_a and stopped before its validation ended."""
+    first = Stepper(tmp_path, num_workers=1)
+    first.step()
+    first.stage_checkpoint("checkpoint_a")
+    first.workers[0].report(0, {"loss": 1.0}, "checkpoint_a")
+    first.workers[0].finish()
+    assert first.step() is State.FINISHED
+    first.end()
+    manager = first.controller.manager
+    manager.statuses["checkpoint_a"] = PENDING_VALIDATION
+    manager.save()
+
+
+def test_a_resumed_run_validates_again_what_the_last_run_left_unfinished(tmp_path):
+    _run_leaving_a_validation_unfinished(tmp_path)
+    config = ValidationConfig(fn=lambda checkpoint: {"accuracy": 0.9})
+    again = Stepper(tmp_path, num_workers=1, validation_config=config)
+    again.step()
+    again.workers[0].finish()
+    assert again.step() is State.FINISHED
+    (best,) = again.end().best_checkpoints
+    assert best[1] == {"loss": 1.0, "accuracy": 0.9}
+    assert again.controller.manager.statuses["checkpoint_a"] == "VALIDATED"
+
+
+def test_without_a_validation_config_an_unfinished_validation_is_marked_failed(tmp_path, caplog):
+    _run_leaving_a_validation_unfinished(tmp_path)
+    with caplog.at_level(logging.WARNING, "phalanx"):
+        again = Stepper(tmp_path, num_workers=1)
+    assert "checkpoint_a was never validated" in caplog.text
+    assert again.controller.manager.statuses["checkpoint_a"] == "VALIDATION_FAILED"
+    again.abandon()
