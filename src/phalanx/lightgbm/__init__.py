@@ -8,12 +8,12 @@ checkpoints from your own ``lightgbm.train`` call.
 batches with one, as ``ray.train.lightgbm`` did in AIR.
 """
 
-from phalanx.lightgbm.callback import RayTrainReportCallback, ReportCallback
-from phalanx.lightgbm.checkpoint import LightGBMCheckpoint
-from phalanx.lightgbm.config import LightGBMConfig
-from phalanx.lightgbm.network import get_network_params
-from phalanx.lightgbm.pandas_dtypes import normalize_pandas_for_lightgbm
-from phalanx.lightgbm.trainer import LightGBMTrainer
+from phalanx.lightgbm._callback import RayTrainReportCallback, ReportCallback
+from phalanx.lightgbm._checkpoint import LightGBMCheckpoint
+from phalanx.lightgbm._config import LightGBMConfig
+from phalanx.lightgbm._network import get_network_params
+from phalanx.lightgbm._pandas_dtypes import normalize_pandas_for_lightgbm
+from phalanx.lightgbm._trainer import LightGBMTrainer
 from phalanx.predict.gbdt import LightGBMPredictor
 
 __all__ = [

@@ -8,10 +8,10 @@ batches with one, as ``ray.train.xgboost`` did in AIR.
 """
 
 from phalanx.predict.gbdt import XGBoostPredictor
-from phalanx.xgboost.callback import RayTrainReportCallback, ReportCallback
-from phalanx.xgboost.checkpoint import XGBoostCheckpoint
-from phalanx.xgboost.config import XGBoostConfig
-from phalanx.xgboost.trainer import XGBoostTrainer
+from phalanx.xgboost._callback import RayTrainReportCallback, ReportCallback
+from phalanx.xgboost._checkpoint import XGBoostCheckpoint
+from phalanx.xgboost._config import XGBoostConfig
+from phalanx.xgboost._trainer import XGBoostTrainer
 
 __all__ = [
     "RayTrainReportCallback",

@@ -50,13 +50,13 @@ class LightGBMConfig(BackendConfig):
 
     @property
     def backend_cls(self) -> type[Backend]:
-        from phalanx.lightgbm.backend import LightGBMBackend
+        from phalanx.lightgbm._backend import LightGBMBackend
 
         return LightGBMBackend
 
     @property
     def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
-        from phalanx.lightgbm.network import NetworkContext
+        from phalanx.lightgbm._network import NetworkContext
 
         return NetworkContext
 

@@ -58,13 +58,13 @@ class XGBoostConfig(BackendConfig):
 
     @property
     def backend_cls(self) -> type[Backend]:
-        from phalanx.xgboost.backend import XGBoostBackend
+        from phalanx.xgboost._backend import XGBoostBackend
 
         return XGBoostBackend
 
     @property
     def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
-        from phalanx.xgboost.collective import CollectiveContext
+        from phalanx.xgboost._collective import CollectiveContext
 
         return CollectiveContext
 

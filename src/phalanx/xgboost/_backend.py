@@ -8,8 +8,8 @@ from typing import Any
 from phalanx._internal.gbdt.addresses import cpus_per_worker, group_addresses
 from phalanx.backend import Backend, BackendConfig
 from phalanx.errors import ConfigError, WorkerGroupError
-from phalanx.xgboost.collective import prepare_rank, start_tracker, stop_tracker
-from phalanx.xgboost.config import XGBoostConfig
+from phalanx.xgboost._collective import prepare_rank, start_tracker, stop_tracker
+from phalanx.xgboost._config import XGBoostConfig
 
 __all__ = ["XGBoostBackend"]
 

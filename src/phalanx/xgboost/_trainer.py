@@ -19,8 +19,8 @@ from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
 from phalanx.validation import ValidationConfig
-from phalanx.xgboost.callback import ReportCallback
-from phalanx.xgboost.config import XGBoostConfig
+from phalanx.xgboost._callback import ReportCallback
+from phalanx.xgboost._config import XGBoostConfig
 
 __all__ = ["XGBoostTrainer"]
 

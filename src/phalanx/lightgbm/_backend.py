@@ -8,8 +8,8 @@ from typing import Any
 from phalanx._internal.gbdt.addresses import LOOPBACK, cpus_per_worker, group_addresses
 from phalanx.backend import Backend, BackendConfig
 from phalanx.errors import ConfigError
-from phalanx.lightgbm.config import LightGBMConfig
-from phalanx.lightgbm.network import reserve_port_on_rank, set_network
+from phalanx.lightgbm._config import LightGBMConfig
+from phalanx.lightgbm._network import reserve_port_on_rank, set_network
 
 __all__ = ["LightGBMBackend"]
 

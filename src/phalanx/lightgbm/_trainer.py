@@ -16,9 +16,9 @@ from phalanx._internal.gbdt.trainer import GBDTTrainer, Library
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
-from phalanx.lightgbm.callback import ReportCallback
-from phalanx.lightgbm.config import LightGBMConfig
-from phalanx.lightgbm.network import get_network_params
+from phalanx.lightgbm._callback import ReportCallback
+from phalanx.lightgbm._config import LightGBMConfig
+from phalanx.lightgbm._network import get_network_params
 from phalanx.validation import ValidationConfig
 
 __all__ = ["LightGBMTrainer"]
