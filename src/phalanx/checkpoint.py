@@ -11,14 +11,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from phalanx._internal.checkpoint_files import PREPROCESSOR_FILE, RAY_PREPROCESSOR_KEY
 from phalanx._internal.storage.filesystem import copy_tree, is_local, resolve_filesystem
 
 __all__ = ["Checkpoint"]
 
 METADATA_FILE = ".metadata.json"
-PREPROCESSOR_FILE = "preprocessor.pkl"
-# Where Ray's FrameworkCheckpoint.set_preprocessor keeps it: the pickle, hex-encoded, in metadata.
-RAY_PREPROCESSOR_KEY = "preprocessor_pkl"
 
 
 class Checkpoint:

@@ -13,8 +13,8 @@ from phalanx.lightgbm._checkpoint import LightGBMCheckpoint
 from phalanx.lightgbm._config import LightGBMConfig
 from phalanx.lightgbm._network import get_network_params
 from phalanx.lightgbm._pandas_dtypes import normalize_pandas_for_lightgbm
+from phalanx.lightgbm._predictor import LightGBMPredictor
 from phalanx.lightgbm._trainer import LightGBMTrainer
-from phalanx.predict.gbdt import LightGBMPredictor
 
 __all__ = [
     "LightGBMCheckpoint",

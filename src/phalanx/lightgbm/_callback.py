@@ -10,15 +10,14 @@ import lightgbm
 
 from phalanx._internal.gbdt.reporting import (
     MetricsArg,
+    ReportingCore,
     ReportSettings,
     flatten_metrics,
-    send_report,
 )
 from phalanx.checkpoint import Checkpoint
+from phalanx.lightgbm._library import LIGHTGBM
 
 __all__ = ["RayTrainReportCallback", "ReportCallback"]
-
-FRAMEWORK = "lightgbm"
 
 
 class ReportCallback:
@@ -45,7 +44,7 @@ class ReportCallback:
         booster = ReportCallback.get_model(result.checkpoint)
     """
 
-    CHECKPOINT_NAME = "model.txt"
+    CHECKPOINT_NAME = LIGHTGBM.model_file
     # Run after record_evaluation (20) and before early_stopping (30), whose exception would
     # otherwise skip the report of the round that stops training.
     order = 25
@@ -59,7 +58,7 @@ class ReportCallback:
         checkpoint_at_end: bool = True,
         results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
-        self._settings = ReportSettings(
+        settings = ReportSettings(
             type(self).__name__,
             metrics,
             filename,
@@ -67,38 +66,23 @@ class ReportCallback:
             checkpoint_at_end,
             results_postprocessing_fn,
         )
-        self._last_metrics: dict[str, Any] = {}
-        self._last_saved_rounds: int | None = None
-        self._finished = False
+        self._core = ReportingCore(settings, LIGHTGBM.framework)
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint, filename: str = CHECKPOINT_NAME) -> lightgbm.Booster:
         """The booster saved in ``checkpoint`` by this callback (or by LightGBMTrainer)."""
         with checkpoint.as_directory() as directory:
-            return lightgbm.Booster(model_file=os.path.join(directory, filename))
+            return LIGHTGBM.load_model(os.path.join(directory, filename))
 
     def __call__(self, env: Any) -> None:
-        settings = self._settings
-        self._last_metrics = settings.select(flatten_metrics(_evals(env.evaluation_result_list)))
         last = env.iteration == env.end_iteration - 1
-        if settings.checkpoint_due(env.iteration) or (last and settings.checkpoint_at_end):
-            self._last_saved_rounds = env.iteration + 1
-            send_report(self._last_metrics, _saver(env.model), settings.filename, FRAMEWORK)
-        else:
-            send_report(self._last_metrics, None, settings.filename, FRAMEWORK)
+        evals = _evals(env.evaluation_result_list)
+        self._core.round_done(evals, env.iteration + 1, env.model.save_model, last)
 
     def after_training(self, booster: lightgbm.Booster) -> lightgbm.Booster:
         """After ``lightgbm.train`` returns: save the final checkpoint if the last round did not
         (early stopping, or ``num_boost_round=0``). Call it on every rank."""
-        if self._finished:
-            return booster
-        self._finished = True
-        metrics = {**self._last_metrics, **best_of(booster)}
-        just_saved = self._last_saved_rounds == booster.current_iteration()
-        if self._settings.checkpoint_at_end and not just_saved:
-            send_report(metrics, _saver(booster), self._settings.filename, FRAMEWORK)
-        elif metrics != self._last_metrics:  # early stopping: say which round was best
-            send_report(metrics, None, self._settings.filename, FRAMEWORK)
+        self._core.training_done(booster.current_iteration(), best_of(booster), booster.save_model)
         return booster
 
 
@@ -131,10 +115,3 @@ def _evals(results: list[tuple[Any, ...]]) -> dict[str, dict[str, Any]]:
         else:
             evals.setdefault(data_name, {})[metric] = value
     return evals
-
-
-def _saver(booster: lightgbm.Booster) -> Callable[[str], None]:
-    def save(path: str) -> None:
-        booster.save_model(path)
-
-    return save

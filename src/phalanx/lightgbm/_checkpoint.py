@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-from typing import Any
-
-import lightgbm
-
-from phalanx.checkpoint import Checkpoint
+from phalanx._internal.gbdt.checkpoint import BoosterCheckpoint
+from phalanx.lightgbm._library import LIGHTGBM
 
 __all__ = ["LightGBMCheckpoint"]
 
 
-class LightGBMCheckpoint(Checkpoint):
+class LightGBMCheckpoint(BoosterCheckpoint):
     """A :class:`~phalanx.Checkpoint` with a booster in ``model.txt`` (Ray's layout, also what
     the trainer and ``RayTrainReportCallback`` save).
 
@@ -23,29 +18,5 @@ class LightGBMCheckpoint(Checkpoint):
         LightGBMCheckpoint.from_checkpoint(result.checkpoint).get_model().predict(df)
     """
 
-    MODEL_FILENAME = "model.txt"
-
-    @classmethod
-    def from_model(
-        cls, booster: lightgbm.Booster, *, preprocessor: Any = None, path: str | None = None
-    ) -> LightGBMCheckpoint:
-        """A checkpoint of ``booster`` in directory ``path`` (a new temporary one if None)."""
-        directory = path if path is not None else tempfile.mkdtemp(prefix="phalanx_lightgbm_")
-        os.makedirs(directory, exist_ok=True)
-        booster.save_model(os.path.join(directory, cls.MODEL_FILENAME))
-        checkpoint = cls.from_directory(directory)
-        if preprocessor is not None:
-            checkpoint.set_preprocessor(preprocessor)
-        return checkpoint  # type: ignore[return-value]
-
-    def get_model(self) -> lightgbm.Booster:
-        """The booster saved in this checkpoint."""
-        with self.as_directory() as directory:
-            path = os.path.join(directory, self.MODEL_FILENAME)
-            if not os.path.exists(path):
-                raise FileNotFoundError(
-                    f"{self!r} has no {self.MODEL_FILENAME}, so it holds no LightGBM model.\n"
-                    "HINT: use a checkpoint saved by LightGBMTrainer, RayTrainReportCallback "
-                    "or LightGBMCheckpoint.from_model."
-                )
-            return lightgbm.Booster(model_file=path)
+    _library = LIGHTGBM
+    MODEL_FILENAME = LIGHTGBM.model_file

@@ -10,7 +10,8 @@
         "data/", num_workers=2, keep_columns=["id"], output_path="preds/"
     )
 
-Framework predictors are imported on first use, so ``import phalanx.predict`` imports no torch,
+Framework predictors live in their framework packages (``phalanx.torch.TorchPredictor``, ...)
+and are imported from there on first use, so ``import phalanx.predict`` imports no torch,
 xgboost or lightgbm.
 """
 
@@ -22,15 +23,17 @@ from phalanx.predict.base import Predictor, PredictorNotSerializableError, check
 from phalanx.predict.batch import BatchPredictor
 
 if TYPE_CHECKING:
-    from phalanx.predict.gbdt import LightGBMPredictor, XGBoostPredictor
-    from phalanx.predict.torch import TorchPredictor
+    from phalanx.lightgbm import LightGBMPredictor
+    from phalanx.torch import TorchPredictor
+    from phalanx.xgboost import XGBoostPredictor
 
 PredictorNotSerializableException = PredictorNotSerializableError  # Ray's name
 
+# Each framework package owns its predictor; these names stay here for AIR-era imports.
 _LAZY = {
-    "TorchPredictor": "phalanx.predict.torch",
-    "XGBoostPredictor": "phalanx.predict.gbdt",
-    "LightGBMPredictor": "phalanx.predict.gbdt",
+    "TorchPredictor": "phalanx.torch",
+    "XGBoostPredictor": "phalanx.xgboost",
+    "LightGBMPredictor": "phalanx.lightgbm",
 }
 
 __all__ = [

@@ -9,7 +9,6 @@ carried over next to the predictions.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -17,26 +16,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from phalanx.checkpoint import PREPROCESSOR_FILE as PREPROCESSOR_FILENAME
+from phalanx._internal.checkpoint_files import framework_of, load_preprocessor
 from phalanx.checkpoint import Checkpoint
 
 __all__ = [
-    "PREPROCESSOR_FILENAME",
     "PandasUDFPredictor",
     "Predictor",
     "PredictorNotSerializableError",
     "checkpoint_framework",
-    "load_preprocessor",
 ]
-
-FRAMEWORK_KEY = "framework"
-# Which framework a checkpoint holds, told by its model file when no metadata says it.
-FRAMEWORK_FILES = {
-    "torch": ("model.pt",),
-    "xgboost": ("model.ubj", "model.json"),
-    "lightgbm": ("model.txt",),
-}
-DISPLAY = {"torch": "PyTorch", "xgboost": "XGBoost", "lightgbm": "LightGBM"}
 
 
 class PredictorNotSerializableError(RuntimeError):
@@ -46,35 +34,7 @@ class PredictorNotSerializableError(RuntimeError):
 def checkpoint_framework(checkpoint: Checkpoint) -> str | None:
     """``"torch"``, ``"xgboost"``, ``"lightgbm"`` (from the metadata's ``framework`` or the
     model file it holds), or None if unknown."""
-    try:
-        framework = checkpoint.get_metadata().get(FRAMEWORK_KEY)
-    except Exception:  # no metadata file
-        framework = None
-    if framework:
-        return str(framework)
-    with checkpoint.as_directory() as directory:
-        names = set(os.listdir(directory))
-    for name, files in FRAMEWORK_FILES.items():
-        if names.intersection(files):
-            return name
-    return None
-
-
-def check_framework(checkpoint: Checkpoint, expected: str, predictor: str) -> None:
-    """Raise ValueError if ``checkpoint`` holds another framework's model."""
-    found = checkpoint_framework(checkpoint)
-    if found is not None and found != expected:
-        raise ValueError(
-            f"{predictor} cannot load {checkpoint!r}: this checkpoint holds a "
-            f"{DISPLAY.get(found, found)} model, not {DISPLAY[expected]}.\n"
-            f"HINT: use the predictor of the framework that trained it, e.g. "
-            f"{DISPLAY.get(found, found).replace('PyTorch', 'Torch')}Predictor."
-        )
-
-
-def load_preprocessor(checkpoint: Checkpoint | None) -> Any:
-    """The preprocessor saved in ``checkpoint`` (``preprocessor.pkl``), or None."""
-    return None if checkpoint is None else checkpoint.get_preprocessor()
+    return framework_of(checkpoint)
 
 
 class Predictor:

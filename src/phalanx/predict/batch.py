@@ -71,7 +71,7 @@ class BatchPredictor:
     def get_preprocessor(self) -> Any:
         if self._preprocessor_set:
             return self._preprocessor
-        from phalanx.predict.base import load_preprocessor
+        from phalanx._internal.checkpoint_files import load_preprocessor
 
         return load_preprocessor(self.checkpoint)
 

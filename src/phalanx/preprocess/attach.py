@@ -14,11 +14,11 @@ from typing import Any
 import cloudpickle
 import pyarrow as pa
 
+from phalanx._internal.checkpoint_files import PREPROCESSOR_FILE as PREPROCESSOR_FILENAME
 from phalanx.data.iterator import DataIterator
 from phalanx.data.plan import Piece
 from phalanx.data.source import Source
 from phalanx.errors import ConfigError
-from phalanx.predict.base import PREPROCESSOR_FILENAME
 
 __all__ = ["PREPROCESSOR_FILENAME", "fit_on_train", "preprocess_shards", "serialize"]
 

@@ -27,7 +27,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         "HINT: pip install 'phalanx[torch]' (or pip install torch)."
     ) from exc
 
-from phalanx.predict.torch import TorchPredictor
+from phalanx.torch._predictor import TorchPredictor
 from phalanx.torch.amp import accelerate, backward, prepare_optimizer
 from phalanx.torch.checkpoint import TorchCheckpoint
 from phalanx.torch.config import TorchConfig

@@ -12,12 +12,12 @@ from typing import Any
 import torch
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
+from phalanx._internal.checkpoint_files import MODEL_FILES
 from phalanx.checkpoint import Checkpoint
 
 __all__ = ["TorchCheckpoint"]
 
-MODEL_FILENAME = "model.pt"
-PREPROCESSOR_FILENAME = "preprocessor.pkl"
+MODEL_FILENAME = MODEL_FILES["torch"][0]
 
 
 class TorchCheckpoint(Checkpoint):

@@ -7,10 +7,10 @@ metrics and saves checkpoints from your own ``xgboost.train`` call.
 batches with one, as ``ray.train.xgboost`` did in AIR.
 """
 
-from phalanx.predict.gbdt import XGBoostPredictor
 from phalanx.xgboost._callback import RayTrainReportCallback, ReportCallback
 from phalanx.xgboost._checkpoint import XGBoostCheckpoint
 from phalanx.xgboost._config import XGBoostConfig
+from phalanx.xgboost._predictor import XGBoostPredictor
 from phalanx.xgboost._trainer import XGBoostTrainer
 
 __all__ = [

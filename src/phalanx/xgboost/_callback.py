@@ -9,17 +9,11 @@ from typing import Any
 import xgboost
 from xgboost.callback import TrainingCallback
 
-from phalanx._internal.gbdt.reporting import (
-    MetricsArg,
-    ReportSettings,
-    flatten_metrics,
-    send_report,
-)
+from phalanx._internal.gbdt.reporting import MetricsArg, ReportingCore, ReportSettings
 from phalanx.checkpoint import Checkpoint
+from phalanx.xgboost._library import XGBOOST
 
 __all__ = ["RayTrainReportCallback", "ReportCallback"]
-
-FRAMEWORK = "xgboost"
 
 
 class ReportCallback(TrainingCallback):
@@ -46,7 +40,7 @@ class ReportCallback(TrainingCallback):
         booster = ReportCallback.get_model(result.checkpoint)
     """
 
-    CHECKPOINT_NAME = "model.ubj"
+    CHECKPOINT_NAME = XGBOOST.model_file
 
     def __init__(
         self,
@@ -57,7 +51,7 @@ class ReportCallback(TrainingCallback):
         results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
-        self._settings = ReportSettings(
+        settings = ReportSettings(
             type(self).__name__,
             metrics,
             filename,
@@ -65,44 +59,25 @@ class ReportCallback(TrainingCallback):
             checkpoint_at_end,
             results_postprocessing_fn,
         )
-        self._last_metrics: dict[str, Any] = {}
-        self._last_saved_rounds: int | None = None
-        # Set by XGBoostTrainer's loop, which knows the last round: its checkpoint is then saved
-        # with that round's report instead of one more report after training.
-        self._total_rounds: int | None = None
+        self._core = ReportingCore(settings, XGBOOST.framework)
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint, filename: str = CHECKPOINT_NAME) -> xgboost.Booster:
         """The booster saved in ``checkpoint`` by this callback (or by XGBoostTrainer)."""
         with checkpoint.as_directory() as directory:
-            booster = xgboost.Booster()
-            booster.load_model(os.path.join(directory, filename))
-            return booster
+            return XGBOOST.load_model(os.path.join(directory, filename))
 
     def before_training(self, model: Any) -> Any:
-        self._last_metrics = {}
-        self._last_saved_rounds = None
+        self._core.reset()
         return model
 
     def after_iteration(self, model: Any, epoch: int, evals_log: Any) -> bool:
-        settings = self._settings
-        self._last_metrics = settings.select(flatten_metrics(evals_log))
-        rounds = model.num_boosted_rounds()  # epoch restarts at 0 when xgb_model is given
-        last = rounds == self._total_rounds
-        if settings.checkpoint_due(rounds - 1) or (last and settings.checkpoint_at_end):
-            self._last_saved_rounds = rounds
-            send_report(self._last_metrics, _saver(model), settings.filename, FRAMEWORK)
-        else:
-            send_report(self._last_metrics, None, settings.filename, FRAMEWORK)
+        # Rounds counted over resumes: epoch restarts at 0 when xgb_model is given.
+        self._core.round_done(evals_log, model.num_boosted_rounds(), model.save_model)
         return False
 
     def after_training(self, model: Any) -> Any:
-        metrics = {**self._last_metrics, **best_of(model)}
-        just_saved = self._last_saved_rounds == model.num_boosted_rounds()
-        if self._settings.checkpoint_at_end and not just_saved:
-            send_report(metrics, _saver(model), self._settings.filename, FRAMEWORK)
-        elif metrics != self._last_metrics:  # early stopping: say which round was best
-            send_report(metrics, None, self._settings.filename, FRAMEWORK)
+        self._core.training_done(model.num_boosted_rounds(), best_of(model), model.save_model)
         return model
 
 
@@ -120,7 +95,3 @@ def best_of(model: Any) -> dict[str, Any]:
     if score is not None:
         best["best_score"] = float(score)
     return best
-
-
-def _saver(model: Any) -> Callable[[str], None]:
-    return lambda path: model.save_model(path)

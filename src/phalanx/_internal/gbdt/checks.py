@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from phalanx._internal.gbdt.library import BuiltinLoopArgs
 from phalanx._internal.gbdt.spec import TRAIN
 from phalanx.config import RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
@@ -24,13 +25,13 @@ PROBE_ROWS = 256
 def check_style(
     trainer: str,
     train_loop_per_worker: Callable[..., Any] | None,
-    legacy: dict[str, Any],
+    legacy: BuiltinLoopArgs,
     train_kwargs: dict[str, Any],
 ) -> None:
     """A trainer runs either the user's loop or the built-in one, never a mix of both."""
     if train_loop_per_worker is None:
         return
-    given = sorted([k for k, v in legacy.items() if v is not None] + list(train_kwargs))
+    given = sorted(legacy.given() + list(train_kwargs))
     if given:
         raise ConfigError(
             f"{trainer} got train_loop_per_worker and also {given}, which only the built-in "

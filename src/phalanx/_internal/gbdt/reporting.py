@@ -9,7 +9,13 @@ from typing import Any
 
 from phalanx.errors import ConfigError
 
-__all__ = ["ReportSettings", "flatten_metrics", "send_report"]
+__all__ = [
+    "ReportSettings",
+    "ReportingCore",
+    "find_or_add_reporter",
+    "flatten_metrics",
+    "send_report",
+]
 
 MetricsArg = str | list[str] | dict[str, str] | None
 
@@ -100,7 +106,7 @@ def flatten_metrics(evals: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 def send_report(
     metrics: dict[str, Any],
-    save_model: Callable[[str], None] | None,
+    save_model: Callable[[str], Any] | None,
     filename: str,
     framework: str,
 ) -> None:
@@ -134,11 +140,72 @@ def _same(names: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
 
 def find_or_add_reporter(callbacks: list[Any], reporter_cls: type, spec: Any) -> Any:
     """The user's report callback among ``callbacks``, or a new one (appended) that reports every
-    round and checkpoints as ``spec`` (the built-in loop's settings) says."""
-    reporter = next((c for c in callbacks if isinstance(c, reporter_cls)), None)
+    round and checkpoints as ``spec`` (the built-in loop's settings) says. Either way it learns
+    the run's total rounds, so the last round's report carries the final checkpoint."""
+    reporter: Any = next((c for c in callbacks if isinstance(c, reporter_cls)), None)
     if reporter is None:
         reporter = reporter_cls(
             frequency=spec.checkpoint_frequency, checkpoint_at_end=spec.checkpoint_at_end
         )
         callbacks.append(reporter)
+    core: ReportingCore = reporter._core
+    core.total_rounds = spec.num_boost_round
     return reporter
+
+
+class ReportingCore:
+    """The state and rules of one report callback, whichever library calls it: what each round
+    reports, which rounds save the model, and the final report after training.
+
+    ``total_rounds``: the rounds the run will have in all, when known (the built-in loop sets
+    it); then the last round's report carries the final checkpoint.
+    """
+
+    def __init__(self, settings: ReportSettings, framework: str) -> None:
+        self.settings = settings
+        self.framework = framework
+        self.total_rounds: int | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the previous training (the callback is used again)."""
+        self.last_metrics: dict[str, Any] = {}
+        self.last_saved_rounds: int | None = None
+        self.finished = False
+
+    def round_done(
+        self,
+        evals: Mapping[str, Mapping[str, Any]],
+        rounds: int,
+        save_model: Callable[[str], Any],
+        last: bool | None = None,
+    ) -> None:
+        """Report the round that brought the model to ``rounds`` rounds (counted over resumes);
+        ``last``: whether training ends with it (None: compare with ``total_rounds``)."""
+        settings = self.settings
+        self.last_metrics = settings.select(flatten_metrics(evals))
+        if last is None:
+            last = rounds == self.total_rounds
+        if settings.checkpoint_due(rounds - 1) or (last and settings.checkpoint_at_end):
+            self.last_saved_rounds = rounds
+            self._send(self.last_metrics, save_model)
+        else:
+            self._send(self.last_metrics, None)
+
+    def training_done(
+        self, rounds: int, best: dict[str, Any], save_model: Callable[[str], Any]
+    ) -> None:
+        """After training (once): save the final checkpoint if the last round did not (early
+        stopping, no rounds), or report ``best`` (``best_iteration``, ``best_score``)."""
+        if self.finished:
+            return
+        self.finished = True
+        metrics = {**self.last_metrics, **best}
+        just_saved = self.last_saved_rounds == rounds
+        if self.settings.checkpoint_at_end and not just_saved:
+            self._send(metrics, save_model)
+        elif metrics != self.last_metrics:  # early stopping: say which round was best
+            self._send(metrics, None)
+
+    def _send(self, metrics: dict[str, Any], save_model: Callable[[str], Any] | None) -> None:
+        send_report(metrics, save_model, self.settings.filename, self.framework)

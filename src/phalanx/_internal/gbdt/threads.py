@@ -3,7 +3,8 @@
 XGBoost and LightGBM run their loops in GNU OpenMP (libgomp), which is not fork-safe: once a
 process ran one parallel region, a child forked from it hangs in its first parallel region. The
 driver often trains a baseline before ``fit()`` (or probes ``params``), and phalanx forks its
-workers from a copy of the driver, so the pool is released first (``omp_pause_resource_all``).
+workers from a copy of the driver, so the pool is released first
+(:mod:`phalanx._internal.engines.local.fork_safety`, which this module shares).
 
 Without a thread count, both libraries use every core in every worker, and N workers on one
 node fight over the same cores. :func:`default_threads` sets the OpenMP default of the thread
@@ -18,6 +19,8 @@ import ctypes
 import logging
 import os
 from collections.abc import Iterator
+
+from phalanx._internal.engines.local.fork_safety import loaded_libraries
 
 __all__ = ["cpu_share", "default_threads"]
 
@@ -56,19 +59,9 @@ def default_threads(n: int) -> Iterator[None]:
 
 def _libgomps() -> list[ctypes.CDLL]:
     libs = []
-    for path in _loaded_libraries("libgomp"):
+    for path in loaded_libraries("libgomp"):
         try:
             libs.append(ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY))
         except OSError:
             logger.debug("Cannot open the loaded OpenMP runtime %s.", path, exc_info=True)
     return libs
-
-
-def _loaded_libraries(name: str) -> list[str]:
-    try:
-        with open("/proc/self/maps") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    paths = {line.split(maxsplit=5)[-1] for line in lines if name in line.rsplit("/", 1)[-1]}
-    return sorted(p for p in paths if p.startswith("/"))

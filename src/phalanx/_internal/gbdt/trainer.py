@@ -2,17 +2,17 @@
 
 Either the user's ``train_loop_per_worker`` (Ray 2.60 style: it calls ``xgboost.train`` /
 ``lightgbm.train`` itself, with a report callback), or ``datasets`` + ``label_column`` +
-``params`` + ``num_boost_round`` (the built-in loop: :class:`Library.train_loop`).
+``params`` + ``num_boost_round`` (the built-in loop: :func:`.loop.builtin_loop`).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from phalanx._internal.gbdt import checks
+from phalanx._internal.gbdt import checks, loop
+from phalanx._internal.gbdt.library import BoostingLibrary, BuiltinLoopArgs
 from phalanx._internal.gbdt.spec import TRAIN, GBDTSpec
 from phalanx.backend import BackendConfig
 from phalanx.checkpoint import Checkpoint
@@ -20,36 +20,15 @@ from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
 from phalanx.trainer import DataParallelTrainer, _check_type
 
-__all__ = ["DEFAULT_NUM_BOOST_ROUND", "GBDTTrainer", "Library"]
+__all__ = ["DEFAULT_NUM_BOOST_ROUND", "GBDTTrainer"]
 
 DEFAULT_NUM_BOOST_ROUND = 10
-
-
-@dataclass(frozen=True)
-class Library:
-    """What differs between the boosting libraries, for the shared trainer code.
-
-    ``check(spec, scaling_config, dataset_config)`` raises ConfigError for params the
-    library rejects (run on the driver, with ``probe`` trying them on the first rows);
-    ``train_loop(spec, config)`` runs on every worker; ``split_eval_sets``: whether evaluation
-    sets are sharded by default (only when the library reduces metrics across workers).
-    """
-
-    trainer: str
-    name: str
-    config_arg: str
-    config_type: type[BackendConfig]
-    column_keys: frozenset[str]
-    split_eval_sets: bool
-    train_loop: Callable[..., Any]
-    check: Callable[[GBDTSpec, ScalingConfig, DataConfig | None], None]
-    probe: Callable[[GBDTSpec, Any], None]
 
 
 class GBDTTrainer(DataParallelTrainer):
     """Base of XGBoostTrainer and LightGBMTrainer (subclasses set ``_library``)."""
 
-    _library: ClassVar[Library]
+    _library: ClassVar[BoostingLibrary]
 
     label_column: str | None = None
     params: dict[str, Any] | None = None
@@ -64,7 +43,7 @@ class GBDTTrainer(DataParallelTrainer):
         run_config: RunConfig | None,
         datasets: dict[str, Any] | None,
         dataset_config: DataConfig | None,
-        legacy: dict[str, Any],
+        legacy: BuiltinLoopArgs,
         train_kwargs: dict[str, Any],
         **rest: Any,
     ) -> None:
@@ -73,7 +52,7 @@ class GBDTTrainer(DataParallelTrainer):
         if backend_config is not None and not isinstance(backend_config, lib.config_type):
             raise ConfigError(
                 f"{lib.config_arg}={backend_config!r} is invalid: it must be a "
-                f"{lib.config_type.__module__}.{lib.config_type.__name__}."
+                f"phalanx.{lib.framework}.{lib.config_type.__name__}."
             )
         scaling = scaling_config or ScalingConfig()
         _check_type("scaling_config", scaling, ScalingConfig)
@@ -109,46 +88,48 @@ class GBDTTrainer(DataParallelTrainer):
         scaling: ScalingConfig,
         run_config: RunConfig,
         dataset_config: DataConfig | None,
-        legacy: dict[str, Any],
+        legacy: BuiltinLoopArgs,
         train_kwargs: dict[str, Any],
     ) -> tuple[Callable[..., Any], DataConfig | None]:
         lib = self._library
-        rounds = legacy["num_boost_round"]
+        rounds = legacy.num_boost_round
         rounds = DEFAULT_NUM_BOOST_ROUND if rounds is None else rounds
         names = checks.check_legacy_args(
             lib.trainer,
             datasets,
-            legacy["label_column"],
-            legacy["params"],
+            legacy.label_column,
+            legacy.params,
             rounds,
-            legacy["dmatrix_params"],
+            legacy.dmatrix_params,
             lib.column_keys,
         )
         checks.check_score_attribute(lib.trainer, run_config, names)
         frequency, at_end = checks.checkpoint_settings(run_config)
         resources = scaling.resources_per_worker or {}
         spec = GBDTSpec(
-            label_column=legacy["label_column"],
-            params=dict(legacy["params"] or {}),
+            label_column=legacy.label_column,
+            params=dict(legacy.params or {}),
             num_boost_round=rounds,
             dataset_names=names,
-            dmatrix_params={k: dict(v) for k, v in (legacy["dmatrix_params"] or {}).items()},
+            dmatrix_params={k: dict(v) for k, v in (legacy.dmatrix_params or {}).items()},
             train_kwargs=dict(train_kwargs),
             checkpoint_frequency=frequency,
             checkpoint_at_end=at_end,
             cpus_per_worker=resources.get("CPU"),
         )
-        lib.check(spec, scaling, dataset_config)
+        loop.check_train_kwargs(lib, spec)
+        lib.extra_checks(spec, scaling, dataset_config)
         head = checks.head_frame(datasets[TRAIN])
         if head is not None:
-            lib.probe(spec, head)
+            loop.probe(lib, spec, head)
         if dataset_config is None and not lib.split_eval_sets:
             dataset_config = DataConfig(datasets_to_split=[TRAIN])
         self.label_column = spec.label_column
         self.params = spec.params
         self.num_boost_round = spec.num_boost_round
-        return functools.partial(lib.train_loop, spec), dataset_config
+        return functools.partial(loop.builtin_loop, lib, spec), dataset_config
 
     @classmethod
-    def get_model(cls, checkpoint: Checkpoint) -> Any:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def get_model(cls, checkpoint: Checkpoint) -> Any:
+        """The booster saved in a checkpoint of this trainer (``result.checkpoint``)."""
+        return cls._library.report_callback.get_model(checkpoint)

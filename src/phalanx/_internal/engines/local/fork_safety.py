@@ -14,7 +14,7 @@ import ctypes
 import logging
 import os
 
-__all__ = ["release_openmp_threads"]
+__all__ = ["loaded_libraries", "release_openmp_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ _OMP_PAUSE_HARD = 2
 
 def release_openmp_threads() -> None:
     """Stop the OpenMP thread pool of every libgomp loaded in this process (Linux only)."""
-    for path in _loaded_libraries("libgomp"):
+    for path in loaded_libraries("libgomp"):
         try:
             lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
             pause = lib.omp_pause_resource_all
@@ -36,7 +36,7 @@ def release_openmp_threads() -> None:
             logger.debug("omp_pause_resource_all failed for %s.", path)
 
 
-def _loaded_libraries(name: str) -> list[str]:
+def loaded_libraries(name: str) -> list[str]:
     try:
         with open("/proc/self/maps") as f:
             lines = f.read().splitlines()

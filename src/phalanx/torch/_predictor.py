@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from phalanx._internal.checkpoint_files import check_framework, load_preprocessor
 from phalanx.checkpoint import Checkpoint
-from phalanx.predict.base import Predictor, check_framework, load_preprocessor
+from phalanx.predict.base import Predictor
 
 __all__ = ["TorchPredictor"]
 

@@ -1,0 +1,72 @@
+"""The base of ``XGBoostPredictor`` and ``LightGBMPredictor``: a booster loaded from a
+checkpoint, applied to batches."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from phalanx._internal.checkpoint_files import (
+    MODEL_FILES,
+    check_framework,
+    find_model_file,
+    load_preprocessor,
+)
+from phalanx._internal.gbdt.library import BoostingLibrary
+from phalanx.checkpoint import Checkpoint
+from phalanx.predict.base import TENSOR_COLUMN, Predictor
+
+__all__ = ["BoosterPredictor", "as_features", "prediction_columns"]
+
+SelfPredictor = TypeVar("SelfPredictor", bound="BoosterPredictor")
+
+
+class BoosterPredictor(Predictor):
+    """Predicts with a booster: a ``predictions`` column (``predictions_<i>`` for several
+    outputs per row). Subclasses set ``_library`` and define ``_predict_pandas``."""
+
+    _library: ClassVar[BoostingLibrary]
+
+    def __init__(self, model: Any, preprocessor: Any = None) -> None:
+        super().__init__(preprocessor)
+        self.model = model
+
+    @classmethod
+    def from_checkpoint(
+        cls: type[SelfPredictor], checkpoint: Checkpoint, **kwargs: Any
+    ) -> SelfPredictor:
+        library = cls._library
+        check_framework(checkpoint, library.framework, cls.__name__)
+        hint = f"pass a checkpoint saved by the {library.framework} trainer or its ReportCallback."
+        with checkpoint.as_directory() as directory:
+            path = find_model_file(checkpoint, directory, MODEL_FILES[library.framework], hint)
+            booster = library.load_model(path)
+        return cls(booster, preprocessor=load_preprocessor(checkpoint), **kwargs)
+
+    def _predict_numpy(self, data: Any, **kwargs: Any) -> dict[str, np.ndarray]:  # type: ignore[override]
+        frame = self._predict_pandas(as_features(data), **kwargs)
+        return {str(c): frame[c].to_numpy() for c in frame.columns}
+
+
+def prediction_columns(predictions: np.ndarray) -> pd.DataFrame:
+    if predictions.ndim == 1:
+        return pd.DataFrame({"predictions": predictions})
+    return pd.DataFrame(
+        {f"predictions_{i}": predictions[:, i] for i in range(predictions.shape[1])}
+    )
+
+
+def as_features(data: Any) -> Any:
+    """What the booster gets: a DataFrame (its column names become feature names) or a
+    matrix (a numpy array, or Ray's single tensor column of per-row arrays)."""
+    if isinstance(data, np.ndarray):
+        return data
+    if isinstance(data, dict):
+        if all(np.ndim(v) == 1 for v in data.values()):
+            return pd.DataFrame(data)
+        return np.column_stack([np.asarray(v).reshape(len(v), -1) for v in data.values()])
+    if list(data.columns) == [TENSOR_COLUMN]:
+        return np.stack(data[TENSOR_COLUMN].to_numpy())
+    return data
