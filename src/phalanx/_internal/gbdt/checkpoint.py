@@ -45,8 +45,8 @@ class BoosterCheckpoint(Checkpoint):
     def get_model(self) -> Any:
         """The booster saved in this checkpoint."""
         library = self._library
-        names = (self.MODEL_FILENAME, *MODEL_FILES[library.framework])
-        names = tuple(dict.fromkeys(names))
+        others = MODEL_FILES.get(library.framework, ())
+        names = tuple(dict.fromkeys((self.MODEL_FILENAME, library.model_file, *others)))
         with self.as_directory() as directory:
             path = find_model_file(self, directory, names, self._hint())
             return library.load_model(path)

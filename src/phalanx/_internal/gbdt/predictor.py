@@ -41,7 +41,8 @@ class BoosterPredictor(Predictor):
         check_framework(checkpoint, library.framework, cls.__name__)
         hint = f"pass a checkpoint saved by the {library.framework} trainer or its ReportCallback."
         with checkpoint.as_directory() as directory:
-            path = find_model_file(checkpoint, directory, MODEL_FILES[library.framework], hint)
+            names = MODEL_FILES.get(library.framework, (library.model_file,))
+            path = find_model_file(checkpoint, directory, names, hint)
             booster = library.load_model(path)
         return cls(booster, preprocessor=load_preprocessor(checkpoint), **kwargs)
 
