@@ -27,6 +27,19 @@ def engine_override() -> str | None:
     return os.environ.get("PHALANX_ENGINE") or None
 
 
+START_METHOD_VAR = "PHALANX_START_METHOD"
+
+
+def start_method() -> str | None:
+    """``PHALANX_START_METHOD=fork|spawn``: how the local engine starts workers (None: choose)."""
+    return os.environ.get(START_METHOD_VAR, "").strip().lower() or None
+
+
+def child_environment(extra: dict[str, str]) -> dict[str, str]:
+    """The driver's environment now, with ``extra`` on top: what a spawned worker starts with."""
+    return {**os.environ, **extra}
+
+
 def worker_start_timeout_s() -> float:
     return float(os.environ.get("PHALANX_WORKER_START_TIMEOUT_S", "60"))
 

@@ -1,4 +1,5 @@
-"""LocalProcessEngine: workers are processes on this machine, forked from a fork server.
+"""LocalProcessEngine: workers are processes on this machine, forked from a fork server (or
+started as new interpreters by a spawn server: see ``start_method.py``).
 
 One driver thread (the pump) watches every worker's control socket and output pipes: it resolves
 call futures, forwards reports to the events queue, and writes each output line, prefixed with
@@ -28,6 +29,8 @@ from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle
 from phalanx._internal.engines.local.forkserver import ForkServer
 from phalanx._internal.engines.local.pump import OutputPump
 from phalanx._internal.engines.local.resources import check_local_resources, local_gpu_ids
+from phalanx._internal.engines.local.spawn import SpawnServer
+from phalanx._internal.engines.local.start_method import SPAWN, StartMethod, choose_start_method
 from phalanx._internal.engines.process_tree import kill_descendants
 from phalanx._internal.env import NOTICE_FILE_VAR
 from phalanx._internal.worker.runtime import RemoteCallError, RemoteException, undecodable_error
@@ -151,12 +154,14 @@ class LocalWorkerHandle(WorkerHandle):
 
 
 class LocalProcessEngine(Engine):
-    """Workers as local processes. The fork server lives from the first launch to close()."""
+    """Workers as local processes. The fork (or spawn) server lives from the first launch to
+    close()."""
 
     name = "local"
 
     def __init__(self) -> None:
-        self._server: ForkServer | None = None
+        self._server: ForkServer | SpawnServer | None = None
+        self._start_method: StartMethod | None = None
         self._pump: OutputPump | None = None
         self._by_pid: dict[int, LocalWorkerHandle] = {}
         self._early_exits: dict[int, int] = {}
@@ -166,6 +171,8 @@ class LocalProcessEngine(Engine):
 
     def check(self, scaling_config: ScalingConfig) -> None:
         check_local_resources(scaling_config)
+        if self._server is None:  # a running server stays: its workers are safe to start
+            self._start_method = choose_start_method()
 
     def launch(self, spec: WorkerGroupSpec, events: Events) -> list[WorkerHandle]:
         """Start the workers; any failure to do so is a :class:`WorkerStartupError` (retried by
@@ -181,7 +188,7 @@ class LocalProcessEngine(Engine):
             self._abort_launch()
             if isinstance(exc, WorkerStartupError) or not isinstance(exc, Exception):
                 raise
-            why = f"the fork server failed: {type(exc).__name__}: {exc}"
+            why = f"the {self._server_label} failed: {type(exc).__name__}: {exc}"
             raise WorkerStartupError.of(list(range(spec.num_workers)), why, START_HINT) from exc
         handles, self._starting = self._starting, []
         self._preload(spec.preload_modules)
@@ -191,7 +198,10 @@ class LocalProcessEngine(Engine):
         if self._server is not None and not self._server.alive:
             raise ConnectionError(f"it died (pid {self._server.pid}) after the last attempt")
         if self._server is None:
-            self._server = ForkServer(on_exit=self._on_exit, on_death=self._on_server_death)
+            if self._start_method is None:
+                self._start_method = choose_start_method()
+            server = SpawnServer if self._start_method.name == SPAWN else ForkServer
+            self._server = server(on_exit=self._on_exit, on_death=self._on_server_death)
         if self._pump is not None and not self._pump.alive:
             self._pump.stop()
             self._pump = None
@@ -212,7 +222,7 @@ class LocalProcessEngine(Engine):
 
     def _on_server_death(self) -> None:
         """The fork server died (its reader thread): workers not started yet never will be."""
-        error = ConnectionError("the fork server died before the worker started")
+        error = ConnectionError(f"the {self._server_label} died before the worker started")
         for handle in list(self._starting):
             if not handle.hello.done():
                 handle.hello.set_exception(error)
@@ -236,6 +246,11 @@ class LocalProcessEngine(Engine):
             if handle.metadata.pid is not None:
                 self._by_pid.pop(handle.metadata.pid, None)
         self._preloaded.clear()
+
+    @property
+    def _server_label(self) -> str:
+        method = self._start_method.name if self._start_method is not None else "fork"
+        return SpawnServer.label if method == SPAWN else ForkServer.label
 
     def _stop_server(self) -> None:
         if self._server is not None:

@@ -44,6 +44,8 @@ class ForkServer:
     """Driver-side handle of the fork server. ``on_exit(pid, returncode)`` is called from a thread,
     and ``on_death()`` if the server dies before ``stop()``."""
 
+    label = "fork server"
+
     def __init__(
         self, on_exit: Callable[[int, int], None], on_death: Callable[[], None] = lambda: None
     ) -> None:
