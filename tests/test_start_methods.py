@@ -1,0 +1,261 @@
+"""The local engine's portable start path (``spawn``), forced on Linux, and the choice between
+the two paths.
+
+The key local-engine scenarios (output, reports, checkpoints, failures, driver death, Ctrl-C)
+are imported from their own modules and run again here with ``PHALANX_START_METHOD=spawn``: the
+path macOS and CUDA-initialised drivers take is tested on every CI run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import test_local_engine as local
+import test_never_hang as never_hang
+
+import phalanx as train
+from phalanx import (
+    ConfigError,
+    DataParallelTrainer,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TrainingFailedError,
+)
+from phalanx._internal.engines.local import start_method
+
+pytestmark = pytest.mark.slow
+
+SPAWN_SERVER = "spawn_server.py"
+
+
+@pytest.fixture(autouse=True)
+def spawn(monkeypatch):
+    monkeypatch.setenv("PHALANX_START_METHOD", "spawn")
+
+
+# -- the same scenarios as the fork path, on the spawn path -------------------------------------
+
+test_workers_are_separate_processes_with_torchrun_ranks = (
+    local.test_workers_are_separate_processes_with_torchrun_ranks
+)
+test_output_is_prefixed_with_the_rank_and_written_to_per_rank_logs = (
+    local.test_output_is_prefixed_with_the_rank_and_written_to_per_rank_logs
+)
+test_many_reports_arrive_in_order = local.test_many_reports_arrive_in_order
+test_reports_larger_than_the_socket_buffer_keep_their_order_and_never_block = (
+    local.test_reports_larger_than_the_socket_buffer_keep_their_order_and_never_block
+)
+test_a_checkpoint_is_visible_only_when_every_part_is_saved = (
+    local.test_a_checkpoint_is_visible_only_when_every_part_is_saved
+)
+test_an_exception_ends_fit_quickly_and_kills_the_other_ranks = (
+    local.test_an_exception_ends_fit_quickly_and_kills_the_other_ranks
+)
+test_a_worker_killed_by_a_signal_is_reported_with_rank_pid_and_signal = (
+    local.test_a_worker_killed_by_a_signal_is_reported_with_rank_pid_and_signal
+)
+test_killing_the_driver_leaves_no_worker_alive = (
+    local.test_killing_the_driver_leaves_no_worker_alive
+)
+test_fit_leaves_no_child_process = local.test_fit_leaves_no_child_process
+test_each_failed_attempt_logs_one_warning_and_every_attempt_error_is_kept = (
+    never_hang.test_each_failed_attempt_logs_one_warning_and_every_attempt_error_is_kept
+)
+test_ctrl_c_and_sigterm_stop_every_worker_and_say_how_to_resume = (
+    never_hang.test_ctrl_c_and_sigterm_stop_every_worker_and_say_how_to_resume
+)
+
+
+def fit(fn, storage, workers=2, config=None, **failure):
+    return DataParallelTrainer(
+        fn,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=workers, engine="local"),
+        run_config=RunConfig(
+            name="run", storage_path=storage, failure_config=FailureConfig(**failure)
+        ),
+    ).fit()
+
+
+def describe_worker():
+    """What a worker says about how it was started (rank 0 returns it)."""
+    return {
+        "parent": " ".join(psutil.Process(os.getppid()).cmdline()),
+        "own_session": os.getsid(0) == os.getpgid(0) == os.getpid(),
+        # an interpreter of its own (a forked worker has the driver's command line)
+        "fresh": "spawn_main" in " ".join(psutil.Process().cmdline()),
+    }
+
+
+def test_spawned_workers_are_new_interpreters_each_in_its_own_session(storage):
+    def loop():
+        return describe_worker()
+
+    worker = fit(loop, storage).return_value
+    assert SPAWN_SERVER in worker["parent"]
+    assert worker["own_session"] and worker["fresh"]
+
+
+@pytest.mark.timeout(120)
+def test_a_spawn_server_that_died_is_a_startup_failure_that_is_retried(storage):
+    def loop():
+        if train.get_context().get_attempt() == 0:
+            os.kill(os.getppid(), signal.SIGKILL)  # the spawn server; its workers die with it
+            time.sleep(60)
+        train.report({"ok": 1})
+
+    start = time.monotonic()
+    result = fit(loop, storage, max_failures=2)
+    assert time.monotonic() - start < 60
+    assert result.metrics == {"ok": 1} and result.attempts == 3
+    first, startup, last = result.attempt_errors
+    assert "killed by signal 9" in (first or "")
+    assert "could not be started" in (startup or "") and "spawn server" in (startup or "")
+    assert last is None
+
+
+def start_processes(config):
+    """Start processes that leave the worker's reach in every way we know; write their pids."""
+    import multiprocessing
+
+    pids = [
+        subprocess.Popen(["sleep", "1000"]).pid,  # in the worker's process group
+        subprocess.Popen(["sleep", "1000"], start_new_session=True).pid,  # a new session
+    ]
+    shell = subprocess.run(  # a new session, and its parent exits: an orphan
+        ["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pids.append(int(shell.stdout.strip()))
+    proc = multiprocessing.get_context("fork").Process(target=time.sleep, args=(1000,))
+    proc.start()
+    pids.append(proc.pid)
+    rank = train.get_context().get_world_rank()
+    tmp = os.path.join(os.path.dirname(config["dir"]), f"pids_{rank}.tmp")
+    with open(tmp, "w") as f:
+        f.write(" ".join(map(str, pids)))
+    os.replace(tmp, os.path.join(config["dir"], f"pids_{rank}"))
+    if config["fail"]:
+        while len(os.listdir(config["dir"])) < train.get_context().get_world_size():
+            time.sleep(0.01)  # every rank started its processes: now fail the attempt
+        raise RuntimeError("fail after starting processes")
+
+
+def alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fail", [False, True], ids=["succeeded", "failed"])
+def test_processes_the_training_function_started_are_gone_after_fit(storage, tmp_path, fail):
+    (tmp_path / "pids").mkdir()
+    config = {"dir": str(tmp_path / "pids"), "fail": fail}
+    if fail:
+        with pytest.raises(TrainingFailedError):
+            fit(start_processes, storage, config=config)
+    else:
+        fit(start_processes, storage, config=config)
+    returned = time.monotonic()
+    files = os.listdir(tmp_path / "pids")
+    pids = [int(p) for name in files for p in (tmp_path / "pids" / name).read_text().split()]
+    assert len(pids) == 2 * 4
+    while any(alive(p) for p in pids) and time.monotonic() - returned < 2.0:
+        time.sleep(0.01)
+    assert not [p for p in pids if alive(p)], "processes outlived fit()"
+
+
+# -- choosing the start method ------------------------------------------------------------------
+
+
+@pytest.fixture
+def cuda_initialised(monkeypatch):
+    """The driver has initialised CUDA (faked: this machine has no GPU to initialise)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(start_method, "_logged", set())  # "once per process": a fresh process
+
+
+def test_a_driver_that_initialised_cuda_spawns_its_workers_and_says_why_once(
+    storage, monkeypatch, cuda_initialised, caplog
+):
+    monkeypatch.delenv("PHALANX_START_METHOD")
+
+    def loop():
+        import torch
+
+        return {**describe_worker(), "cuda": torch.cuda.is_initialized()}
+
+    with caplog.at_level(logging.INFO, logger="phalanx"):
+        first = fit(loop, storage, workers=1).return_value
+        fit(lambda: None, storage, workers=1)
+    assert SPAWN_SERVER in first["parent"] and first["fresh"] and first["cuda"] is False
+    why = [r.getMessage() for r in caplog.records if "CUDA is already initialised" in r.message]
+    assert len(why) == 1 and "Workers start with spawn" in why[0]
+
+
+def test_forcing_fork_after_cuda_was_initialised_fails_at_fit_with_a_hint(
+    storage, monkeypatch, cuda_initialised
+):
+    monkeypatch.setenv("PHALANX_START_METHOD", "fork")
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="CUDA is already initialised") as info:
+        fit(lambda: None, storage)
+    assert time.monotonic() - start < 1.0
+    assert "HINT: unset PHALANX_START_METHOD" in str(info.value)
+
+
+def test_an_unknown_start_method_fails_at_fit_with_a_hint(storage, monkeypatch):
+    monkeypatch.setenv("PHALANX_START_METHOD", "forkserver")
+    with pytest.raises(ConfigError, match="'forkserver' is not a start method") as info:
+        fit(lambda: None, storage)
+    assert "HINT:" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("requested", "linux", "cuda", "chosen"),
+    [
+        (None, True, False, "fork"),
+        (None, True, True, "spawn"),
+        (None, False, False, "spawn"),
+        ("spawn", True, False, "spawn"),
+        ("fork", True, False, "fork"),
+        ("Spawn", False, True, "spawn"),
+        ("fork", False, False, ConfigError),
+        ("fork", True, True, ConfigError),
+    ],
+)
+def test_the_start_method_is_chosen_by_request_platform_and_cuda(
+    monkeypatch, requested, linux, cuda, chosen
+):
+    if requested is None:
+        monkeypatch.delenv("PHALANX_START_METHOD")
+    else:
+        monkeypatch.setenv("PHALANX_START_METHOD", requested)
+    monkeypatch.setattr(start_method, "fork_supported", lambda: linux)
+    monkeypatch.setattr(start_method, "_cuda_initialized", lambda: cuda)
+    if chosen is ConfigError:
+        with pytest.raises(ConfigError, match="HINT:"):
+            start_method.choose_start_method()
+    else:
+        assert start_method.choose_start_method().name == chosen
+
+
+def test_the_cuda_check_never_imports_torch():
+    code = (
+        "import sys; from phalanx._internal.engines.local import start_method as s; "
+        "assert not s._cuda_initialized(); assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
