@@ -122,6 +122,28 @@ def test_a_spawn_server_that_died_is_a_startup_failure_that_is_retried(storage):
     assert last is None
 
 
+@pytest.mark.timeout(120)
+def test_workers_die_with_their_spawn_server_while_the_driver_cannot_act(tmp_path):
+    """The lifeline: with the driver stopped (SIGSTOP) and the spawn server SIGKILLed, nothing
+    but the workers themselves can end them."""
+    script = tmp_path / "driver.py"
+    script.write_text(local.DRIVER)
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    driver = subprocess.Popen([sys.executable, str(script), str(pids_dir), str(tmp_path / "runs")])
+    try:
+        local.wait_for(lambda: len(os.listdir(pids_dir)) == 2, 60, "both workers to start")
+        pids = [int(name.split("_")[1]) for name in os.listdir(pids_dir)]
+        (server,) = {psutil.Process(pid).ppid() for pid in pids}
+        assert SPAWN_SERVER in " ".join(psutil.Process(server).cmdline())
+        driver.send_signal(signal.SIGSTOP)
+        os.kill(server, signal.SIGKILL)
+        local.wait_for(lambda: not any(alive(p) for p in pids), 2.0, "workers to die")
+    finally:
+        driver.kill()
+        driver.wait()
+
+
 def start_processes(config):
     """Start processes that leave the worker's reach in every way we know; write their pids."""
     import multiprocessing

@@ -11,6 +11,7 @@ as a forked worker does.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -23,9 +24,12 @@ from phalanx._internal import env as environment
 from phalanx._internal.engines.local import spawn_server
 from phalanx._internal.engines.local.spawn_server import Channel
 
+# Before phalanx can be imported: the driver's sys.path (and sys.argv, which libraries read at
+# import), as multiprocessing's spawn restores them.
 _BOOT = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from phalanx._internal.engines.local.spawn_main import main; main(sys.argv[2:])"
+    "import sys, json; boot, fds = json.loads(sys.argv[1]), sys.argv[2:]; "
+    "sys.path[:], sys.argv[:] = boot['path'], boot['argv']; "
+    "from phalanx._internal.engines.local.spawn_main import main; main(fds)"
 )
 _SPAWN_TIMEOUT_S = 30.0  # starting a process takes milliseconds; this is a stuck server
 
@@ -54,6 +58,7 @@ class SpawnServer:
         self._channel = Channel(sock)
         self._lock = threading.Lock()
         self._replies: dict[int, Future[int]] = {}
+        self._dead = False  # the reader saw the server's end
         self._reader = threading.Thread(target=self._read, name="phalanx-spawnserver", daemon=True)
         self._reader.start()
 
@@ -61,10 +66,14 @@ class SpawnServer:
         """Start worker ``index`` with ``fds`` (control socket, stdout, stderr, stack file);
         OSError if it could not be started."""
         reply = Future[int]()
-        argv = [sys.executable, *_interpreter_flags(), "-c", _BOOT, json.dumps(sys.path)]
+        boot = json.dumps({"path": sys.path, "argv": getattr(sys, "argv", [])})
+        argv = [sys.executable, *_interpreter_flags(), "-c", _BOOT, boot]
+        request = ("spawn", index, argv, environment.child_environment(env), os.getcwd())
         with self._lock:
+            if self._dead:
+                raise ConnectionError(f"the spawn server (pid {self.pid}) is gone")
             self._replies[index] = reply
-            self._channel.send(("spawn", index, argv, environment.child_environment(env)), fds)
+            self._channel.send(request, fds)
         reply.result(timeout=_SPAWN_TIMEOUT_S)
 
     def preload(self, modules: tuple[str, ...]) -> None:
@@ -78,10 +87,12 @@ class SpawnServer:
         except OSError:
             return
         finally:
+            with self._lock:
+                self._dead = True
+                replies, self._replies = self._replies, {}
             error = ConnectionError(f"the spawn server (pid {self.pid}) died")
-            for reply in self._replies.values():
-                if not reply.done():
-                    reply.set_exception(error)
+            for reply in replies.values():
+                reply.set_exception(error)
             if not self._stopping:  # the server died: workers waiting to start never will
                 self._on_death()
 
@@ -89,11 +100,14 @@ class SpawnServer:
         kind = message[0]
         if kind == "exited":
             self._on_exit(message[1], message[2])
-        elif kind == "spawned":
-            self._replies.pop(message[1]).set_result(message[2])
-        elif kind == "failed":
-            error = OSError(f"could not start worker {message[1]}: {message[2]}")
-            self._replies.pop(message[1]).set_exception(error)
+        elif kind in ("spawned", "failed"):
+            reply = self._replies.pop(message[1], None)  # no lock: spawn() may hold it
+            if reply is None:
+                return
+            if kind == "spawned":
+                reply.set_result(message[2])
+            else:
+                reply.set_exception(OSError(f"could not start worker {message[1]}: {message[2]}"))
 
     @property
     def alive(self) -> bool:

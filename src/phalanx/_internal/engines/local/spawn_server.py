@@ -17,7 +17,7 @@ with the same duties:
   server dies, even by SIGKILL, every worker sees EOF and kills its own process group.
 
 Protocol on a SOCK_STREAM socket pair, each message a 4-byte big-endian length and a pickle:
-driver -> server ``("spawn", index, argv, env)`` with 4 fds (control socket, stdout, stderr,
+driver -> server ``("spawn", index, argv, env, cwd)`` with 4 fds (control socket, stdout, stderr,
 stack-dump file) sent with the message's first byte, and ``("stop",)``; server -> driver
 ``("spawned", index, pid)``, ``("failed", index, message)`` and ``("exited", pid, returncode)``.
 The worker gets the control socket, stack file and lifeline as extra arguments, in that order.
@@ -131,7 +131,7 @@ def _handle(channel: Channel, children: dict[int, Any], lifeline: int) -> bool:
 def _spawn(
     channel: Channel, children: dict[int, Any], message: tuple[Any, ...], lifeline: int
 ) -> None:
-    _, index, argv, env = message
+    _, index, argv, env, cwd = message
     conn, out, err, stack = channel.take_fds(_FDS_PER_SPAWN)
     try:
         proc = subprocess.Popen(
@@ -140,6 +140,7 @@ def _spawn(
             stderr=err,
             pass_fds=(conn, stack, lifeline),
             env=env,
+            cwd=cwd,
             start_new_session=True,
         )
     except Exception as exc:
