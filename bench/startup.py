@@ -6,6 +6,7 @@ Run from the repository root:
     python bench/startup.py                                  # everything, 3 reps
     python bench/startup.py --systems raw,raytrain --reps 3  # before phalanx exists
     python bench/startup.py --systems phalanx_ray,raytrain   # phalanx's Ray engine vs Ray Train
+    python bench/startup.py --systems phalanx,phalanx_spawn  # fork server vs spawn start path
     python bench/startup.py --workloads noop,ddp --reps 5
 
 Workloads (2 workers each):
@@ -45,7 +46,7 @@ from typing import Any
 from common import free_port, median, package_version, spin
 
 REPO = Path(__file__).resolve().parent.parent
-SYSTEMS = ("phalanx", "phalanx_ray", "raytrain", "raw")
+SYSTEMS = ("phalanx", "phalanx_spawn", "phalanx_ray", "raytrain", "raw")
 WORKLOADS = ("noop", "ddp", "report")
 WORLD_SIZE = 2
 DDP_STEPS = 200
@@ -202,7 +203,7 @@ def _import_system(system: str, phalanx_trainer: str, extra: list[str]) -> None:
         import ray
 
         del ray
-    if system in ("phalanx", "phalanx_ray"):
+    if system in ("phalanx", "phalanx_spawn", "phalanx_ray"):
         import phalanx
 
         if phalanx_trainer == "torch":
@@ -265,6 +266,13 @@ def _drive_phalanx(
     rec: Record = {"t_fit": t_fit, "t_end": t_end, "trainer": type(trainer).__name__}
     rec.update(_check_metrics(getattr(result, "metrics_dataframe", None), workload, cfg["steps"]))
     return rec
+
+
+def _drive_phalanx_spawn(workload: str, cfg: dict[str, Any], tmp: Path, args: Any) -> Record:
+    """phalanx's local engine on its portable path: each worker a new interpreter (macOS, a
+    driver that initialised CUDA), forced here with PHALANX_START_METHOD."""
+    os.environ["PHALANX_START_METHOD"] = "spawn"
+    return _drive_phalanx(workload, cfg, tmp, args)
 
 
 def _drive_phalanx_ray(workload: str, cfg: dict[str, Any], tmp: Path, args: Any) -> Record:
@@ -343,6 +351,7 @@ def _drive_raw(workload: str, cfg: dict[str, Any], tmp: Path, args: Any) -> Reco
 
 DRIVERS: dict[str, Callable[[str, dict[str, Any], Path, Any], Record]] = {
     "phalanx": _drive_phalanx,
+    "phalanx_spawn": _drive_phalanx_spawn,
     "phalanx_ray": _drive_phalanx_ray,
     "raytrain": _drive_raytrain,
     "raw": _drive_raw,
@@ -628,6 +637,7 @@ TITLES = {
 }
 RATIO_PAIRS = (
     ("phalanx", "raytrain"),
+    ("phalanx_spawn", "phalanx"),
     ("phalanx_ray", "raytrain"),
     ("phalanx", "raw"),
     ("raytrain", "raw"),
@@ -746,6 +756,9 @@ def _header(
         "trainer as phalanx.",
         f"- phalanx: {phx_trainer} for ddp (DataParallelTrainer: gloo init_process_group "
         "in the train fn).",
+        "- phalanx_spawn: phalanx's local engine on its portable start path "
+        "(PHALANX_START_METHOD=spawn: each worker a new interpreter, as on macOS or after the "
+        "driver initialised CUDA); same trainer as phalanx.",
         "- raw: `torch.multiprocessing.spawn` + gloo `init_process_group` on 127.0.0.1, no "
         "report; B3 raw = a plain loop appending the dict to a list, in one process.",
     ]
