@@ -281,3 +281,23 @@ def test_the_cuda_check_never_imports_torch():
         "assert not s._cuda_initialized(); assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_descendants_are_found_without_proc_as_on_macos(monkeypatch):
+    """Off Linux the process tree comes from ``ps``: the same tree as from /proc."""
+    from phalanx._internal.engines import process_tree
+
+    child = subprocess.Popen(
+        ["sh", "-c", "setsid sleep 60 & sleep 60; true"], start_new_session=True
+    )  # a shell, and two grandchildren: one in a session of its own
+    try:
+        local.wait_for(lambda: len(process_tree.descendants(os.getpid())) >= 3, 10, "the tree")
+        from_proc = process_tree.descendants(os.getpid())
+        monkeypatch.setattr(process_tree, "_PROC", "/nonexistent")
+        from_ps = set(process_tree.descendants(os.getpid()))
+        assert set(from_proc) <= from_ps and len(from_ps - set(from_proc)) <= 1  # and ps itself
+        killed = process_tree.kill_descendants(os.getpid())
+        assert set(from_proc) <= killed
+    finally:
+        child.kill()
+        child.wait()

@@ -1,4 +1,4 @@
-"""Find and kill every descendant of a process, from ``/proc`` (Linux; elsewhere a no-op).
+"""Find and kill every descendant of a process, from ``/proc`` (Linux) or ``ps`` (macOS, BSD).
 
 What a training function starts must not outlive its attempt, wherever it went: its own process
 group (killed with the worker's group), a new session (``setsid``, ``start_new_session=True``),
@@ -45,7 +45,7 @@ def _parents() -> dict[int, int]:
     try:
         entries = os.listdir(_PROC)
     except OSError:
-        return parents
+        return _parents_from_ps()
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -57,6 +57,24 @@ def _parents() -> dict[int, int]:
         fields = stat[stat.rfind(b")") + 2 :].split()  # the name may hold spaces and ')'
         if len(fields) > 1 and fields[0] != b"Z":
             parents[int(entry)] = int(fields[1])
+    return parents
+
+
+def _parents_from_ps() -> dict[int, int]:
+    """``_parents`` where there is no ``/proc``: POSIX ``ps`` (a few ms)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["ps", "-A", "-o", "pid=,ppid=,stat="], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    parents: dict[int, int] = {}
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[0].isdigit() and not fields[2].startswith("Z"):
+            parents[int(fields[0])] = int(fields[1])
     return parents
 
 
