@@ -25,6 +25,7 @@ from phalanx import (
     ConfigError,
     DataParallelTrainer,
     FailureConfig,
+    HangError,
     RunConfig,
     ScalingConfig,
     TrainingFailedError,
@@ -102,6 +103,25 @@ def test_spawned_workers_are_new_interpreters_each_in_its_own_session(storage):
     worker = fit(loop, storage).return_value
     assert SPAWN_SERVER in worker["parent"]
     assert worker["own_session"] and worker["fresh"]
+
+
+@pytest.mark.timeout(120)
+def test_a_hang_names_the_sleeping_rank_with_every_rank_s_stack(storage):
+    """The hang roll call and faulthandler stacks on spawned workers. hang_timeout_s also counts
+    the training function's own imports, which a spawned worker does afresh (torch: seconds),
+    hence a longer timeout than the fork path's 10-of-10 test."""
+    pytest.importorskip("torch")
+    with pytest.raises(HangError) as info:
+        fit(
+            never_hang.asleep_while_rank_0_waits_in_all_reduce,
+            storage,
+            config={"ports": [never_hang.free_port()]},
+            hang_timeout_s=10,
+        )
+    message = str(info.value)
+    assert "-> rank 1 is not where the others are." in message
+    assert "--- rank 0 ---" in message and "--- rank 1 ---" in message
+    assert "in all_reduce" in message
 
 
 @pytest.mark.timeout(120)
@@ -267,7 +287,7 @@ def test_the_start_method_is_chosen_by_request_platform_and_cuda(
     else:
         monkeypatch.setenv("PHALANX_START_METHOD", requested)
     monkeypatch.setattr(start_method, "fork_supported", lambda: linux)
-    monkeypatch.setattr(start_method, "_cuda_initialized", lambda: cuda)
+    monkeypatch.setattr(start_method, "fork_unsafe_runtime", lambda: "CUDA" if cuda else None)
     if chosen is ConfigError:
         with pytest.raises(ConfigError, match="HINT:"):
             start_method.choose_start_method()
@@ -275,10 +295,10 @@ def test_the_start_method_is_chosen_by_request_platform_and_cuda(
         assert start_method.choose_start_method().name == chosen
 
 
-def test_the_cuda_check_never_imports_torch():
+def test_the_runtime_check_never_imports_torch_or_jax():
     code = (
         "import sys; from phalanx._internal.engines.local import start_method as s; "
-        "assert not s._cuda_initialized(); assert 'torch' not in sys.modules"
+        "assert s.fork_unsafe_runtime() is None; assert not {'torch', 'jax'} & set(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -7,7 +7,6 @@ import ipaddress
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -158,23 +157,44 @@ def test_the_user_s_jax_platforms_wins(storage):
         fit("tpu")
 
 
-def test_a_driver_that_ran_jax_gets_a_clear_error(tmp_path):
-    """Local workers are forked: JAX state the driver created must not be used silently."""
-    script = textwrap.dedent(
-        f"""
-        import jax, jax.numpy as jnp
-        import phalanx as train
-        from phalanx.jax import JaxTrainer
-        jnp.ones(2).sum().block_until_ready()  # the driver initializes JAX's backends
-        try:
-            JaxTrainer(lambda: None, scaling_config=train.ScalingConfig(num_workers=2),
-                       run_config=train.RunConfig(storage_path={str(tmp_path)!r})).fit()
-        except Exception as exc:
-            print("ERROR:", exc)
-        """
+DRIVER_THAT_RAN_JAX = """
+import jax, jax.numpy as jnp
+import phalanx as train
+from phalanx.jax import JaxTrainer
+jnp.ones(2).sum().block_until_ready()  # the driver initializes JAX's backends
+
+def loop():
+    import jax
+    train.report({"processes": jax.process_count()})
+
+try:
+    result = JaxTrainer(loop, scaling_config=train.ScalingConfig(num_workers=2),
+                        run_config=train.RunConfig(storage_path=STORAGE)).fit()
+    print("METRICS:", result.metrics)
+except Exception as exc:
+    print("ERROR:", exc)
+"""
+
+
+def run_driver_that_ran_jax(tmp_path, start_method=None):
+    env = dict(os.environ)
+    env.pop("PHALANX_START_METHOD", None)
+    if start_method is not None:
+        env["PHALANX_START_METHOD"] = start_method
+    script = f"STORAGE = {str(tmp_path)!r}\n" + DRIVER_THAT_RAN_JAX
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240
-    )
-    assert "the driver ran JAX code" in out.stdout, out.stdout + out.stderr
-    assert "HINT: run JAX code only inside the training function" in out.stdout
+
+
+def test_a_driver_that_ran_jax_starts_fresh_workers_and_says_why(tmp_path):
+    """JAX's state does not survive a fork: the local engine spawns the workers instead."""
+    out = run_driver_that_ran_jax(tmp_path)
+    assert "METRICS: {'processes': 2}" in out.stdout, out.stdout + out.stderr
+    assert "Workers start with spawn: JAX is already initialised" in out.stderr, out.stderr
+
+
+def test_forcing_fork_after_the_driver_ran_jax_fails_at_fit_with_a_hint(tmp_path):
+    out = run_driver_that_ran_jax(tmp_path, start_method="fork")
+    assert "JAX is already initialised in this process" in out.stdout, out.stdout + out.stderr
+    assert "HINT: unset PHALANX_START_METHOD" in out.stdout

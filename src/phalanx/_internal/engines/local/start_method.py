@@ -5,10 +5,11 @@ interpreters).
 module the driver imported. It needs Linux (``SOCK_SEQPACKET`` for ``AF_UNIX``, ``prctl``) and a
 driver that is safe to copy. ``spawn`` starts each worker as a new Python interpreter: it works on
 every POSIX platform and after the driver initialised a runtime that does not survive a fork
-(CUDA: "Cannot re-initialize CUDA in forked subprocess"), at the cost of re-importing.
+(CUDA: "Cannot re-initialize CUDA in forked subprocess"; JAX's backends), at the cost of
+re-importing.
 
 Chosen in this order: ``PHALANX_START_METHOD``, then ``spawn`` off Linux, then ``spawn`` when
-the driver has initialised CUDA, else ``fork``.
+the driver has initialised CUDA or JAX, else ``fork``.
 """
 
 from __future__ import annotations
@@ -38,22 +39,22 @@ class StartMethod:
 def choose_start_method() -> StartMethod:
     """The start method for the next worker group; ConfigError if the requested one cannot work."""
     requested = env.start_method()
-    cuda = _cuda_initialized()
+    runtime = fork_unsafe_runtime()
     if requested is not None:
-        return _requested(requested, cuda)
+        return _requested(requested, runtime)
     if not fork_supported():
         return _chosen(SPAWN, f"the fork server needs Linux (this is {sys.platform})", debug=True)
-    if cuda:
+    if runtime is not None:
         return _chosen(
             SPAWN,
-            "CUDA is already initialised in this process and does not survive a fork: "
+            f"{runtime} is already initialised in this process and does not survive a fork: "
             "workers start as new interpreters (slower to start; "
             f"set {env.START_METHOD_VAR}=spawn to say so and silence this)",
         )
     return StartMethod(FORK, "")
 
 
-def _requested(requested: str, cuda: bool) -> StartMethod:
+def _requested(requested: str, runtime: str | None) -> StartMethod:
     if requested not in METHODS:
         raise ConfigError(
             f"{env.START_METHOD_VAR}={requested!r} is not a start method: use one of {METHODS}.\n"
@@ -64,12 +65,12 @@ def _requested(requested: str, cuda: bool) -> StartMethod:
             f"{env.START_METHOD_VAR}=fork, but the fork server needs Linux (this is "
             f"{sys.platform}).\nHINT: unset {env.START_METHOD_VAR} (phalanx then spawns workers)."
         )
-    if requested == FORK and cuda:
+    if requested == FORK and runtime is not None:
         raise ConfigError(
-            f"{env.START_METHOD_VAR}=fork, but CUDA is already initialised in this process: "
-            "a forked worker cannot use CUDA ('Cannot re-initialize CUDA in forked "
-            f"subprocess').\nHINT: unset {env.START_METHOD_VAR} or set it to spawn (workers "
-            "start as new interpreters), or run fit() before the driver touches the GPU."
+            f"{env.START_METHOD_VAR}=fork, but {runtime} is already initialised in this "
+            f"process: a forked worker cannot use it ({_FORK_ERRORS[runtime]}).\n"
+            f"HINT: unset {env.START_METHOD_VAR} or set it to spawn (workers start as new "
+            f"interpreters), or run fit() before the driver uses {runtime}."
         )
     return _chosen(requested, f"{env.START_METHOD_VAR}={requested}", debug=True)
 
@@ -86,15 +87,31 @@ def fork_supported() -> bool:
     return sys.platform.startswith("linux")
 
 
-def _cuda_initialized() -> bool:
-    """Whether this process has initialised CUDA through torch. Never imports torch: a driver that
-    has not imported it cannot have initialised CUDA with it."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    is_initialized = getattr(cuda, "is_initialized", None)
-    if is_initialized is None:
+# (runtime, module, its "already initialised?" function)
+_RUNTIME_CHECKS = (
+    ("CUDA", "torch.cuda", "is_initialized"),
+    ("JAX", "jax._src.xla_bridge", "backends_are_initialized"),
+)
+_FORK_ERRORS = {
+    "CUDA": "'Cannot re-initialize CUDA in forked subprocess'",
+    "JAX": "its backends and threads are not copied; jax.distributed cannot start",
+}
+
+
+def fork_unsafe_runtime() -> str | None:
+    """The name of a runtime this process has initialised that a forked child cannot use, or
+    None. Imports nothing: a module the driver has not imported was not initialised."""
+    for runtime, module, function in _RUNTIME_CHECKS:
+        if _initialized(module, function):
+            return runtime
+    return None
+
+
+def _initialized(module: str, function: str) -> bool:
+    check = getattr(sys.modules.get(module), function, None)
+    if check is None:
         return False
     try:
-        return bool(is_initialized())
-    except Exception:  # a half-imported torch: be safe
+        return bool(check())
+    except Exception:  # a half-imported library: be safe
         return True
