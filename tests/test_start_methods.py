@@ -295,6 +295,13 @@ def test_the_start_method_is_chosen_by_request_platform_and_cuda(
         assert start_method.choose_start_method().name == chosen
 
 
+def test_a_platform_without_posix_processes_fails_at_fit_with_a_hint(storage, monkeypatch):
+    monkeypatch.setattr(start_method, "posix_supported", lambda: False)
+    with pytest.raises(ConfigError, match="POSIX") as info:
+        start_method.choose_start_method()
+    assert "HINT: run phalanx under WSL" in str(info.value)
+
+
 def test_the_runtime_check_never_imports_torch_or_jax():
     code = (
         "import sys; from phalanx._internal.engines.local import start_method as s; "

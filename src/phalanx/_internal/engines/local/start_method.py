@@ -15,6 +15,7 @@ the driver has initialised CUDA or JAX, else ``fork``.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass
 
@@ -38,6 +39,11 @@ class StartMethod:
 
 def choose_start_method() -> StartMethod:
     """The start method for the next worker group; ConfigError if the requested one cannot work."""
+    if not posix_supported():
+        raise ConfigError(
+            f"The local engine starts workers with POSIX process tools; this is {sys.platform}.\n"
+            "HINT: run phalanx under WSL, or start Ray (ray.init()) to use the Ray engine."
+        )
     requested = env.start_method()
     runtime = fork_unsafe_runtime()
     if requested is not None:
@@ -81,6 +87,10 @@ def _chosen(name: str, reason: str, debug: bool = False) -> StartMethod:
         level = logging.DEBUG if debug else logging.INFO
         logger.log(level, "Workers start with %s: %s.", name, reason)
     return StartMethod(name, reason)
+
+
+def posix_supported() -> bool:
+    return os.name == "posix"
 
 
 def fork_supported() -> bool:
