@@ -46,7 +46,9 @@ from phalanx._internal.controller.spec import RunSpec, run_context
 from phalanx._internal.controller.state import FINAL_STATES, Failure, State, Step
 from phalanx._internal.controller.validation import Validations, resume_unfinished
 from phalanx._internal.controller.watchdog import ProgressWatchdog, hang_error
+from phalanx._internal.engines import messages
 from phalanx._internal.engines.base import Engine
+from phalanx._internal.engines.messages import Events
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager, TrackedCheckpoint
 from phalanx._internal.storage.history import MetricsHistory
 from phalanx._internal.storage.run_storage import RunStorage
@@ -64,7 +66,6 @@ from phalanx.result import Result, attempt_errors
 logger = logging.getLogger(__name__)
 
 POLL_TIMEOUT_S = 0.5
-Events = queue.Queue[tuple[int, tuple[Any, ...]]]
 
 
 class Controller:
@@ -231,21 +232,23 @@ class Controller:
             return State.FINISHED
         return State.RUNNING
 
-    def _on_event(self, attempt: Attempt, rank: int, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "report":
-            _, index, metrics, dir_name, at = message[:5]
-            attempt.rounds.add(rank, Report(index, metrics, dir_name, at))
-            self.history.add_rank_report(rank, index, metrics)  # every report, complete or not
-            if len(message) > 5 and message[5].get("validation"):
-                self._validation_requests.setdefault(index, message[5]["validation"])
-            attempt.watchdog.progress(rank)
-        elif kind == "done":
-            attempt.watchdog.progress(rank)
-        elif kind == "exited":
-            attempt.on_exit(rank, message[1])
-        elif kind == "preempting":
-            self._on_preemption(attempt, rank)
+    def _on_event(self, attempt: Attempt, rank: int, event: messages.Event) -> None:
+        match event:
+            case messages.Report(round=index, metrics=metrics, validation=validation):
+                report = Report(index, metrics, event.checkpoint_dir_name, event.time)
+                attempt.rounds.add(rank, report)
+                self.history.add_rank_report(rank, index, metrics)  # every report, complete or not
+                if validation:
+                    self._validation_requests.setdefault(index, validation)
+                attempt.watchdog.progress(rank)
+            case messages.CallDone():
+                attempt.watchdog.progress(rank)
+            case messages.Exited(returncode=returncode):
+                attempt.on_exit(rank, returncode)
+            case messages.Preempting():
+                self._on_preemption(attempt, rank)
+            case messages.Poll():
+                pass  # it woke the poll loop: that was all it was for
 
     def _on_preemption(self, attempt: Attempt, rank: int) -> None:
         attempt.on_preemption(rank, self.failure_config.preemption_grace_s)
@@ -327,9 +330,12 @@ class Controller:
     def _drain_failed_attempt(self, attempt: Attempt) -> None:
         """Reports that arrived while the group was torn down: record them, and commit every
         round that is complete (a round every rank reported is never lost)."""
-        for index, message in _drain(attempt.group.events, None):
-            if message[0] == "report":
-                self._on_event(attempt, attempt.group.rank_of(index), message)
+        for index, event in _drain(attempt.group.events, None):
+            match event:
+                case messages.Report():
+                    self._on_event(attempt, attempt.group.rank_of(index), event)
+                case _:
+                    pass  # the attempt failed already: exits and preemptions change nothing
         if attempt.train_futures:
             self._commit_complete_rounds(attempt, attempt.finished_ranks())
         self.history.flush()
@@ -408,7 +414,7 @@ class Controller:
         notify(self.callbacks, hook, *args)
 
 
-def _drain(events: Events, timeout_s: float | None) -> list[tuple[int, tuple[Any, ...]]]:
+def _drain(events: Events, timeout_s: float | None) -> list[tuple[int, messages.Event]]:
     """Everything queued; waits up to ``timeout_s`` for the first event (None: no wait)."""
     batch = []
     if timeout_s is not None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from phalanx._internal.controller.spec import RunSpec
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec
+from phalanx._internal.engines.messages import CallDone, Events
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.session import SessionSpec, run_train_fn
 from phalanx._internal.worker_group.group import WorkerGroup
@@ -81,7 +81,7 @@ def prepare_workers(engine: Engine, group: WorkerGroup, spec: RunSpec, backend: 
     if engine.in_process:
         return
     working_dir = (spec.run_config.worker_runtime_env or {}).get("working_dir")
-    if working_dir and engine.name == "local":  # Ray's runtime_env does it on Ray
+    if working_dir and engine.applies_runtime_env:  # Ray's runtime_env does it on Ray
         group.execute(os.chdir, os.path.abspath(working_dir))
     backend.on_start(group, spec.backend_config)
     backend.on_training_start(group, spec.backend_config)
@@ -101,6 +101,6 @@ def start_training(engine: Engine, group: WorkerGroup, spec: RunSpec) -> list[Fu
     return futures
 
 
-def _wake_on_done(events: queue.Queue[Any], index: int) -> Callable[[Future[Any]], None]:
+def _wake_on_done(events: Events, index: int) -> Callable[[Future[Any]], None]:
     """Wake the poll loop as soon as a rank's training call resolves."""
-    return lambda _future: events.put((index, ("done",)))
+    return lambda _future: events.put((index, CallDone()))

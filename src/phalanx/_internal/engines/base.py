@@ -1,20 +1,23 @@
 """The Engine contract: launch workers, run callables in them, watch and kill them.
 
-An engine delivers every worker message that is not a call's return value into the ``events``
-queue it is given, as ``(worker_index, message)``. Messages are tuples whose first item names
-them: ``("report", round, metrics, checkpoint_dir_name, time)``, ``("exited", returncode)``
-(negative: killed by that signal), ``("done", future)`` when a training call resolves.
+An engine puts what happens to its workers into the ``events`` queue it is given, as
+``(worker_index, event)``, each event one of the typed messages of
+:mod:`phalanx._internal.engines.messages`: a ``Report``, ``Preempting`` or ``Poll`` a worker sent
+(decoded from its wire tuple by the engine, in the thread that read it) and ``Exited`` once a
+worker is gone (once per worker, unless the driver itself stopped it). A call's return value is
+not an event: it resolves the future ``WorkerHandle.execute`` returned. Every engine delivers
+the same types for the same training function.
 """
 
 from __future__ import annotations
 
-import queue
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from phalanx._internal.engines.messages import Events
 from phalanx.config import ScalingConfig
 
 
@@ -68,16 +71,21 @@ class WorkerHandle(ABC):
 class Engine(ABC):
     """A substrate for workers: local processes, Ray actors, or threads (tests)."""
 
-    name: str = "engine"
-    in_process: bool = False  # workers run in the driver's own thread (num_workers=0)
+    name: str = "engine"  # for messages and the run's record only: ask the capabilities below
+    in_process: ClassVar[bool] = False  # workers run in the driver's own thread (num_workers=0)
+    # Each worker is a process of its own: per-process state (a torch process group, an
+    # XGBoost/LightGBM network, os.environ, the working directory) is each rank's.
+    process_per_worker: ClassVar[bool] = True
+    # phalanx applies RunConfig(worker_runtime_env=...) itself (checks it on the driver, chdirs
+    # each worker into its working_dir); False where the substrate does it (Ray's runtime_env)
+    # or cannot (threads share one working directory).
+    applies_runtime_env: ClassVar[bool] = False
 
     def check(self, scaling_config: ScalingConfig) -> None:
         """Raise ConfigError now if this engine can never satisfy ``scaling_config``."""
 
     @abstractmethod
-    def launch(
-        self, spec: WorkerGroupSpec, events: queue.Queue[tuple[int, tuple[Any, ...]]]
-    ) -> list[WorkerHandle]:
+    def launch(self, spec: WorkerGroupSpec, events: Events) -> list[WorkerHandle]:
         """Start ``spec.num_workers`` workers and wait until each has said hello."""
 
     @abstractmethod

@@ -11,17 +11,15 @@ the controller's event pump runs inside ``report()``, so checkpoints, retention,
 from __future__ import annotations
 
 import os
-import queue
 import socket
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
+from phalanx._internal.engines.messages import Events, Exited, in_process_event
 from phalanx._internal.worker.runtime import RemoteCallError, capture_exception, set_outbox
 from phalanx._internal.worker.session import clear_thread_session
-
-Events = queue.Queue[tuple[int, tuple[Any, ...]]]
 
 
 class _InlineOutbox:
@@ -30,9 +28,8 @@ class _InlineOutbox:
         self._engine = engine
 
     def send(self, message: tuple[Any, ...]) -> None:
-        if message[0] == "report":  # snapshot the metrics, as pickling does for processes
-            message = (*message[:2], dict(message[2]), *message[3:])
-        self._events.put((0, message))
+        event = in_process_event(message)
+        self._events.put((0, event))
         if self._engine.pump is not None:
             self._engine.pump()
 
@@ -63,12 +60,13 @@ class InlineWorkerHandle(WorkerHandle):
     def stop(self, returncode: int = 0) -> None:
         if self.alive:
             self.alive = False
-            self._events.put((0, ("exited", returncode)))
+            self._events.put((0, Exited(returncode)))
 
 
 class InlineEngine(Engine):
     name = "inline"
     in_process = True
+    process_per_worker = False
 
     def __init__(self) -> None:
         self.pump: Callable[[], None] | None = None

@@ -17,11 +17,10 @@ from concurrent.futures import Future
 from typing import Any
 
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
+from phalanx._internal.engines.messages import Events, Exited, in_process_event
 from phalanx._internal.worker.runtime import RemoteCallError, capture_exception, set_outbox
 from phalanx._internal.worker.session import thread_sessions
 from phalanx.context import PreemptionInfo
-
-Events = queue.Queue[tuple[int, tuple[Any, ...]]]
 
 
 class _ThreadOutbox:
@@ -30,11 +29,10 @@ class _ThreadOutbox:
         self._events = events
 
     def send(self, message: tuple[Any, ...]) -> None:
-        if message[0] == "report":  # snapshot the metrics, as pickling does for processes
-            message = (*message[:2], dict(message[2]), *message[3:])
+        event = in_process_event(message)
         if not self._handle.alive:  # a process would be dead by now: stop the thread's loop
             raise SystemExit(f"worker {self._handle.index} was stopped")
-        self._events.put((self._handle.index, message))
+        self._events.put((self._handle.index, event))
 
 
 class ThreadWorkerHandle(WorkerHandle):
@@ -73,7 +71,7 @@ class ThreadWorkerHandle(WorkerHandle):
         if self.alive:
             self.alive = False
             self._calls.put(None)
-            self._events.put((self.index, ("exited", -9)))
+            self._events.put((self.index, Exited(-9)))
 
     def is_alive(self) -> bool:
         return self.alive
@@ -82,11 +80,12 @@ class ThreadWorkerHandle(WorkerHandle):
         if self.alive:
             self.alive = False
             self._calls.put(None)
-            self._events.put((self.index, ("exited", 0)))
+            self._events.put((self.index, Exited(0)))
 
 
 class ThreadEngine(Engine):
     name = "thread"
+    process_per_worker = False  # one process: per-process state (a process group) is shared
 
     def collect_stacks(self, handles: list[WorkerHandle], timeout_s: float) -> dict[int, str]:
         frames = sys._current_frames()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
+from phalanx._internal.engines.messages import Events
 from phalanx._internal.worker.runtime import RemoteCallError
 from phalanx._internal.worker_group.ranks import RankInfo, assign_ranks
 from phalanx.errors import WorkerFailure, WorkerGroupError
@@ -40,7 +41,7 @@ class WorkerGroup:
     def __init__(self, engine: Engine, spec: WorkerGroupSpec) -> None:
         self.engine = engine
         self.spec = spec
-        self.events: queue.Queue[tuple[int, tuple[Any, ...]]] = queue.Queue()
+        self.events: Events = queue.Queue()
         self.workers: list[Worker] = []
         self._rank_of_index: dict[int, int] = {}
 

@@ -8,11 +8,9 @@ the rank, to the driver's stdout/stderr and the rank's log file.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import pickle
-import queue
 import shutil
 import signal
 import socket
@@ -26,12 +24,25 @@ from typing import Any
 import cloudpickle
 
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
+from phalanx._internal.engines.calls import PendingCalls
 from phalanx._internal.engines.local.forkserver import ForkServer
 from phalanx._internal.engines.local.pump import OutputPump
 from phalanx._internal.engines.local.resources import check_local_resources, local_gpu_ids
 from phalanx._internal.engines.local.spawn import SpawnServer
 from phalanx._internal.engines.local.start_method import SPAWN, StartMethod, choose_start_method
+from phalanx._internal.engines.messages import (
+    Events,
+    Exited,
+    Hello,
+    Poll,
+    Preempting,
+    Report,
+    Return,
+    UnknownMessage,
+    decode,
+)
 from phalanx._internal.engines.process_tree import kill_descendants
+from phalanx._internal.engines.rank_output import RankOutput, reader_error
 from phalanx._internal.env import NOTICE_FILE_VAR
 from phalanx._internal.worker.runtime import RemoteCallError, RemoteException, undecodable_error
 from phalanx.config import ScalingConfig
@@ -43,18 +54,15 @@ START_HINT = (
     "under FailureConfig(max_failures=...)."
 )
 
-Events = queue.Queue[tuple[int, tuple[Any, ...]]]
-
 
 class LocalWorkerHandle(WorkerHandle):
     def __init__(self, index: int, conn: Connection, events: Events) -> None:
         self.index = index
         self.metadata = WorkerMetadata(host="", node_id="local", pid=None)
         self.rank = index
-        self._conn = conn
+        self.conn = conn  # read by the pump; written here (calls) and by send_exit
         self._events = events
-        self._calls: dict[int, Future[Any]] = {}
-        self._ids = itertools.count()
+        self._calls = PendingCalls()
         self.stack_file = tempfile.TemporaryFile()  # the worker's faulthandler writes here
         self.returncode: int | None = None
         self.hello = Future[tuple[int, str]]()
@@ -65,63 +73,58 @@ class LocalWorkerHandle(WorkerHandle):
         if self.broken is not None:
             future.set_exception(self.broken)
             return future
-        call_id = next(self._ids)
-        self._calls[call_id] = future
+        call_id = self._calls.add(future)
         payload = cloudpickle.dumps((fn, args, kwargs))
         try:
-            self._conn.send_bytes(pickle.dumps(("call", call_id, payload)))
+            self.conn.send_bytes(pickle.dumps(("call", call_id, payload)))
         except OSError as exc:
-            self._calls.pop(call_id, None)
+            self._calls.discard(call_id)
             future.set_exception(ConnectionError(f"worker {self.index} is gone: {exc}"))
         return future
 
-    def on_message(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "ret":
-            _, call_id, ok, value = message
-            future = self._calls.pop(call_id, None)
-            if future is None:  # failed already (see fail())
-                return
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(RemoteCallError(value))
-        elif kind == "hello":
-            self.hello.set_result((message[1], message[2]))
-        else:
-            self._events.put((self.index, message))
+    # -- called from the pump thread ------------------------------------------------------------
 
-    def on_undecodable(self, data: bytes, exc: BaseException) -> None:
-        """A message from this worker cannot be unpickled (called from the pump thread)."""
-        self.fail(undecodable_error(self.rank, data, exc))
+    def on_message(self, data: bytes) -> None:
+        try:
+            wire = pickle.loads(data)
+        except Exception as exc:
+            self.fail(undecodable_error(self.rank, data, exc))
+            return
+        match decode(wire):
+            case Return() as ret:
+                self._calls.resolve(ret)
+            case Hello(pid=pid, host=host):
+                self.hello.set_result((pid, host))
+            case Report() | Preempting() | Poll() as event:
+                self._events.put((self.index, event))
+            case other:
+                raise UnknownMessage(f"a local worker does not send {type(other).__name__}")
+
+    def on_error(self, exc: BaseException) -> None:
+        """Reading or handling this worker's messages failed (in the pump thread)."""
+        self.fail(reader_error(self.rank, exc))
 
     def fail(self, error: RemoteCallError) -> None:
         """Fail every call in flight (and every later one): the driver cannot follow this worker
         any more, and a lost report or return value must not leave fit() waiting forever."""
         self.broken = error
-        calls, self._calls = self._calls, {}
-        for future in calls.values():
-            if not future.done():
-                future.set_exception(error)
+        self._calls.fail_all(error)
         if not self.hello.done():
             self.hello.set_exception(ConnectionError(error.remote.message))
 
     def on_disconnect(self) -> None:
         error = ConnectionError(f"worker {self.index} (pid {self.metadata.pid}) disconnected")
-        for future in self._calls.values():
-            if not future.done():
-                future.set_exception(error)
-        self._calls.clear()
+        self._calls.fail_all(error)
         if not self.hello.done():
             self.hello.set_exception(error)
 
     def on_exit(self, returncode: int) -> None:
         self.returncode = returncode
-        self._events.put((self.index, ("exited", returncode)))
+        self._events.put((self.index, Exited(returncode)))
 
     def send_exit(self) -> None:
         try:
-            self._conn.send_bytes(pickle.dumps(("exit",)))
+            self.conn.send_bytes(pickle.dumps(("exit",)))
         except OSError:
             pass
 
@@ -158,6 +161,8 @@ class LocalProcessEngine(Engine):
     close()."""
 
     name = "local"
+    process_per_worker = True
+    applies_runtime_env = True
 
     def __init__(self) -> None:
         self._server: ForkServer | SpawnServer | None = None
@@ -240,7 +245,7 @@ class LocalProcessEngine(Engine):
         self._stop_server()
         if self._pump is not None:
             for handle in started:
-                self._pump.remove_worker(handle, timeout_s=0.2)
+                self._pump.remove_worker(handle.index, timeout_s=0.2)
                 handle.stack_file.close()
         for handle in started:
             if handle.metadata.pid is not None:
@@ -275,7 +280,16 @@ class LocalProcessEngine(Engine):
         worker_end.close()
         os.close(out_w)
         os.close(err_w)
-        self._pump.add_worker(handle, out_r, err_r, spec.log_dir, spec.attempt)
+        self._pump.add_worker(
+            index,
+            handle.conn,
+            out_r,
+            err_r,
+            RankOutput(handle, spec.log_dir, spec.attempt),
+            on_message=handle.on_message,
+            on_disconnect=handle.on_disconnect,
+            on_error=handle.on_error,
+        )
         return handle
 
     def _await_hellos(
@@ -322,7 +336,7 @@ class LocalProcessEngine(Engine):
             kill_descendants(self._server.pid, frozenset(others))
         assert self._pump is not None
         for handle in local:
-            self._pump.remove_worker(handle)
+            self._pump.remove_worker(handle.index)
             handle.stack_file.close()
             if handle.metadata.pid is not None:
                 self._by_pid.pop(handle.metadata.pid, None)

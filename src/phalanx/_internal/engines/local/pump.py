@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import codecs
 import os
-import pickle
 import selectors
 import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
 
-from phalanx._internal.engines.rank_output import RankOutput, reader_error
-
-if TYPE_CHECKING:
-    from phalanx._internal.engines.local.engine import LocalWorkerHandle
+from phalanx._internal.engines.rank_output import RankOutput
 
 IDLE_S = 0.03  # a partial line is forwarded after this long without more output
 COALESCE_S = 0.002  # the pause after a round that read messages (see the module docstring)
@@ -35,13 +33,24 @@ def _decoder() -> codecs.IncrementalDecoder:
     return codecs.getincrementaldecoder("utf-8")("backslashreplace")
 
 
+@dataclass(frozen=True)
+class _Worker:
+    """What the pump knows of one worker: its connection and whom to tell what it read."""
+
+    index: int
+    conn: Connection
+    on_message: Callable[[bytes], None]  # one whole message, still pickled
+    on_disconnect: Callable[[], None]  # the worker closed its end (it is gone)
+    on_error: Callable[[BaseException], None]  # reading or handling its messages failed
+
+
 class OutputPump:
     def __init__(self) -> None:
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
         self._pending: list[Callable[[], None]] = []
         self._open: dict[int, set[int]] = {}  # worker index -> fds still open
-        self._conn_fds: dict[int, int] = {}
+        self._conns: dict[int, tuple[Connection, int]] = {}  # worker index -> (conn, its fd)
         self._inbox: dict[int, bytearray] = {}  # control socket fd -> bytes not yet a message
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -55,38 +64,45 @@ class OutputPump:
 
     def add_worker(
         self,
-        handle: LocalWorkerHandle,
+        index: int,
+        conn: Connection,
         out_fd: int,
         err_fd: int,
-        log_dir: str | None,
-        attempt: int = 0,
+        output: RankOutput,
+        *,
+        on_message: Callable[[bytes], None],
+        on_disconnect: Callable[[], None],
+        on_error: Callable[[BaseException], None],
     ) -> None:
-        output = RankOutput(handle, log_dir, attempt)
-        conn_fd = handle._conn.fileno()
-        self._open[handle.index] = {conn_fd, out_fd, err_fd}
-        self._conn_fds[handle.index] = conn_fd
+        """Read worker ``index``'s messages from ``conn`` and its output from ``out_fd`` and
+        ``err_fd`` (the pump owns all three from now on). The callbacks run in the pump thread;
+        an exception ``on_message`` raises goes to ``on_error``."""
+        worker = _Worker(index, conn, on_message, on_disconnect, on_error)
+        conn_fd = conn.fileno()
+        self._open[index] = {conn_fd, out_fd, err_fd}
+        self._conns[index] = (conn, conn_fd)
 
         def register() -> None:
-            self._selector.register(conn_fd, selectors.EVENT_READ, ("conn", handle, output))
+            self._selector.register(conn_fd, selectors.EVENT_READ, ("conn", worker, None))
             for fd, stream in ((out_fd, "stdout"), (err_fd, "stderr")):
                 state = [_decoder(), output, ""]  # decoder, RankOutput, partial line
-                self._selector.register(fd, selectors.EVENT_READ, (stream, handle, state))
+                self._selector.register(fd, selectors.EVENT_READ, (stream, worker, state))
 
         self._call_soon(register)
 
-    def remove_worker(self, handle: LocalWorkerHandle, timeout_s: float = 1.0) -> None:
+    def remove_worker(self, index: int, timeout_s: float = 1.0) -> None:
         """Wait (bounded) until the worker's pipes are drained, then forget it."""
         deadline = time.monotonic() + timeout_s
-        while self._open.get(handle.index) and time.monotonic() < deadline:
+        while self._open.get(index) and time.monotonic() < deadline:
             time.sleep(0.002)
-        leftover = self._open.pop(handle.index, set())
-        conn, conn_fd = handle._conn, self._conn_fds.pop(handle.index, -1)
+        leftover = self._open.pop(index, set())
+        conn, conn_fd = self._conns.pop(index, (None, -1))
 
         def unregister() -> None:
             for fd in leftover:
                 if fd != conn_fd:
                     self._close_fd(fd)
-                elif not conn.closed:
+                elif conn is not None and not conn.closed:
                     self._inbox.pop(fd, None)
                     self._selector.unregister(fd)
                     conn.close()
@@ -129,18 +145,18 @@ class OutputPump:
             if key.data is None:
                 os.read(self._wake_r, 4096)
                 continue
-            kind, handle, state = key.data
+            kind, worker, state = key.data
             try:
                 if kind == "conn":
                     read_messages = True
-                    self._read_conn(key.fd, handle)
+                    self._read_conn(key.fd, worker)
                 else:
-                    self._read_output(key.fd, kind, handle, state)
+                    self._read_output(key.fd, kind, worker.index, state)
             except Exception as exc:  # one worker's problem fails that worker, not the pump
-                handle.fail(reader_error(handle.rank, exc))
+                worker.on_error(exc)
                 if kind != "conn":  # or a broken output stream would spin here
                     self._close_fd(key.fd)
-                    self._mark_closed(handle.index, key.fd)
+                    self._mark_closed(worker.index, key.fd)
         self._flush_idle()
         with self._lock:
             pending, self._pending = self._pending, []
@@ -152,9 +168,9 @@ class OutputPump:
     def _on_death(self, exc: BaseException) -> None:
         for key in list(self._selector.get_map().values()):
             if key.data is not None:
-                key.data[1].fail(reader_error(key.data[1].rank, exc))
+                key.data[1].on_error(exc)
 
-    def _read_conn(self, fd: int, handle: LocalWorkerHandle) -> None:
+    def _read_conn(self, fd: int, worker: _Worker) -> None:
         """Read what the socket holds (often several messages) and hand over each whole one."""
         try:
             chunk = os.read(fd, _READ_SIZE)
@@ -162,10 +178,10 @@ class OutputPump:
             chunk = b""
         if not chunk:  # the worker is gone; a partial message left behind is not a message
             self._inbox.pop(fd, None)
-            handle.on_disconnect()
+            worker.on_disconnect()
             self._selector.unregister(fd)
-            handle._conn.close()
-            self._mark_closed(handle.index, fd)
+            worker.conn.close()
+            self._mark_closed(worker.index, fd)
             return
         buffer = self._inbox.setdefault(fd, bytearray())
         buffer += chunk
@@ -173,16 +189,11 @@ class OutputPump:
         try:
             while (frame := _next_frame(buffer, start)) is not None:
                 data, start = frame
-                try:
-                    message: Any = pickle.loads(data)
-                except Exception as exc:
-                    handle.on_undecodable(data, exc)
-                    continue
-                handle.on_message(message)
+                worker.on_message(data)
         finally:
             del buffer[:start]
 
-    def _read_output(self, fd: int, kind: str, handle: LocalWorkerHandle, state: list[Any]) -> None:
+    def _read_output(self, fd: int, kind: str, index: int, state: list[Any]) -> None:
         chunk = os.read(fd, 1 << 16)
         decoder, output = state[0], state[1]
         text = state[2] + decoder.decode(chunk, final=not chunk)
@@ -198,8 +209,8 @@ class OutputPump:
             self._idle[fd] = (time.monotonic() + IDLE_S, kind, state)
         if not chunk:
             self._close_fd(fd)
-            self._mark_closed(handle.index, fd)
-            if not self._open.get(handle.index):
+            self._mark_closed(index, fd)
+            if not self._open.get(index):
                 output.close()
 
     def _flush_idle(self) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import sys
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from phalanx._internal import env
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
+from phalanx._internal.engines.messages import Events
 from phalanx._internal.engines.ray.actor import PhalanxWorker
 from phalanx._internal.engines.ray.handle import DrainPoller, RayWorkerHandle
 from phalanx._internal.engines.ray.placement import (
@@ -41,8 +41,6 @@ from phalanx.config import ScalingConfig
 from phalanx.errors import ConfigError, StorageError, WorkerStartupError
 
 logger = logging.getLogger(__name__)
-
-Events = queue.Queue[tuple[int, tuple[Any, ...]]]
 
 ACTOR_CONCURRENCY = 8  # calls, drain, stop, stacks... answered while a training call runs
 WAIT_LOG_EVERY_S = 10.0  # how often a placement that waits for resources says so
@@ -92,6 +90,7 @@ class RayEngine(Engine):
     """Workers as Ray actors. Connects to Ray (or starts it) at the first ``check``/``launch``."""
 
     name = "ray"
+    process_per_worker = True
 
     def __init__(self) -> None:
         self._poller: DrainPoller | None = None

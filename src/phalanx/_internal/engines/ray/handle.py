@@ -4,15 +4,13 @@ Each actor always has one ``drain`` call in flight. The poller thread waits on a
 ``ray.wait``; each answer is a batch of messages, handled in order: call returns resolve their
 futures, output lines are printed with the rank prefix (and written to the rank's log file),
 everything else goes to the events queue. Then the next ``drain`` is sent. A ``drain`` that fails
-means the actor is dead: its pending calls fail and ``("exited", -9, why)`` is queued.
+means the actor is dead: its pending calls fail and ``Exited(-9, cause=why)`` is queued.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import pickle
-import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -23,12 +21,23 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from phalanx._internal.engines.base import WorkerHandle, WorkerMetadata
+from phalanx._internal.engines.calls import PendingCalls
+from phalanx._internal.engines.messages import (
+    Closed,
+    Events,
+    Exited,
+    Output,
+    Poll,
+    Preempting,
+    Report,
+    Return,
+    UnknownMessage,
+    decode,
+)
 from phalanx._internal.engines.rank_output import RankOutput, reader_error
 from phalanx._internal.worker.runtime import RemoteCallError, undecodable_error
 
 logger = logging.getLogger(__name__)
-
-Events = queue.Queue[tuple[int, tuple[Any, ...]]]
 
 DRAIN_WAIT_S = 1.0  # how long an idle actor holds a drain call before answering "nothing"
 POLL_S = 0.05  # how often the poller looks for newly added actors
@@ -51,8 +60,7 @@ class RayWorkerHandle(WorkerHandle):
         self.death: str | None = None
         self.closed = threading.Event()  # set when the last message arrived, or the actor died
         self._events = events
-        self._calls: dict[int, Future[Any]] = {}
-        self._seq = itertools.count()
+        self._calls = PendingCalls()
         self._lock = threading.Lock()
         self._output = RankOutput(self, log_dir, attempt)
         self._stopping = False
@@ -67,9 +75,7 @@ class RayWorkerHandle(WorkerHandle):
             if self.death is not None or self.broken is not None:
                 future.set_exception(self.broken or RayWorkerDied(str(self.death)))
                 return future
-            seq = next(self._seq)
-            self._calls[seq] = future
-            self.actor.call.remote(seq, payload)
+            self.actor.call.remote(self._calls.add(future), payload)
         return future
 
     def kill(self, force: bool = True) -> None:
@@ -90,37 +96,28 @@ class RayWorkerHandle(WorkerHandle):
     def on_messages(self, batch: list[bytes]) -> None:
         for data in batch:
             try:
-                message = pickle.loads(data)
+                wire = pickle.loads(data)
             except Exception as exc:
                 self.fail(undecodable_error(self.rank, data, exc))
                 continue
-            kind = message[0]
-            if kind == "ret":
-                _, seq, ok, value = message
-                with self._lock:
-                    future = self._calls.pop(seq, None)
-                if future is None:  # failed already (see fail())
-                    continue
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(RemoteCallError(value))
-            elif kind == "out":
-                self._output.write(message[2], message[1])
-            elif kind == "closed":
-                self.closed.set()
-            else:
-                self._events.put((self.index, message))
+            match decode(wire):
+                case Return() as ret:
+                    self._calls.resolve(ret)
+                case Output(stream=stream, text=text):
+                    self._output.write(text, stream)
+                case Closed():
+                    self.closed.set()
+                case Report() | Preempting() | Poll() as event:
+                    self._events.put((self.index, event))
+                case other:
+                    raise UnknownMessage(f"a Ray actor does not send {type(other).__name__}")
 
     def fail(self, error: RemoteCallError) -> None:
         """Fail every call in flight (and every later one): the driver cannot follow this worker
         any more, and a lost report or return value must not leave fit() waiting forever."""
         with self._lock:
             self.broken = error
-            calls, self._calls = self._calls, {}
-        for future in calls.values():
-            if not future.done():
-                future.set_exception(error)
+        self._calls.fail_all(error)
 
     def on_death(self, why: str) -> None:
         """The actor is gone: fail what is pending, then tell the controller."""
@@ -128,15 +125,11 @@ class RayWorkerHandle(WorkerHandle):
             if self.death is not None:
                 return
             self.death = why
-            calls, self._calls = self._calls, {}
-        error = RayWorkerDied(why)
-        for future in calls.values():
-            if not future.done():
-                future.set_exception(error)
+        self._calls.fail_all(RayWorkerDied(why))
         self.closed.set()
         self._output.close()
         if not self._stopping:
-            self._events.put((self.index, ("exited", -9, why)))
+            self._events.put((self.index, Exited(-9, cause=why)))
 
     def finish(self) -> None:
         """The worker is stopped: close its log file."""

@@ -1,0 +1,138 @@
+"""The messages of the engine -> controller seam, and the worker -> driver wire they come from.
+
+Workers send plain tuples whose first item names them (pickled by ``report()`` in the user's
+training step, where a tuple is the cheapest thing to pickle, and readable by
+``runtime.undecodable_error`` when the rest is not)::
+
+    ("report", round, metrics, checkpoint_dir_name, time[, {"validation": spec}])
+    ("preempting", time)          # the local worker got SIGTERM
+    ("poll",)                     # wake the driver: a rank waits for a validation to finish
+    ("ret", call_id, ok, value)   # a call's return value, or its RemoteException
+    ("hello", pid, host)          # a local worker is ready
+    ("out", stream, text)         # a Ray actor's output lines
+    ("closed",)                   # a Ray actor's last message
+
+The driver side of every engine turns each tuple into one of the types below with
+:func:`decode`, at once, in the thread that reads it; nothing past the engine sees a tuple.
+An engine puts each :data:`Event` into the ``events`` queue as ``(worker_index, event)``;
+``Return``, ``Hello``, ``Output`` and ``Closed`` stay inside the engine.
+"""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A rank called ``report()``: its ``round``-th report of this run."""
+
+    round: int
+    metrics: dict[str, Any]
+    checkpoint_dir_name: str | None
+    time: float
+    validation: Any = None  # report(validation=...): what to validate this round's checkpoint with
+
+
+@dataclass(frozen=True, slots=True)
+class Preempting:
+    """The worker got SIGTERM (a preemption notice) at ``time``; it keeps training."""
+
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    """The worker is gone: ``returncode`` (negative: killed by that signal), ``cause`` where the
+    engine knows more (Ray: why the actor died)."""
+
+    returncode: int
+    cause: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallDone:
+    """A rank's training call resolved. Queued by the controller's done-callback on the call's
+    future, not by the engine, so the poll loop wakes at once instead of at its next timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class Poll:
+    """Nothing to handle: the driver should look at its run again (a rank waits in
+    ``get_all_reported_checkpoints`` for validations, which the driver collects when it polls;
+    with ``num_workers=0`` it polls only when a message arrives)."""
+
+
+Event: TypeAlias = Report | Preempting | Exited | CallDone | Poll
+Events: TypeAlias = "queue.Queue[tuple[int, Event]]"
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    """The outcome of call ``call_id``: its value (``ok``) or a ``RemoteException``."""
+
+    call_id: int
+    ok: bool
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    pid: int
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    stream: str  # "stdout" or "stderr"
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The worker sent its last message."""
+
+
+Message: TypeAlias = Event | Return | Hello | Output | Closed
+
+
+class UnknownMessage(ValueError):
+    """A tuple of no shape above: a worker of another phalanx version, or a bug."""
+
+
+def decode(wire: tuple[Any, ...]) -> Message:
+    """The typed message for a tuple from a worker (see the module docstring)."""
+    match wire:
+        case ("report", int(round_), dict(metrics), dir_name, float(at)):
+            return Report(round_, metrics, dir_name, at)
+        case ("report", int(round_), dict(metrics), dir_name, float(at), dict(extra)):
+            return Report(round_, metrics, dir_name, at, extra.get("validation"))
+        case ("ret", int(call_id), bool(ok), value):
+            return Return(call_id, ok, value)
+        case ("out", str(stream), str(text)):
+            return Output(stream, text)
+        case ("preempting", float(at)):
+            return Preempting(at)
+        case ("hello", int(pid), str(host)):
+            return Hello(pid, host)
+        case ("poll",):
+            return Poll()
+        case ("closed",):
+            return Closed()
+    kind = wire[0] if isinstance(wire, tuple) and wire else wire
+    raise UnknownMessage(f"a worker sent a message phalanx does not know: {kind!r}")
+
+
+def in_process_event(wire: tuple[Any, ...]) -> Event:
+    """The event for a message sent by a rank that runs in the driver (thread, inline engines),
+    with a copy of a report's metrics, as pickling makes one for a worker process: the rank may
+    change its dict after ``report()``."""
+    match decode(wire):
+        case Report() as r:
+            return Report(r.round, dict(r.metrics), r.checkpoint_dir_name, r.time, r.validation)
+        case Preempting() | Poll() as event:
+            return event
+        case other:
+            raise UnknownMessage(f"a rank in the driver does not send {type(other).__name__}")
