@@ -1,10 +1,12 @@
 """Backend / BackendConfig: how a framework sets itself up on the workers.
 
-A framework package (``phalanx.torch``, ``phalanx.xgboost``, ...) subclasses both. The hooks run
-on the driver and reach the workers through the ``worker_group`` they receive
-(``execute(fn, *args)`` runs ``fn`` on every rank and returns results in rank order;
-``execute_single(rank, fn, ...)``; ``len(worker_group)``). Inside those functions
-``phalanx.get_context()`` already works.
+A framework package (``phalanx.torch``, ``phalanx.xgboost``, ...) subclasses both; so can a
+third-party package: this module is the extension point. The hooks run on the driver and reach
+the workers through the :class:`WorkerGroup` they receive (``execute(fn, *args)`` runs ``fn`` on
+every rank and returns results in rank order; ``execute_single(rank, fn, ...)``;
+``len(worker_group)``; ``workers[rank]`` says where each rank runs). Inside those functions
+``phalanx.get_context()`` already works. Type your hooks with :class:`WorkerGroup`, and mypy
+checks what they use against what every engine offers.
 
 Order within one attempt: workers start, ranks are assigned, sessions are set up, then
 ``on_start``, ``on_training_start``, the training function on every rank, and ``on_shutdown``
@@ -29,11 +31,94 @@ Example::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["Backend", "BackendConfig"]
+if TYPE_CHECKING:
+    from phalanx.config import ScalingConfig
+
+__all__ = ["Backend", "BackendConfig", "WorkerGroup", "WorkerInfo"]
+
+
+class WorkerInfo(Protocol):
+    """One started worker: ``worker_group.workers[rank]``. Ranks are assigned as torchrun does:
+    workers grouped by node, nodes in the order their first worker started."""
+
+    @property
+    def world_rank(self) -> int: ...
+    @property
+    def local_rank(self) -> int: ...
+    @property
+    def node_rank(self) -> int: ...
+    @property
+    def local_world_size(self) -> int: ...
+    @property
+    def host(self) -> str:
+        """The address other workers reach this one at (the node's IP on Ray)."""
+
+    @property
+    def node_id(self) -> str:
+        """Equal for workers on the same machine (``"local"`` on the local engine)."""
+
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def gpu_ids(self) -> tuple[int, ...]:
+        """The GPUs assigned to this worker (its ``CUDA_VISIBLE_DEVICES``); () without GPUs."""
+
+
+class WorkerGroup(Protocol):
+    """The workers of one attempt, in rank order, as every engine gives them to a Backend.
+
+    A function given to ``execute*`` runs in the worker (pickled by cloudpickle on process
+    engines); the calls raise ``phalanx.WorkerGroupError`` naming the ranks that failed or did
+    not answer within ``timeout_s``.
+    """
+
+    @property
+    def workers(self) -> Sequence[WorkerInfo]: ...
+    @property
+    def scaling_config(self) -> ScalingConfig: ...
+    @property
+    def process_per_worker(self) -> bool:
+        """Each rank is a process of its own. False on the thread engine (ranks are threads of
+        the driver and share per-process state: a backend that keeps such state, like a
+        process group, must refuse it) and for ``num_workers=0``."""
+
+    def __len__(self) -> int: ...
+    def get_resources_per_worker(self) -> dict[str, float]:
+        """What each worker holds, e.g. ``{"CPU": 1}`` (as Ray Train's worker group says)."""
+
+    def execute(
+        self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """``fn(*args, **kwargs)`` on every rank; the results in rank order."""
+
+    def execute_async(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Future[Any]]:
+        """``execute`` without waiting: a future per rank (a failure is a ``RemoteCallError``)."""
+
+    def execute_single(
+        self,
+        rank: int,
+        fn: Callable[..., Any],
+        *args: Any,
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``fn(*args, **kwargs)`` on one rank; its result."""
+
+    def execute_single_async(
+        self, rank: int, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Future[Any]: ...
+    def execute_per_rank(
+        self,
+        fn: Callable[..., Any],
+        args_per_rank: Sequence[tuple[Any, ...]],
+        timeout_s: float | None = None,
+    ) -> list[Any]:
+        """``fn(*args_per_rank[r])`` on each rank ``r``; the results in rank order."""
 
 
 class Backend:
@@ -41,13 +126,13 @@ class Backend:
 
     share_cuda_visible_devices: bool = False
 
-    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+    def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         """After the workers started and their sessions exist, before training."""
 
-    def on_training_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+    def on_training_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         """Right before the training function starts on every worker."""
 
-    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
+    def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         """After training ended (or failed), before the workers stop."""
 
 

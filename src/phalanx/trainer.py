@@ -184,7 +184,7 @@ class DataParallelTrainer(BaseTrainer):
         name = run_config.name or default_run_name()
         engine = resolve_engine(self.scaling_config)
         engine.check(self.scaling_config)
-        if engine.name == "local":
+        if engine.applies_runtime_env:
             check_runtime_env_locally(run_config.worker_runtime_env)
         checkpoint_files = self._checkpoint_files()
         storage = RunStorage.create(

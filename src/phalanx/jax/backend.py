@@ -36,7 +36,7 @@ class JaxBackend(Backend):
             raise ConfigError(
                 f"JaxBackend needs a phalanx.jax.JaxConfig, got {type(backend_config).__name__}."
             )
-        if getattr(worker_group.engine, "name", None) == "thread":
+        if not worker_group.process_per_worker:
             raise ConfigError(THREAD_ENGINE_MESSAGE)
         workers = worker_group.workers
         # Loopback when every worker shares a node: nothing is exposed to the network.

@@ -38,7 +38,7 @@ class LightGBMBackend(Backend):
 
 
 def _check_engine(worker_group: Any) -> None:
-    if getattr(worker_group.engine, "name", None) == "thread":
+    if not worker_group.process_per_worker:
         raise ConfigError(
             "LightGBMTrainer cannot run several workers on the thread engine: LightGBM's "
             "network is one per process.\nHINT: use the default local engine "

@@ -26,7 +26,7 @@ class TensorflowBackend(Backend):
                 "TensorflowBackend needs a phalanx.tensorflow.TensorflowConfig, got "
                 f"{type(backend_config).__name__}."
             )
-        if getattr(worker_group.engine, "name", None) == "thread":
+        if not worker_group.process_per_worker:
             raise ConfigError(THREAD_ENGINE_MESSAGE)
         hosts = group_addresses(worker_group)
         ports = worker_group.execute(reserve_port_on_rank, hosts)

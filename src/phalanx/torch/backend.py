@@ -159,7 +159,7 @@ def _check_one_gpu_per_nccl_rank(worker_group: Any, backend: str) -> None:
 
 
 def _check_engine(worker_group: Any) -> None:
-    if getattr(worker_group.engine, "name", None) == "thread":  # e.g. PHALANX_ENGINE=thread
+    if not worker_group.process_per_worker:  # e.g. PHALANX_ENGINE=thread
         raise ConfigError(THREAD_ENGINE_MESSAGE)
 
 

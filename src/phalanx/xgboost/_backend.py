@@ -50,7 +50,7 @@ class XGBoostBackend(Backend):
 
 
 def _check_engine(worker_group: Any) -> None:
-    if getattr(worker_group.engine, "name", None) == "thread":
+    if not worker_group.process_per_worker:
         raise ConfigError(
             "XGBoostTrainer cannot run several workers on the thread engine: XGBoost's "
             "communicator is one per process.\nHINT: use the default local engine "

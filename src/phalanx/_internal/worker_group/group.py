@@ -1,20 +1,25 @@
-"""WorkerGroup: started workers in rank order, over an Engine. What Backend hooks receive."""
+"""WorkerGroup: started workers in rank order, over an Engine. What Backend hooks receive: it
+implements the public ``phalanx.backend.WorkerGroup`` protocol (mypy checks it below)."""
 
 from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.messages import Events
 from phalanx._internal.worker.runtime import RemoteCallError
 from phalanx._internal.worker_group.ranks import RankInfo, assign_ranks
+from phalanx.config import ScalingConfig
 from phalanx.errors import WorkerFailure, WorkerGroupError
+
+if TYPE_CHECKING:
+    from phalanx import backend
 
 
 @dataclass(frozen=True)
@@ -30,12 +35,40 @@ class Worker:
     def world_rank(self) -> int:
         return self.ranks.world_rank
 
+    @property
+    def local_rank(self) -> int:
+        return self.ranks.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        return self.ranks.node_rank
+
+    @property
+    def local_world_size(self) -> int:
+        return self.ranks.local_world_size
+
+    @property
+    def host(self) -> str:
+        return self.handle.metadata.host
+
+    @property
+    def node_id(self) -> str:
+        return self.handle.metadata.node_id
+
+    @property
+    def pid(self) -> int | None:
+        return self.handle.metadata.pid
+
+    @property
+    def gpu_ids(self) -> tuple[int, ...]:
+        return self.handle.metadata.gpu_ids
+
 
 class WorkerGroup:
     """Workers of one attempt, indexed by world rank.
 
-    Backends use ``execute`` (every rank, results in rank order), ``execute_async``,
-    ``execute_single`` and ``len()``.
+    Backends use what ``phalanx.backend.WorkerGroup`` documents; the rest (``events``,
+    ``rank_of``, ``gather``, ``failure``, ``shutdown``, ...) is the controller's.
     """
 
     def __init__(self, engine: Engine, spec: WorkerGroupSpec) -> None:
@@ -63,6 +96,14 @@ class WorkerGroup:
     def rank_of(self, worker_index: int) -> int:
         return self._rank_of_index[worker_index]
 
+    @property
+    def scaling_config(self) -> ScalingConfig:
+        return self.spec.scaling_config
+
+    @property
+    def process_per_worker(self) -> bool:
+        return self.engine.process_per_worker
+
     def get_resources_per_worker(self) -> dict[str, float]:
         return self.spec.scaling_config._resources_per_worker_not_none
 
@@ -74,6 +115,11 @@ class WorkerGroup:
     ) -> list[Any]:
         """Run ``fn`` on every rank; raise WorkerGroupError naming the ranks that failed."""
         return self.gather(self.execute_async(fn, *args, **kwargs), timeout_s)
+
+    def execute_single_async(
+        self, rank: int, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Future[Any]:
+        return self.workers[rank].handle.execute(fn, *args, **kwargs)
 
     def execute_single(
         self,
@@ -95,7 +141,7 @@ class WorkerGroup:
     def execute_per_rank(
         self,
         fn: Callable[..., Any],
-        args_per_rank: list[tuple[Any, ...]],
+        args_per_rank: Sequence[tuple[Any, ...]],
         timeout_s: float | None = None,
     ) -> list[Any]:
         """Run ``fn(*args_per_rank[r])`` on each rank ``r``; results in rank order."""
@@ -168,3 +214,9 @@ class WorkerGroup:
 
     def notify_preemption(self, notice: dict[str, Any]) -> None:
         self.engine.notify_preemption([w.handle for w in self.workers], notice)
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_public_protocol(group: WorkerGroup) -> backend.WorkerGroup:
+        return group  # mypy: WorkerGroup offers everything phalanx.backend.WorkerGroup promises
