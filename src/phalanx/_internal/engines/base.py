@@ -3,10 +3,11 @@
 An engine puts what happens to its workers into the ``events`` queue it is given, as
 ``(worker_index, event)``, each event one of the typed messages of
 :mod:`phalanx._internal.engines.messages`: a ``Report``, ``Preempting`` or ``Poll`` a worker sent
-(decoded from its wire tuple by the engine, in the thread that read it) and ``Exited`` once a
-worker is gone (once per worker, unless the driver itself stopped it). A call's return value is
-not an event: it resolves the future ``WorkerHandle.execute`` returned. Every engine delivers
-the same types for the same training function.
+(decoded from its wire tuple by the engine, in the thread that read it) and ``Exited`` when a
+worker is gone (at most once per worker; for a worker that ``shutdown`` or ``kill`` stopped, an
+engine may leave it out). A call's return value is not an event: it resolves the future
+``WorkerHandle.execute`` returned. Every engine delivers the same types for the same training
+function (``tests/ray/test_engine_messages.py``).
 """
 
 from __future__ import annotations

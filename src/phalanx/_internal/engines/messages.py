@@ -103,26 +103,31 @@ class UnknownMessage(ValueError):
 
 
 def decode(wire: tuple[Any, ...]) -> Message:
-    """The typed message for a tuple from a worker (see the module docstring)."""
-    match wire:
-        case ("report", int(round_), dict(metrics), dir_name, float(at)):
-            return Report(round_, metrics, dir_name, at)
-        case ("report", int(round_), dict(metrics), dir_name, float(at), dict(extra)):
-            return Report(round_, metrics, dir_name, at, extra.get("validation"))
-        case ("ret", int(call_id), bool(ok), value):
-            return Return(call_id, ok, value)
-        case ("out", str(stream), str(text)):
-            return Output(stream, text)
-        case ("preempting", float(at)):
-            return Preempting(at)
-        case ("hello", int(pid), str(host)):
-            return Hello(pid, host)
-        case ("poll",):
-            return Poll()
-        case ("closed",):
-            return Closed()
-    kind = wire[0] if isinstance(wire, tuple) and wire else wire
-    raise UnknownMessage(f"a worker sent a message phalanx does not know: {kind!r}")
+    """The typed message for a tuple from a worker (see the module docstring).
+
+    Runs once per message in the engine's reader thread, so it dispatches on the kind and the
+    length with plain comparisons (a ``match`` with class patterns costs ~5x as much).
+    """
+    kind = wire[0] if type(wire) is tuple and wire else None
+    size = len(wire) if kind is not None else 0
+    if kind == "report" and size == 5:
+        return Report(wire[1], wire[2], wire[3], wire[4])
+    if kind == "report" and size == 6:
+        return Report(wire[1], wire[2], wire[3], wire[4], wire[5].get("validation"))
+    if kind == "ret" and size == 4:
+        return Return(wire[1], wire[2], wire[3])
+    if kind == "out" and size == 3:
+        return Output(wire[1], wire[2])
+    if kind == "preempting" and size == 2:
+        return Preempting(wire[1])
+    if kind == "poll" and size == 1:
+        return Poll()
+    if kind == "hello" and size == 3:
+        return Hello(wire[1], wire[2])
+    if kind == "closed" and size == 1:
+        return Closed()
+    shown = kind if kind is not None else type(wire).__name__
+    raise UnknownMessage(f"a worker sent a message phalanx does not know: {shown!r} ({size} items)")
 
 
 def in_process_event(wire: tuple[Any, ...]) -> Event:
