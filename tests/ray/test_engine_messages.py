@@ -90,6 +90,21 @@ def test_every_engine_delivers_the_same_typed_events(worker):
     assert info.value.remote.type_name == "KeyError"
 
 
+def _send_unknown() -> str:
+    outbox = current_outbox()
+    assert outbox is not None
+    outbox.send(("bogus", 1))
+    return "returned"
+
+
+def test_a_message_of_unknown_shape_fails_the_call_instead_of_vanishing(worker):
+    """A worker of another phalanx version, say: its call fails naming the message; nothing
+    waits for a report that was dropped."""
+    _, handle, _ = worker
+    with pytest.raises(RemoteCallError, match="does not know: 'bogus'"):
+        handle.execute(_send_unknown).result(timeout=30)
+
+
 @pytest.mark.parametrize("engine_name", ["local", "ray"])
 def test_a_worker_process_that_exits_is_an_exited_event(engine_name, local_ray):
     engine = _engine(engine_name)
