@@ -4,12 +4,11 @@
 the training call stays pending until the test says how the rank ends (``report``, ``finish``,
 ``raise_``, ``die``, ``preempt``). ``Stepper`` owns a real ``Controller`` over real storage in a
 temporary directory and steps it one state at a time, so a test shows which transition broke.
-The messages a worker sends are built here, in one place, in the engine's message shapes.
+The events a worker causes are built here, in one place, as the engines' typed messages.
 """
 
 from __future__ import annotations
 
-import queue
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -21,6 +20,7 @@ from phalanx._internal.controller.controller import Controller
 from phalanx._internal.controller.spec import RunSpec
 from phalanx._internal.controller.state import FINAL_STATES, State, Step
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
+from phalanx._internal.engines.messages import Events, Preempting, Report
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.runtime import RemoteCallError, RemoteException
@@ -28,8 +28,6 @@ from phalanx._internal.worker.session import SessionSpec, init_session, run_trai
 from phalanx.backend import BackendConfig
 from phalanx.errors import WorkerStartupError
 from phalanx.result import Result
-
-Events = queue.Queue[tuple[int, tuple[Any, ...]]]
 
 
 class FakeWorker(WorkerHandle):
@@ -69,7 +67,7 @@ class FakeWorker(WorkerHandle):
     # -- the script ------------------------------------------------------------------------------
 
     def report(self, round_: int, metrics: dict[str, Any], dir_name: str | None = None) -> None:
-        self.events.put((self.index, ("report", round_, metrics, dir_name, time.time())))
+        self.events.put((self.index, Report(round_, metrics, dir_name, time.time())))
 
     def finish(self, value: Any = None) -> None:
         self._train().set_result(value)
@@ -85,7 +83,7 @@ class FakeWorker(WorkerHandle):
 
     def preempt(self) -> None:
         """SIGTERM: the worker says it is preempting, then stops at the stop round."""
-        self.events.put((self.index, ("preempting",)))
+        self.events.put((self.index, Preempting(time.time())))
         self.stop_for_preemption()
 
     def stop_for_preemption(self) -> None:

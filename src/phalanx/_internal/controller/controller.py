@@ -249,6 +249,8 @@ class Controller:
                 self._on_preemption(attempt, rank)
             case messages.Poll():
                 pass  # it woke the poll loop: that was all it was for
+            case _:  # a bug (an engine that queues something else): never ignore it silently
+                raise TypeError(f"not an engine event: {event!r}")
 
     def _on_preemption(self, attempt: Attempt, rank: int) -> None:
         attempt.on_preemption(rank, self.failure_config.preemption_grace_s)
