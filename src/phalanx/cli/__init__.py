@@ -6,6 +6,7 @@ phalanx logs <run> [--rank N] [--follow]             each rank's stdout and stde
 phalanx plot <run>... [--metric M ...] [-o FILE]     metric curves (FILE: .png/.svg; else text)
 phalanx compare <run> <run>...                       configs and metrics side by side
 phalanx metrics <run> [--all-ranks]                  the full metrics history as a table
+phalanx serve <checkpoint or run> [--port P] [--ray]  answer HTTP requests with the model
 
 <run> is a run directory (result.path): <storage_path>/<name>. Remote storage uses its SDK's
 usual credentials (for S3: the AWS_* variables; AWS_ENDPOINT_URL for S3-compatible stores).
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Callable
 
 from phalanx import __version__
-from phalanx.cli import commands
+from phalanx.cli import commands, serve
 from phalanx.cli.runs import CLIError, RunView, find_runs, open_run
 from phalanx.errors import StorageError
 
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     metrics = sub.add_parser("metrics", help="print a run's metrics history")
     metrics.add_argument("run")
     metrics.add_argument("--all-ranks", action="store_true", help="every rank's reports")
+    serve.add_parser(sub)
     return parser
 
 
@@ -72,6 +74,8 @@ def _run(args: argparse.Namespace, out: Callable[[str], None]) -> None:
         if len(args.runs) < 2:
             raise CLIError("compare needs two runs or more.\nHINT: phalanx compare <run> <run>")
         commands.compare(_open_all(args.runs), args.all, out)
+    elif args.command == "serve":
+        serve.serve(args)
     else:
         commands.metrics(open_run(args.run), args.all_ranks, out)
 

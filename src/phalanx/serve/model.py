@@ -1,0 +1,226 @@
+"""The served model: a checkpoint (or a run's best/latest one) loaded with its Predictor.
+
+``ModelSpec`` is the blueprint (picklable: it travels to worker processes and Ray Serve
+replicas); ``ServedModel`` is the loaded predictor. Prediction goes through
+``Predictor.predict`` with the checkpoint's preprocessor, exactly as ``BatchPredictor``'s scoring
+workers call it, so online and batch predictions are the same numbers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from phalanx.checkpoint import Checkpoint
+from phalanx.errors import ConfigError
+from phalanx.predict.base import Predictor, checkpoint_framework
+
+__all__ = ["ModelSpec", "ServedModel", "resolve_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+PREDICTORS = {
+    "torch": "phalanx.predict.torch:TorchPredictor",
+    "xgboost": "phalanx.predict.gbdt:XGBoostPredictor",
+    "lightgbm": "phalanx.predict.gbdt:LightGBMPredictor",
+}
+CHOICES = ("best", "latest")
+GENERATED_NAME = re.compile(r"f\d+|Column_\d+")  # xgboost's and lightgbm's names for a matrix
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to serve. ``checkpoint``: a Checkpoint, a checkpoint directory, or a run directory
+    (``result.path``: its ``best`` checkpoint by the run's own CheckpointConfig, or ``latest``,
+    or a checkpoint directory's name, per ``choice``). ``predictor``: a Predictor class,
+    ``"torch"``/``"xgboost"``/``"lightgbm"`` or ``"module:Class"``; None reads the framework from
+    the checkpoint. ``predictor_kwargs`` go to ``from_checkpoint`` (e.g. ``model=Net()``),
+    ``predict_kwargs`` to every ``predict`` call. ``columns``: the input columns a request must
+    have (checked before batching; None: taken from the model where it names them)."""
+
+    checkpoint: Any
+    predictor: Any = None
+    predictor_kwargs: dict[str, Any] = field(default_factory=dict)
+    predict_kwargs: dict[str, Any] = field(default_factory=dict)
+    columns: tuple[str, ...] | None = None
+    choice: str = "best"
+
+    def load(self) -> ServedModel:
+        checkpoint = resolve_checkpoint(self.checkpoint, self.choice)
+        cls = predictor_class(self.predictor, checkpoint)
+        predictor = cls.from_checkpoint(checkpoint, **self.predictor_kwargs)
+        return ServedModel(predictor, checkpoint, self)
+
+
+class ServedModel:
+    """A loaded predictor that turns request DataFrames into prediction DataFrames."""
+
+    def __init__(self, predictor: Predictor, checkpoint: Checkpoint, spec: ModelSpec) -> None:
+        self.predictor = predictor
+        self.checkpoint = checkpoint
+        self.predict_kwargs = _default_predict_kwargs(predictor, spec.predict_kwargs)
+        self.columns = list(spec.columns) if spec.columns else _model_columns(predictor)
+        self.framework = checkpoint_framework(checkpoint)
+
+    def predict(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """Predictions for ``frame``'s rows, in order: ``Predictor.predict`` on a DataFrame."""
+        out = self.predictor.predict(frame, **self.predict_kwargs)
+        if len(out) != len(frame):
+            raise RuntimeError(
+                f"The predictor returned {len(out)} rows for {len(frame)} input rows.\n"
+                "HINT: a served predictor must return one prediction per row."
+            )
+        return out  # type: ignore[no-any-return]
+
+    def predict_many(self, frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
+        """One model call for several requests' rows; each gets its own slice back."""
+        if len(frames) == 1:
+            return [self.predict(frames[0])]
+        out = self.predict(pd.concat(frames, ignore_index=True))
+        bounds = np.cumsum([0] + [len(f) for f in frames])
+        return [out.iloc[a:b].reset_index(drop=True) for a, b in itertools.pairwise(bounds)]
+
+    def metadata(self) -> dict[str, Any]:
+        from phalanx import __version__
+
+        preprocessor = self.predictor.get_preprocessor()
+        return {
+            "framework": self.framework,
+            "predictor": type(self.predictor).__name__,
+            "checkpoint": self.checkpoint.path,
+            "feature_columns": self.columns,
+            "preprocessor": None if preprocessor is None else type(preprocessor).__name__,
+            "phalanx_version": __version__,
+        }
+
+
+def resolve_checkpoint(source: Any, choice: str = "best") -> Checkpoint:
+    """``source`` as a Checkpoint: itself, a checkpoint directory, or one of a run directory's
+    checkpoints (``choice``: ``"best"``, ``"latest"`` or a checkpoint directory's name)."""
+    if isinstance(source, Checkpoint):
+        return source
+    if not isinstance(source, str | os.PathLike):
+        raise ConfigError(
+            f"Cannot serve {source!r}: it is a {type(source).__name__}.\nHINT: pass a "
+            "Checkpoint, a checkpoint directory or a run directory (result.path)."
+        )
+    from phalanx.cli.runs import RUN_FILES, CLIError, open_run
+
+    checkpoint = Checkpoint(os.fspath(source))
+    names = _listing(checkpoint)
+    if not names & set(RUN_FILES):
+        return checkpoint
+    try:
+        run = open_run(os.fspath(source))
+    except CLIError as exc:
+        raise ConfigError(str(exc)) from exc
+    ranked = [c for c, _ in run.manager.best_checkpoints()]
+    picked = _pick(ranked, run.manager.latest_checkpoint, choice)
+    if picked is None:
+        raise ConfigError(
+            f"The run {os.fspath(source)!r} has no checkpoint called {choice!r} (it kept "
+            f"{[_name(c) for c in ranked]}).\nHINT: pass checkpoint='best', 'latest' or one of "
+            "those names; a run keeps checkpoints only when report() is given one."
+        )
+    logger.info("Serving %s checkpoint %s of run %s", choice, picked.path, os.fspath(source))
+    return picked
+
+
+def _pick(ranked: list[Checkpoint], latest: Checkpoint | None, choice: str) -> Checkpoint | None:
+    if choice == "best":
+        return ranked[-1] if ranked else None
+    if choice == "latest":
+        return latest
+    return next((c for c in ranked if _name(c) == choice), None)
+
+
+def _name(checkpoint: Checkpoint) -> str:
+    return str(checkpoint.path).rstrip("/").rsplit("/", 1)[-1]
+
+
+def _listing(checkpoint: Checkpoint) -> set[str]:
+    fs = checkpoint.filesystem
+    if not fs.isdir(checkpoint.path):
+        raise ConfigError(
+            f"Cannot serve {checkpoint.path!r}: there is no such directory.\nHINT: pass a "
+            "checkpoint directory (result.checkpoint.path) or a run directory (result.path)."
+        )
+    return {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(checkpoint.path, detail=False)}
+
+
+def predictor_class(predictor: Any, checkpoint: Checkpoint) -> type[Predictor]:
+    """The Predictor class: given, named (framework or ``module:Class``), or the checkpoint's."""
+    if isinstance(predictor, type) and issubclass(predictor, Predictor):
+        return predictor
+    if predictor is None:
+        predictor = checkpoint_framework(checkpoint)
+        if predictor is None:
+            raise ConfigError(
+                f"Cannot tell which framework trained {checkpoint.path!r}: its metadata names "
+                "none and it holds no model.pt, model.ubj/json or model.txt.\nHINT: pass "
+                "predictor='torch', 'xgboost', 'lightgbm' or 'module:PredictorClass'."
+            )
+    if not isinstance(predictor, str):
+        raise ConfigError(
+            f"predictor={predictor!r} is not a Predictor class or a name.\nHINT: pass e.g. "
+            "TorchPredictor, 'torch' or 'my_module:MyPredictor'."
+        )
+    found = import_object(PREDICTORS.get(predictor, predictor), "predictor")
+    if not (isinstance(found, type) and issubclass(found, Predictor)):
+        raise ConfigError(
+            f"predictor={predictor!r} names {found!r}, which is not a Predictor subclass.\n"
+            "HINT: subclass phalanx.predict.Predictor and implement from_checkpoint."
+        )
+    return found
+
+
+def import_object(path: str, what: str) -> Any:
+    """``"package.module:attr"`` imported; a ConfigError naming ``what`` if it cannot be."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(
+            f"{what}={path!r} is not a known name or 'module:attribute'.\nHINT: use e.g. "
+            f"'torch', 'xgboost', 'lightgbm' or 'my_package.models:Thing'."
+        )
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"{what}={path!r} cannot be imported: {type(exc).__name__}: {exc}.\nHINT: check "
+            "the spelling, and that the module is on PYTHONPATH (run from its directory)."
+        ) from exc
+
+
+def _default_predict_kwargs(predictor: Predictor, given: dict[str, Any]) -> dict[str, Any]:
+    """JSON numbers arrive as float64; a float32 torch model would reject them, so torch
+    inputs get the model's floating dtype unless ``predict_kwargs`` names a ``dtype``."""
+    kwargs = dict(given)
+    model = getattr(predictor, "model", None)
+    if "dtype" in kwargs or not hasattr(model, "parameters"):
+        return kwargs
+    for parameter in model.parameters():  # type: ignore[union-attr]
+        if parameter.is_floating_point():
+            kwargs["dtype"] = parameter.dtype
+            break
+    return kwargs
+
+
+def _model_columns(predictor: Predictor) -> list[str] | None:
+    """The booster's feature names when raw input goes to it (no preprocessor), else None."""
+    if predictor.get_preprocessor() is not None:
+        return None
+    model = getattr(predictor, "model", None)
+    names = getattr(model, "feature_names", None)  # xgboost
+    if names is None and hasattr(model, "feature_name"):  # lightgbm
+        names = model.feature_name()  # type: ignore[union-attr]
+    if not names or all(GENERATED_NAME.fullmatch(str(n)) for n in names):
+        return None  # generated names: the model was trained on a bare matrix
+    return [str(n) for n in names]

@@ -1,0 +1,96 @@
+"""The Ray Serve deployment: the same ``ServeAPI`` (endpoints, batching, metrics) in replicas.
+
+Each replica loads the model once and batches the requests it is given with phalanx's own
+batcher (not ``@serve.batch``), so a Ray Serve deployment answers exactly as ``phalanx serve``
+does; Ray Serve adds replicas, placement and its HTTP proxy.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any
+
+from phalanx.serve.app import ServeAPI
+from phalanx.serve.config import ServeConfig
+from phalanx.serve.model import ModelSpec
+
+__all__ = ["PhalanxDeployment", "build_deployment", "run_on_ray"]
+
+logger = logging.getLogger(__name__)
+
+
+class PhalanxDeployment:
+    """A Ray Serve replica (wrapped by ``serve.deployment`` in :func:`build_deployment`)."""
+
+    def __init__(self, spec: ModelSpec, config: ServeConfig) -> None:
+        self.api = ServeAPI(spec, config)
+        self.api.load()
+
+    async def __call__(self, request: Any) -> Any:
+        return await self.api.dispatch(request)
+
+    def check_health(self) -> None:
+        if self.api.model is None:
+            raise RuntimeError("The model is not loaded.")
+
+
+def import_ray_serve() -> Any:
+    try:
+        from ray import serve
+    except ImportError as exc:
+        raise ImportError(
+            f"Serving on Ray needs Ray Serve, which cannot be imported here ({exc}).\n"
+            'HINT: pip install "ray[serve]" (the same version as your Ray cluster).'
+        ) from exc
+    return serve
+
+
+def build_deployment(
+    spec: ModelSpec,
+    config: ServeConfig,
+    *,
+    name: str,
+    num_replicas: int | str,
+    ray_actor_options: dict[str, Any] | None,
+    max_ongoing_requests: int,
+) -> Any:
+    """``serve.deployment(PhalanxDeployment).bind(spec, config)``: an Application."""
+    serve = import_ray_serve()
+    deployment = serve.deployment(
+        PhalanxDeployment,
+        name=name,
+        num_replicas=num_replicas,
+        ray_actor_options=ray_actor_options or {},
+        # Ray's default (a handful) would keep most requests out of a replica's batches.
+        max_ongoing_requests=max_ongoing_requests,
+    )
+    return deployment.bind(spec, config)
+
+
+def run_on_ray(app: Any, config: ServeConfig, name: str = "phalanx") -> None:
+    """``phalanx serve --ray``: run ``app`` on Ray Serve (the Ray of ``RAY_ADDRESS`` or a
+    local one) at ``config.host:config.port`` until SIGTERM or Ctrl-C, then delete it."""
+    import ray
+
+    serve = import_ray_serve()
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init()
+    stop = threading.Event()
+    previous = {
+        s: signal.signal(s, lambda signum, frame: stop.set())
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        serve.start(http_options={"host": config.host, "port": config.port})
+        serve.run(app, name=name, route_prefix="/")
+        logger.warning("Serving on Ray Serve at http://%s:%d", config.host, config.port)
+        stop.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        serve.shutdown()
+        if started_ray:
+            ray.shutdown()

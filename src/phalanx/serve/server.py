@@ -1,0 +1,235 @@
+"""phalanx's own server: uvicorn running the Starlette app, in this process or in N processes.
+
+``--workers N`` starts N processes (spawned, so a parent that imported torch or CUDA is safe)
+that accept on one listening socket the parent bound: the kernel hands each connection to one of
+them, and each loads the model once. This is uvicorn's own multi-worker design, done here
+because uvicorn's workers re-import the app by name and could not be handed a loaded spec.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from phalanx.serve.app import ServeAPI, build_app
+from phalanx.serve.config import ServeConfig
+from phalanx.serve.model import ModelSpec
+
+__all__ = ["ServeHandle", "run_forever", "start"]
+
+logger = logging.getLogger(__name__)
+
+ALL_INTERFACES = ("0.0.0.0", "::", "")
+
+
+class ServeHandle:
+    """A running server: ``url``, ``stop()``; a context manager that stops it on exit.
+
+    Example::
+
+        with phalanx.serve.serve(result.checkpoint, port=0) as server:
+            httpx.post(f"{server.url}/predict", json={"records": rows})
+    """
+
+    def __init__(self, config: ServeConfig, sock: socket.socket) -> None:
+        self.config = config
+        self._socket = sock
+        self.port = sock.getsockname()[1]
+        host = "127.0.0.1" if config.host in ALL_INTERFACES else config.host
+        self.url = f"http://{_url_host(host)}:{self.port}"
+        self._thread: threading.Thread | None = None
+        self._server: Any = None
+        self._processes: list[Any] = []
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Refuse new requests, let those in flight finish, then stop (idempotent)."""
+        timeout = self.config.graceful_timeout_s + 5 if timeout is None else timeout
+        if self._server is not None:
+            self._server.api.draining = True
+            self._server.should_exit = True
+        for process in self._processes:
+            if process.is_alive():
+                process.terminate()  # SIGTERM: the worker shuts down gracefully
+        deadline = time.monotonic() + timeout
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for process in self._processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self._socket.close()
+
+    def wait(self) -> None:
+        """Block until the server stops."""
+        if self._thread is not None:
+            self._thread.join()
+        for process in self._processes:
+            process.join()
+
+    def __enter__(self) -> ServeHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ServeHandle(url={self.url!r}, workers={self.config.workers})"
+
+
+def start(spec: ModelSpec, config: ServeConfig, ready_timeout: float = 300.0) -> ServeHandle:
+    """Serve ``spec`` in the background (a thread, or ``config.workers`` processes) and return
+    once it answers ``/readyz`` (the model loaded); raise if loading fails."""
+    handle = ServeHandle(config, _bind(config))
+    if config.workers == 1:
+        server = _uvicorn_server(spec, config)
+        handle._server = server
+        handle._thread = threading.Thread(
+            target=server.run, args=([handle._socket],), name="phalanx-serve", daemon=True
+        )
+        handle._thread.start()
+    else:
+        handle._processes = _start_workers(spec, config, handle._socket)
+    try:
+        _wait_ready(handle, ready_timeout)
+    except BaseException:
+        handle.stop(timeout=10)
+        raise
+    return handle
+
+
+def run_forever(spec: ModelSpec, config: ServeConfig) -> None:
+    """Serve in the foreground until SIGTERM or Ctrl-C (the CLI): requests in flight finish,
+    new connections are refused."""
+    sock = _bind(config)
+    logger.warning("Serving on http://%s:%d", _url_host(config.host), sock.getsockname()[1])
+    if config.workers == 1:
+        _uvicorn_server(spec, config).run([sock])
+        return
+    processes = _start_workers(spec, config, sock)
+    stopping = threading.Event()
+
+    def forward(signum: int, frame: Any) -> None:
+        stopping.set()
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for process in processes:
+            process.join()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        sock.close()
+
+
+def _bind(config: ServeConfig) -> socket.socket:
+    if config.host in ALL_INTERFACES:
+        logger.warning(
+            "Serving on every network interface (host=%r): anyone who can reach this machine "
+            "can call the model. Use host='127.0.0.1' to serve this machine only.",
+            config.host,
+        )
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as exc:
+        sock.close()
+        from phalanx.errors import ConfigError
+
+        raise ConfigError(
+            f"Cannot listen on {config.host}:{config.port}: {exc}.\nHINT: pick another "
+            "--port (0 picks a free one), or stop what is using it."
+        ) from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _uvicorn_server(spec: ModelSpec, config: ServeConfig) -> Any:
+    import uvicorn
+
+    api = ServeAPI(spec, config)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Not uvicorn's: it re-raises the signal after shutdown, which would end the
+            # process with a signal status although the shutdown was clean.
+            api.draining = True
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C: stop waiting for requests
+            self.should_exit = True
+
+    uv_config = uvicorn.Config(
+        build_app(api),
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=math.ceil(config.graceful_timeout_s),
+    )
+    server = Server(uv_config)
+    server.api = api  # type: ignore[attr-defined]
+    return server
+
+
+def _start_workers(spec: ModelSpec, config: ServeConfig, sock: socket.socket) -> list[Any]:
+    context = multiprocessing.get_context("spawn")
+    processes = []
+    for i in range(config.workers):
+        process = context.Process(
+            target=_worker_main, args=(spec, config, sock), name=f"phalanx-serve-{i}"
+        )
+        process.start()
+        processes.append(process)
+    return processes
+
+
+def _worker_main(spec: ModelSpec, config: ServeConfig, sock: socket.socket) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    _uvicorn_server(spec, config).run([sock])
+
+
+def _wait_ready(handle: ServeHandle, timeout: float) -> None:
+    """Poll ``/readyz`` until 200; a load error (503 saying so) or a dead server raises."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        api = getattr(handle._server, "api", None)
+        if api is not None and api.load_error is not None:
+            raise api.load_error
+        if handle._thread is not None and not handle._thread.is_alive():
+            raise RuntimeError("The server thread ended while starting; see the log above.")
+        if handle._processes and not all(p.is_alive() for p in handle._processes):
+            raise RuntimeError("A server worker process exited while starting; see its log.")
+        status, text = _get(f"{handle.url}/readyz")
+        if status == 200:
+            return
+        if status == 503 and "failed to load" in text:
+            raise RuntimeError(f"Serving failed: {text}")
+        time.sleep(0.05)
+    raise TimeoutError(f"The server at {handle.url} was not ready after {timeout:.0f}s.")
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
