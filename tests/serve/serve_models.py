@@ -1,0 +1,88 @@
+"""Small real models for the serve tests: a frame, an MLP, and a training run per framework
+(with a preprocessor)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+import phalanx as train
+from phalanx import DataParallelTrainer, RunConfig, ScalingConfig
+from phalanx.preprocess import Chain, Concatenator, StandardScaler
+
+
+def raw_frame(n: int = 400, seed: int = 7) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(10, 3, n), rng.normal(-4, 0.5, n)
+    return pd.DataFrame({"a": a, "b": b, "y": (a - 10 + 4 * (b + 4) > 0).astype(int)})
+
+
+def make_net():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+
+def fit_mlp(config):
+    import torch
+
+    from phalanx.torch import TorchCheckpoint
+
+    frame = train.get_dataset_shard("train").to_pandas()
+    x = torch.as_tensor(np.stack(frame["x"]).astype(np.float32))
+    y = torch.as_tensor(frame["y"].to_numpy(np.float32)).unsqueeze(1)
+    model = make_net()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x), y)
+        loss.backward()
+        optimizer.step()
+    for epoch in range(2):  # two checkpoints: the best (lowest loss) is not the latest
+        train.report(
+            {"loss": float(loss.detach()) + epoch, "epoch": epoch},
+            checkpoint=TorchCheckpoint.from_state_dict(model.state_dict()),
+        )
+
+
+def train_run(framework: str, storage: str):
+    df = raw_frame()
+    run_config = RunConfig(name=framework, storage_path=storage, verbose=0)
+    if framework == "torch":
+        from phalanx import CheckpointConfig
+
+        run_config = RunConfig(
+            name=framework,
+            storage_path=storage,
+            verbose=0,
+            checkpoint_config=CheckpointConfig(
+                checkpoint_score_attribute="loss", checkpoint_score_order="min"
+            ),
+        )
+        return DataParallelTrainer(
+            fit_mlp,
+            datasets={"train": df},
+            preprocessor=Chain(
+                StandardScaler(["a", "b"]), Concatenator(["a", "b"], "x", dtype=np.float32)
+            ),
+            scaling_config=ScalingConfig(num_workers=1),
+            run_config=run_config,
+        ).fit()
+    if framework == "xgboost":
+        from phalanx.xgboost import XGBoostTrainer as Trainer
+
+        params = {"objective": "binary:logistic", "max_depth": 3}
+    else:
+        from phalanx.lightgbm import LightGBMTrainer as Trainer
+
+        params = {"objective": "binary", "num_leaves": 7, "verbose": -1}
+    return Trainer(
+        datasets={"train": df},
+        label_column="y",
+        params=params,
+        num_boost_round=8,
+        preprocessor=StandardScaler(["a", "b"]),
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=run_config,
+    ).fit()
