@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 
 import phalanx as train
 from phalanx import DataParallelTrainer, RunConfig, ScalingConfig
+from phalanx.predict import XGBoostPredictor
 from phalanx.preprocess import Chain, Concatenator, StandardScaler
 
 
@@ -86,3 +89,14 @@ def train_run(framework: str, storage: str):
         scaling_config=ScalingConfig(num_workers=1),
         run_config=run_config,
     ).fit()
+
+
+class SlowXGBoostPredictor(XGBoostPredictor):
+    """An XGBoost predictor whose model call takes ``DELAY_S``: requests stay in flight long
+    enough to shut the server down under them."""
+
+    DELAY_S = 0.4
+
+    def _predict_pandas(self, data, **kwargs):
+        time.sleep(self.DELAY_S)
+        return super()._predict_pandas(data, **kwargs)

@@ -99,6 +99,7 @@ class ServedModel:
             "feature_columns": self.columns,
             "preprocessor": None if preprocessor is None else type(preprocessor).__name__,
             "phalanx_version": __version__,
+            "pid": os.getpid(),  # which server process answered (with --workers N)
         }
 
 

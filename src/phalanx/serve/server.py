@@ -1,18 +1,23 @@
 """phalanx's own server: uvicorn running the Starlette app, in this process or in N processes.
 
-``--workers N`` starts N processes (spawned, so a parent that imported torch or CUDA is safe)
-that accept on one listening socket the parent bound: the kernel hands each connection to one of
-them, and each loads the model once. This is uvicorn's own multi-worker design, done here
-because uvicorn's workers re-import the app by name and could not be handed a loaded spec.
+``--workers N`` starts N fresh Python processes (not forked, so a parent that imported torch or
+CUDA is safe) that accept on one listening socket the parent bound: the kernel hands each
+connection to one of them, and each loads the model once. This is uvicorn's own multi-worker
+design, done here because uvicorn's workers re-import the app by name and could not be handed
+a spec (a checkpoint, a predictor class, a model object).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import multiprocessing
+import os
+import pickle
+import select
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -23,7 +28,7 @@ from phalanx.serve.app import ServeAPI, build_app
 from phalanx.serve.config import ServeConfig
 from phalanx.serve.model import ModelSpec
 
-__all__ = ["ServeHandle", "run_forever", "start"]
+__all__ = ["ServeHandle", "run_forever", "start", "uvicorn_server"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +52,7 @@ class ServeHandle:
         self.url = f"http://{_url_host(host)}:{self.port}"
         self._thread: threading.Thread | None = None
         self._server: Any = None
-        self._processes: list[Any] = []
+        self._processes: list[subprocess.Popen[bytes]] = []
 
     def stop(self, timeout: float | None = None) -> None:
         """Refuse new requests, let those in flight finish, then stop (idempotent)."""
@@ -55,17 +60,9 @@ class ServeHandle:
         if self._server is not None:
             self._server.api.draining = True
             self._server.should_exit = True
-        for process in self._processes:
-            if process.is_alive():
-                process.terminate()  # SIGTERM: the worker shuts down gracefully
-        deadline = time.monotonic() + timeout
         if self._thread is not None:
             self._thread.join(timeout)
-        for process in self._processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.kill()
-                process.join()
+        _stop_processes(self._processes, timeout)
         self._socket.close()
 
     def wait(self) -> None:
@@ -73,7 +70,7 @@ class ServeHandle:
         if self._thread is not None:
             self._thread.join()
         for process in self._processes:
-            process.join()
+            process.wait()
 
     def __enter__(self) -> ServeHandle:
         return self
@@ -90,15 +87,16 @@ def start(spec: ModelSpec, config: ServeConfig, ready_timeout: float = 300.0) ->
     once it answers ``/readyz`` (the model loaded); raise if loading fails."""
     handle = ServeHandle(config, _bind(config))
     if config.workers == 1:
-        server = _uvicorn_server(spec, config)
+        server = uvicorn_server(spec, config)
         handle._server = server
         handle._thread = threading.Thread(
             target=server.run, args=([handle._socket],), name="phalanx-serve", daemon=True
         )
         handle._thread.start()
-    else:
-        handle._processes = _start_workers(spec, config, handle._socket)
     try:
+        if config.workers > 1:
+            handle._processes, ready = _start_workers(spec, config, handle._socket)
+            _wait_workers(handle._processes, ready, ready_timeout)
         _wait_ready(handle, ready_timeout)
     except BaseException:
         handle.stop(timeout=10)
@@ -112,21 +110,20 @@ def run_forever(spec: ModelSpec, config: ServeConfig) -> None:
     sock = _bind(config)
     logger.warning("Serving on http://%s:%d", _url_host(config.host), sock.getsockname()[1])
     if config.workers == 1:
-        _uvicorn_server(spec, config).run([sock])
+        uvicorn_server(spec, config).run([sock])
         return
-    processes = _start_workers(spec, config, sock)
-    stopping = threading.Event()
+    processes, ready = _start_workers(spec, config, sock)
+    os.close(ready)  # the CLI's workers log their own readiness
 
     def forward(signum: int, frame: Any) -> None:
-        stopping.set()
         for process in processes:
-            if process.is_alive():
+            if process.poll() is None:
                 process.terminate()
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for process in processes:
-            process.join()
+            process.wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -158,7 +155,7 @@ def _bind(config: ServeConfig) -> socket.socket:
     return sock
 
 
-def _uvicorn_server(spec: ModelSpec, config: ServeConfig) -> Any:
+def uvicorn_server(spec: ModelSpec, config: ServeConfig) -> Any:
     import uvicorn
 
     api = ServeAPI(spec, config)
@@ -184,21 +181,62 @@ def _uvicorn_server(spec: ModelSpec, config: ServeConfig) -> Any:
     return server
 
 
-def _start_workers(spec: ModelSpec, config: ServeConfig, sock: socket.socket) -> list[Any]:
-    context = multiprocessing.get_context("spawn")
+def _start_workers(
+    spec: ModelSpec, config: ServeConfig, sock: socket.socket
+) -> tuple[list[subprocess.Popen[bytes]], int]:
+    import cloudpickle
+
+    ready_read, ready_write = os.pipe()
+    fds = (sock.fileno(), ready_write)
+    payload = pickle.dumps(list(sys.path)) + cloudpickle.dumps((spec, config, *fds))
     processes = []
-    for i in range(config.workers):
-        process = context.Process(
-            target=_worker_main, args=(spec, config, sock), name=f"phalanx-serve-{i}"
-        )
-        process.start()
-        processes.append(process)
-    return processes
+    try:
+        for _ in range(config.workers):
+            process = subprocess.Popen(
+                [sys.executable, "-m", "phalanx.serve.worker"],
+                stdin=subprocess.PIPE,
+                pass_fds=fds,
+            )
+            assert process.stdin is not None
+            process.stdin.write(payload)
+            process.stdin.close()
+            processes.append(process)
+    finally:
+        os.close(ready_write)  # the workers hold it now: EOF means every one has answered or died
+    return processes, ready_read
 
 
-def _worker_main(spec: ModelSpec, config: ServeConfig, sock: socket.socket) -> None:
-    logging.basicConfig(level=logging.WARNING)
-    _uvicorn_server(spec, config).run([sock])
+def _wait_workers(processes: list[subprocess.Popen[bytes]], ready: int, timeout: float) -> None:
+    """One byte per worker on ``ready``: ``R`` loaded, ``E`` failed; EOF early: one died."""
+    deadline, answers = time.monotonic() + timeout, b""
+    try:
+        while len(answers) < len(processes):
+            readable, _, _ = select.select([ready], [], [], max(0.0, deadline - time.monotonic()))
+            if not readable:
+                raise TimeoutError(f"The server workers were not ready after {timeout:.0f}s.")
+            got = os.read(ready, 64)
+            if not got or b"E" in got:
+                raise RuntimeError(
+                    "A server worker process could not load the model or exited while "
+                    "starting; its log above says why."
+                )
+            answers += got
+    finally:
+        os.close(ready)
+
+
+def _stop_processes(processes: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """SIGTERM (each shuts down gracefully), then SIGKILL what is left after ``timeout``."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _wait_ready(handle: ServeHandle, timeout: float) -> None:
@@ -210,8 +248,6 @@ def _wait_ready(handle: ServeHandle, timeout: float) -> None:
             raise api.load_error
         if handle._thread is not None and not handle._thread.is_alive():
             raise RuntimeError("The server thread ended while starting; see the log above.")
-        if handle._processes and not all(p.is_alive() for p in handle._processes):
-            raise RuntimeError("A server worker process exited while starting; see its log.")
         status, text = _get(f"{handle.url}/readyz")
         if status == 200:
             return

@@ -1,0 +1,160 @@
+"""Shutdown with requests in flight, several worker processes, the CLI, the missing extra."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from serve_models import SlowXGBoostPredictor, raw_frame
+
+import phalanx.serve
+from phalanx.cli import main
+from phalanx.predict import TorchPredictor, XGBoostPredictor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def wait_for(condition, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def in_flight(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("phalanx_serve_in_flight "):
+            return float(line.split()[1])
+    raise AssertionError("no in_flight gauge")
+
+
+@pytest.mark.slow
+def test_stop_lets_requests_in_flight_finish_and_refuses_new_ones(runs):
+    result = runs("xgboost")
+    rows = raw_frame(4, seed=5).drop(columns=["y"])
+    want = XGBoostPredictor.from_checkpoint(result.checkpoint).predict(rows)["predictions"]
+    server = phalanx.serve.serve(
+        result.checkpoint, SlowXGBoostPredictor, port=0, max_batch_size=4
+    )  # one request per model call: the last of 3 finishes ~1.2 s after the first starts
+    answers: list[httpx.Response] = []
+
+    def client() -> None:
+        answers.append(
+            httpx.post(
+                f"{server.url}/predict", json={"records": rows.to_dict("records")}, timeout=30
+            )
+        )
+
+    clients = [threading.Thread(target=client) for _ in range(3)]
+    for t in clients:
+        t.start()
+    wait_for(lambda: in_flight(server.url) == 3, what="3 requests in flight")
+    stopper = threading.Thread(target=server.stop)
+    stopper.start()
+
+    def refused() -> bool:
+        try:
+            httpx.get(f"{server.url}/healthz", timeout=2)
+        except httpx.ConnectError:
+            return True
+        return False
+
+    wait_for(refused, what="new connections refused")
+    assert any(t.is_alive() for t in clients)  # refused while requests were still in flight
+    for t in clients:
+        t.join(30)
+    stopper.join(30)
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    for r in answers:
+        np.testing.assert_allclose(r.json()["predictions"], want, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_workers_are_processes_sharing_one_port(runs):
+    result = runs("xgboost")
+    rows = raw_frame(3, seed=2).drop(columns=["y"])
+    want = XGBoostPredictor.from_checkpoint(result.checkpoint).predict(rows)["predictions"]
+    with phalanx.serve.serve(result.checkpoint, port=0, workers=2) as server:
+        assert len(server._processes) == 2
+        pids: set[int] = set()
+
+        def both_answered() -> bool:
+            with httpx.Client(base_url=server.url, timeout=10) as http:  # a new connection
+                pids.add(http.get("/metadata").json()["pid"])
+                got = http.post("/predict", json={"records": rows.to_dict("records")})
+                np.testing.assert_allclose(got.json()["predictions"], want, rtol=1e-6)
+            return len(pids) == 2
+
+        wait_for(both_answered, what="an answer from each worker process")
+        assert os.getpid() not in pids
+    assert all(p.poll() is not None for p in server._processes)
+
+
+@pytest.mark.slow
+def test_cli_serves_a_torch_run_and_exits_cleanly_on_sigterm(runs, tmp_path):
+    result = runs("torch")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, *sys.path]))
+    command = [sys.executable, "-m", "phalanx", "serve", result.path, "--port", "0"]
+    command += ["--model", "serve_models:make_net", "--checkpoint", "latest"]
+    log = open(tmp_path / "serve.log", "w+")
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+
+        def url() -> str | None:
+            log.seek(0)
+            found = re.search(r"Serving on (http://127\.0\.0\.1:\d+)", log.read())
+            assert process.poll() is None, log.read()
+            return found.group(1) if found else None
+
+        base = wait_for(url, 60, "the server's address")
+        wait_for(lambda: httpx.get(f"{base}/readyz").status_code == 200, 60, "readiness")
+        rows = raw_frame(5, seed=9).drop(columns=["y"])
+        got = httpx.post(f"{base}/predict", json={"columns": rows.to_dict("list")}).json()
+        import torch
+        from serve_models import make_net
+
+        predictor = TorchPredictor.from_checkpoint(result.checkpoint, model=make_net())
+        want = predictor.predict(rows, dtype=torch.float32)["predictions"]
+        np.testing.assert_allclose(np.asarray(got["predictions"]), np.stack(want), rtol=1e-6)
+        assert httpx.get(f"{base}/metadata").json()["checkpoint"] == result.checkpoint.path
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def test_cli_names_what_is_wrong_before_serving(tmp_path, capsys):
+    assert main(["serve", str(tmp_path / "missing")]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["serve", str(tmp_path / "empty")]) == 2
+    assert "predictor=" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path / "empty"), "--predictor", "nope:Nothing"]) == 2
+    assert "cannot be imported" in capsys.readouterr().err
+
+
+def test_a_missing_serve_extra_names_the_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # what an uninstalled package looks like
+    with pytest.raises(ImportError, match=r"pip install 'phalanx\[serve\]'"):
+        phalanx.serve.serve(str(tmp_path))
+
+
+def test_bad_settings_are_refused_before_anything_starts(tmp_path):
+    with pytest.raises(phalanx.ConfigError, match="workers"):
+        phalanx.serve.serve(str(tmp_path), workers=0)
+    with pytest.raises(phalanx.ConfigError, match="max_batch_size"):
+        phalanx.serve.serve(str(tmp_path), max_batch_size=0)
