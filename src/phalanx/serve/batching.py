@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from phalanx.serve.metrics import ServeMetrics
@@ -24,6 +25,8 @@ __all__ = ["Batcher", "PredictionError"]
 
 logger = logging.getLogger(__name__)
 
+Prediction = dict[str, np.ndarray]  # output column -> one value per row
+
 
 class PredictionError(Exception):
     """The model failed on one request's rows (the request alone, so the input is to blame)."""
@@ -32,7 +35,7 @@ class PredictionError(Exception):
 @dataclass
 class _Pending:
     frame: pd.DataFrame
-    future: asyncio.Future[pd.DataFrame]
+    future: asyncio.Future[Prediction]
 
 
 class Batcher:
@@ -51,12 +54,12 @@ class Batcher:
         # One model thread: the model's own kernels use the cores; the loop stays free meanwhile.
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="phalanx-serve-model")
 
-    async def predict(self, frame: pd.DataFrame) -> pd.DataFrame:
+    async def predict(self, frame: pd.DataFrame) -> Prediction:
         if self._task is None:  # started on first use, in the loop that serves (Ray: replica's)
             self._queue = asyncio.Queue()
             self._task = asyncio.get_running_loop().create_task(self._loop())
         assert self._queue is not None
-        future: asyncio.Future[pd.DataFrame] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Prediction] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Pending(frame, future))
         return await future
 

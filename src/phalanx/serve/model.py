@@ -53,6 +53,10 @@ class ModelSpec:
     columns: tuple[str, ...] | None = None
     choice: str = "best"
 
+    def check(self) -> None:
+        """Raise now (ConfigError) if the checkpoint or the predictor class cannot be found."""
+        predictor_class(self.predictor, resolve_checkpoint(self.checkpoint, self.choice))
+
     def load(self) -> ServedModel:
         checkpoint = resolve_checkpoint(self.checkpoint, self.choice)
         cls = predictor_class(self.predictor, checkpoint)
@@ -70,23 +74,35 @@ class ServedModel:
         self.columns = list(spec.columns) if spec.columns else _model_columns(predictor)
         self.framework = checkpoint_framework(checkpoint)
 
-    def predict(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """Predictions for ``frame``'s rows, in order: ``Predictor.predict`` on a DataFrame."""
-        out = self.predictor.predict(frame, **self.predict_kwargs)
-        if len(out) != len(frame):
+    def predict(self, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+        """Predictions for ``frame``'s rows, in order, one array per output column: the rows go
+        to ``Predictor.predict`` in the predictor's own batch format, as BatchPredictor's
+        scoring workers hand them (a numpy predictor skips pandas: tens of times faster on the
+        small batches a server sees)."""
+        batch: Any = frame
+        if self.predictor.batch_format == "numpy":
+            from phalanx.preprocess.base import pandas_to_numpy
+
+            batch = pandas_to_numpy(frame)
+        out = self.predictor.predict(batch, **self.predict_kwargs)
+        columns = {
+            str(c): _column(out[c]) for c in (out.columns if hasattr(out, "columns") else out)
+        }
+        lengths = {len(v) for v in columns.values()}
+        if lengths != {len(frame)}:
             raise RuntimeError(
-                f"The predictor returned {len(out)} rows for {len(frame)} input rows.\n"
+                f"The predictor returned {sorted(lengths)} rows for {len(frame)} input rows.\n"
                 "HINT: a served predictor must return one prediction per row."
             )
-        return out  # type: ignore[no-any-return]
+        return columns
 
-    def predict_many(self, frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
+    def predict_many(self, frames: list[pd.DataFrame]) -> list[dict[str, np.ndarray]]:
         """One model call for several requests' rows; each gets its own slice back."""
         if len(frames) == 1:
             return [self.predict(frames[0])]
         out = self.predict(pd.concat(frames, ignore_index=True))
         bounds = np.cumsum([0] + [len(f) for f in frames])
-        return [out.iloc[a:b].reset_index(drop=True) for a, b in itertools.pairwise(bounds)]
+        return [{c: v[a:b] for c, v in out.items()} for a, b in itertools.pairwise(bounds)]
 
     def metadata(self) -> dict[str, Any]:
         from phalanx import __version__
@@ -128,8 +144,9 @@ def resolve_checkpoint(source: Any, choice: str = "best") -> Checkpoint:
     if picked is None:
         raise ConfigError(
             f"The run {os.fspath(source)!r} has no checkpoint called {choice!r} (it kept "
-            f"{[_name(c) for c in ranked]}).\nHINT: pass checkpoint='best', 'latest' or one of "
-            "those names; a run keeps checkpoints only when report() is given one."
+            f"{[_name(c) for c in ranked]}).\nHINT: select 'best', 'latest' or one of those "
+            "names (--checkpoint on the command line); a run keeps checkpoints only when "
+            "report() is given one."
         )
     logger.info("Serving %s checkpoint %s of run %s", choice, picked.path, os.fspath(source))
     return picked
@@ -212,6 +229,14 @@ def _default_predict_kwargs(predictor: Predictor, given: dict[str, Any]) -> dict
             kwargs["dtype"] = parameter.dtype
             break
     return kwargs
+
+
+def _column(values: Any) -> np.ndarray:
+    if isinstance(values, pd.Series):
+        values = values.to_numpy()
+        if values.dtype == object and len(values) and isinstance(values[0], np.ndarray):
+            values = np.stack(list(values))
+    return np.asarray(values)
 
 
 def _model_columns(predictor: Predictor) -> list[str] | None:

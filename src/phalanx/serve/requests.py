@@ -181,20 +181,15 @@ def check_columns(frame: pd.DataFrame, expected: list[str] | None) -> None:
         )
 
 
-def encode_predictions(out: pd.DataFrame) -> dict[str, Any]:
+def encode_predictions(out: dict[str, np.ndarray]) -> dict[str, Any]:
     """``{"predictions": [...]}``: one JSON value per row (NaN becomes null)."""
-    columns = {str(c): _json_values(out[c]) for c in out.columns}
+    columns = {name: _finite(values.tolist()) for name, values in out.items()}
     if list(columns) == ["predictions"]:
         return {"predictions": columns["predictions"]}
     rows = [
         dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)
     ]
     return {"predictions": rows}
-
-
-def _json_values(series: pd.Series) -> list[Any]:
-    values = [v.tolist() if isinstance(v, np.ndarray) else v for v in series.tolist()]
-    return [_finite(v) for v in values]
 
 
 def _finite(value: Any) -> Any:

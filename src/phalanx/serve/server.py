@@ -85,6 +85,7 @@ class ServeHandle:
 def start(spec: ModelSpec, config: ServeConfig, ready_timeout: float = 300.0) -> ServeHandle:
     """Serve ``spec`` in the background (a thread, or ``config.workers`` processes) and return
     once it answers ``/readyz`` (the model loaded); raise if loading fails."""
+    spec.check()
     handle = ServeHandle(config, _bind(config))
     if config.workers == 1:
         server = uvicorn_server(spec, config)
@@ -252,6 +253,8 @@ def _wait_ready(handle: ServeHandle, timeout: float) -> None:
         if status == 200:
             return
         if status == 503 and "failed to load" in text:
+            if api is not None and api.load_error is not None:
+                raise api.load_error
             raise RuntimeError(f"Serving failed: {text}")
         time.sleep(0.05)
     raise TimeoutError(f"The server at {handle.url} was not ready after {timeout:.0f}s.")
