@@ -24,6 +24,8 @@ __all__ = ["RequestError", "check_columns", "encode_predictions", "parse_body"]
 
 ARROW_TYPES = ("application/vnd.apache.arrow.stream", "application/vnd.apache.arrow.file")
 PARQUET_TYPES = ("application/vnd.apache.parquet", "application/x-parquet", "application/parquet")
+# curl -d and urllib send a form's type by default: their bodies are read as JSON too.
+JSON_TYPES = ("application/json", "application/x-www-form-urlencoded", "text/plain")
 JSON_SHAPES = (
     'send {"records": [{"column": value, ...}, ...]} or {"columns": {"column": [value, ...]}}'
 )
@@ -43,7 +45,7 @@ def parse_body(body: bytes, content_type: str | None) -> pd.DataFrame:
     kind = (content_type or "application/json").split(";")[0].strip().lower()
     if kind in ARROW_TYPES or kind in PARQUET_TYPES:
         return _parse_arrow(body, parquet=kind in PARQUET_TYPES)
-    if kind != "application/json" and not kind.endswith("+json"):
+    if kind not in JSON_TYPES and not kind.endswith("+json"):
         raise RequestError(
             415,
             f"Content-Type {kind!r} is not supported.\nHINT: send application/json ("
