@@ -186,3 +186,26 @@ def _parquet(frame: pd.DataFrame) -> bytes:
     sink = io.BytesIO()
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), sink)
     return sink.getvalue()
+
+
+def test_a_booster_trained_on_named_columns_checks_them_before_batching(tmp_path):
+    import xgboost
+
+    from phalanx.xgboost import XGBoostCheckpoint
+
+    frame = raw_frame(200)
+    data = xgboost.DMatrix(frame[["a", "b"]], label=frame["y"])
+    booster = xgboost.train({"objective": "binary:logistic", "max_depth": 2}, data, 5)
+    checkpoint = XGBoostCheckpoint.from_model(booster, path=str(tmp_path / "booster"))
+    rows = raw_frame(4, seed=1)[["a", "b"]]
+    with phalanx.serve.serve(checkpoint, port=0) as server:
+        assert httpx.get(f"{server.url}/metadata").json()["feature_columns"] == ["a", "b"]
+        missing = httpx.post(f"{server.url}/predict", json={"records": [{"a": 1.0}]})
+        assert missing.status_code == 422
+        assert "lacks column(s) ['b']" in missing.json()["error"]
+        assert "GET /metadata" in missing.json()["error"]
+        got = httpx.post(f"{server.url}/predict", json={"columns": rows.to_dict("list")})
+        want = XGBoostPredictor.from_checkpoint(checkpoint).predict(rows)["predictions"]
+        np.testing.assert_allclose(got.json()["predictions"], want, rtol=1e-6)
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert "phalanx_serve_model_calls_total 1" in metrics  # the bad request never reached it
