@@ -21,16 +21,16 @@ import pandas as pd
 
 from phalanx.checkpoint import Checkpoint
 from phalanx.errors import ConfigError
-from phalanx.predict.base import Predictor, checkpoint_framework
+from phalanx.predict import Predictor, checkpoint_framework
 
 __all__ = ["ModelSpec", "ServedModel", "resolve_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
 PREDICTORS = {
-    "torch": "phalanx.predict.torch:TorchPredictor",
-    "xgboost": "phalanx.predict.gbdt:XGBoostPredictor",
-    "lightgbm": "phalanx.predict.gbdt:LightGBMPredictor",
+    "torch": "phalanx.torch:TorchPredictor",
+    "xgboost": "phalanx.xgboost:XGBoostPredictor",
+    "lightgbm": "phalanx.lightgbm:LightGBMPredictor",
 }
 CHOICES = ("best", "latest")
 GENERATED_NAME = re.compile(r"f\d+|Column_\d+")  # xgboost's and lightgbm's names for a matrix
@@ -81,9 +81,7 @@ class ServedModel:
         small batches a server sees)."""
         batch: Any = frame
         if self.predictor.batch_format == "numpy":
-            from phalanx.preprocess.base import pandas_to_numpy
-
-            batch = pandas_to_numpy(frame)
+            batch = {str(c): _column(frame[c]) for c in frame.columns}
         out = self.predictor.predict(batch, **self.predict_kwargs)
         columns = {
             str(c): _column(out[c]) for c in (out.columns if hasattr(out, "columns") else out)
