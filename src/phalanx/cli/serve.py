@@ -39,6 +39,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--columns", help="comma-separated input columns every request must have")
     p.add_argument("--ray", action="store_true", help="deploy on Ray Serve instead")
     p.add_argument("--num-replicas", type=int, default=1, help="with --ray: replicas")
+    p.add_argument(
+        "--ray-address",
+        default="local",
+        help="with --ray: 'local' (a new Ray instance, the default), 'auto' or a cluster address",
+    )
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -62,7 +67,7 @@ def serve(args: argparse.Namespace) -> None:
             max_body_bytes=args.max_body_bytes,
         )
         if args.ray:
-            _serve_on_ray(spec, config, args.num_replicas)
+            _serve_on_ray(spec, config, args.num_replicas, args.ray_address)
             return
         from phalanx.serve.model import predictor_class, resolve_checkpoint
         from phalanx.serve.server import run_forever
@@ -83,7 +88,7 @@ def _model(path: str) -> Any:
     return factory
 
 
-def _serve_on_ray(spec: Any, config: Any, replicas: int) -> None:
+def _serve_on_ray(spec: Any, config: Any, replicas: int, address: str) -> None:
     from phalanx.serve.ray_serve import build_deployment, run_on_ray
 
     app = build_deployment(
@@ -94,4 +99,4 @@ def _serve_on_ray(spec: Any, config: Any, replicas: int) -> None:
         ray_actor_options=None,
         max_ongoing_requests=256,
     )
-    run_on_ray(app, config)
+    run_on_ray(app, config, address=address)

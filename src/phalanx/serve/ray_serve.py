@@ -69,15 +69,19 @@ def build_deployment(
     return deployment.bind(spec, config)
 
 
-def run_on_ray(app: Any, config: ServeConfig, name: str = "phalanx") -> None:
-    """``phalanx serve --ray``: run ``app`` on Ray Serve (the Ray of ``RAY_ADDRESS`` or a
-    local one) at ``config.host:config.port`` until SIGTERM or Ctrl-C, then delete it."""
+def run_on_ray(
+    app: Any, config: ServeConfig, name: str = "phalanx", address: str = "local"
+) -> None:
+    """``phalanx serve --ray``: run ``app`` on Ray Serve at ``config.host:config.port`` until
+    SIGTERM or Ctrl-C, then remove it. ``address``: ``"local"`` (default) starts a Ray instance
+    of its own; ``"auto"`` or ``"ray://..."``/``"host:port"`` joins a running cluster, where
+    only this application is deleted at the end (the cluster's other Serve apps keep running)."""
     import ray
 
     serve = import_ray_serve()
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init()
+    own_ray = not ray.is_initialized() and address == "local"
+    if not ray.is_initialized():
+        ray.init(address=address)
     stop = threading.Event()
     previous = {
         s: signal.signal(s, lambda signum, frame: stop.set())
@@ -91,6 +95,8 @@ def run_on_ray(app: Any, config: ServeConfig, name: str = "phalanx") -> None:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        serve.shutdown()
-        if started_ray:
+        if own_ray:
+            serve.shutdown()
             ray.shutdown()
+        else:
+            serve.delete(name)
