@@ -1,0 +1,700 @@
+#!/usr/bin/env python
+"""B11 scale and B10 footprint: phalanx vs Ray Train 2.60 from 2 to 128 workers, side by side.
+
+Run from the repository root:
+
+    python bench/scale.py                                   # every workload, default sizes
+    python bench/scale.py --sizes 2,8 --reps 1              # smoke run
+    python bench/scale.py --workloads b2 --reps 3           # B10 footprint only
+    python bench/scale.py --ray-sizes 2,8,32,64             # let the Ray systems go to 64
+
+Systems:
+  phalanx      local worker processes (the fork server).
+  phalanx_ray  phalanx's Ray engine on a fake multi-node Ray cluster (``ray.cluster_utils.Cluster``,
+               ``--nodes`` nodes whose CPUs are declared, not real: ceil(workers / nodes) + 1 each).
+  raytrain     Ray Train 2.60 (V2 DataParallelTrainer) on the same kind of fake cluster.
+The Ray systems run only at ``--ray-sizes`` (each Ray Train worker is a ~200 MB actor process).
+
+Workloads (scale ones at every size):
+  noop       the training function records its first line and returns: fit() → first line
+             (rank 0, all ranks), fit() total, driver CPU seconds and peak RSS.
+  reports    every rank calls report({"i": i}) in a tight loop; phalanx for ``--report-seconds``,
+             Ray Train ``--ray-reports`` times per rank (its report() waits ~2 s). Rate = reports the
+             driver absorbed / (last round seen by a driver callback - first rank's loop start).
+  commit     ``--commits`` rounds in which every rank passes a ``--part-bytes`` part of one
+             checkpoint; latency = driver callback sees round k committed - last rank's report()
+             call of round k; also how long report() blocked a rank.
+  retention  ``--keep-rounds`` rounds (Ray: ``--ray-keep-rounds``), rank 0 passing a small
+             checkpoint, the other ranks metrics only, ``CheckpointConfig(num_to_keep=3)``; time
+             per round and the checkpoints left on disk.
+  b2         (B10, 2 workers, not a scale workload) the B2 DDP loop (MLP 784-512-512-10, synthetic
+             rows, report per epoch): RSS and CPU of every process of the run that is not a
+             training worker (driver, fork server, Ray's daemons and controller), sampled from
+             /proc by this script while the training function runs. phalanx local vs Ray Train on a
+             plain ``ray.init(address="local", num_cpus=2)``.
+
+Every run is a fresh subprocess (``--one SYSTEM WORKLOAD N``), interleaved (systems innermost),
+with OMP_NUM_THREADS=MKL_NUM_THREADS=1. A sampler in this script follows every process that
+carries the run's marker in its environment. "Overhead" = those processes minus the training
+workers (the pids the training function wrote at its first line). Growth: the exponent b of a
+least-squares fit of log(metric) on log(workers) over the sizes measured (b≈0 constant, b≈1
+linear). Results go to bench/results/scale.{md,json}. Only the standard library at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from common import machine, median, versions
+
+REPO = Path(__file__).resolve().parent.parent
+SYSTEMS = ("phalanx", "phalanx_ray", "raytrain")
+RAY_SYSTEMS = ("phalanx_ray", "raytrain")
+WORKLOADS = ("noop", "reports", "commit", "retention", "b2")
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+MARKER_ENV = "PHALANX_BENCH_RUN"
+NUM_TO_KEEP = 3
+Record = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- worker side
+# Runs in training workers; shipped by value (lives in __main__); stdlib (and torch for b2).
+
+
+def _api(system: str) -> Any:
+    if system == "raytrain":
+        import ray.train
+
+        return ray.train
+    import phalanx
+
+    return phalanx
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _train_fn(cfg: dict[str, Any]) -> None:
+    t_first = time.time()
+    api = _api(cfg["system"])
+    ctx = api.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    rec: Record = {"t_first": t_first, "pid": os.getpid(), "rank": rank}
+    body = {"reports": _reports, "commit": _commit, "retention": _retention, "b2": _b2}
+    if cfg["workload"] in body:
+        rec.update(body[cfg["workload"]](cfg, api, rank, world))
+    _write_json(Path(cfg["out_dir"]) / f"rank{rank}.json", rec)
+
+
+def _reports(cfg: dict[str, Any], api: Any, rank: int, world: int) -> Record:
+    t0 = time.time()
+    n = 0
+    if cfg["count"]:  # Ray Train: a fixed number (every rank must call report() as often)
+        for n in range(1, cfg["count"] + 1):
+            api.report({"i": n})
+    else:
+        end = t0 + cfg["seconds"]
+        while time.time() < end:
+            n += 1
+            api.report({"i": n})
+    return {"t_loop": t0, "t_loop_end": time.time(), "n": n}
+
+
+def _commit(cfg: dict[str, Any], api: Any, rank: int, world: int) -> Record:
+    calls, blocked = [], []
+    payload = os.urandom(cfg["part_bytes"])
+    for k in range(cfg["commits"]):
+        with tempfile.TemporaryDirectory(prefix="phxscale-") as d:
+            Path(d, f"part-{rank}.bin").write_bytes(payload)
+            t = time.time()
+            api.report({"k": k}, checkpoint=api.Checkpoint.from_directory(d))
+            calls.append(t)
+            blocked.append(time.time() - t)
+    return {"calls": calls, "blocked": blocked}
+
+
+def _retention(cfg: dict[str, Any], api: Any, rank: int, world: int) -> Record:
+    t0 = time.time()
+    for k in range(cfg["rounds"]):
+        if rank != 0:
+            api.report({"k": k})
+            continue
+        with tempfile.TemporaryDirectory(prefix="phxscale-") as d:
+            Path(d, "state.txt").write_text(str(k))
+            api.report({"k": k}, checkpoint=api.Checkpoint.from_directory(d))
+    return {"t_loop": t0, "t_loop_end": time.time()}
+
+
+def _b2(cfg: dict[str, Any], api: Any, rank: int, world: int) -> Record:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.set_num_threads(1)
+    torch_api = __import__("ray.train.torch" if cfg["system"] == "raytrain" else "phalanx.torch",
+                           fromlist=["prepare_model"])  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(cfg["rows"], 784, generator=g)
+    y = (x @ torch.randn(784, 10, generator=g)).argmax(dim=1)
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    )
+    loader = DataLoader(TensorDataset(x, y), batch_size=128, shuffle=True)
+    model = torch_api.prepare_model(model)
+    loader = torch_api.prepare_data_loader(loader)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    t0 = time.time()
+    for epoch in range(cfg["epochs"]):
+        loader.sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+        api.report({"epoch": epoch, "loss": loss.item()})
+    return {"t_loop": t0, "t_loop_end": time.time()}
+
+
+# --------------------------------------------------------------------------- driver side
+
+
+def _seen_callback(base: type, path: Path) -> Any:
+    """A callback (both APIs: after_report) appending when it saw each round to ``path``; a file,
+    because Ray Train runs callbacks in its controller actor, not in the driver."""
+
+    def after_report(self: Any, run_context: Any, metrics: Any, checkpoint: Any) -> None:
+        if self.fh is None:
+            self.fh = open(self.path, "a")  # kept open: one write per round
+        self.fh.write(f"{time.time()!r}\n")
+        self.fh.flush()
+
+    cls = type("SeenCallback", (base,), {"after_report": after_report, "fh": None})
+    cb = cls()
+    cb.path = str(path)
+    return cb
+
+
+def _ray_cluster(args: argparse.Namespace, n: int) -> tuple[Any, Any]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    per_node = math.ceil(n / args.nodes) + 1  # +1: Ray Train's controller, phalanx's actor
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": per_node})
+    for _ in range(args.nodes - 1):
+        cluster.add_node(num_cpus=per_node)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    return ray, cluster
+
+
+def _fit(system: str, workload: str, n: int, cfg: dict[str, Any], store: Path) -> Record:
+    api = _api(system)
+    seen = Path(cfg["out_dir"]) / "seen.txt"
+    keep = api.CheckpointConfig(num_to_keep=NUM_TO_KEEP) if workload == "retention" else None
+    run = api.RunConfig(name="scale", storage_path=str(store), callbacks=[_seen_callback(api.UserCallback, seen)],
+                        checkpoint_config=keep)  # fmt: skip
+    engine = {"engine": "ray"} if system == "phalanx_ray" else {}
+    if workload == "b2":
+        trainer_cls = _torch_trainer(system)
+    elif system == "raytrain":
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+        trainer_cls = DataParallelTrainer
+    else:
+        trainer_cls = api.DataParallelTrainer
+    trainer = trainer_cls(_train_fn, train_loop_config=cfg, run_config=run,
+                          scaling_config=api.ScalingConfig(num_workers=n, **engine))  # fmt: skip
+    ru0, t_fit = resource.getrusage(resource.RUSAGE_SELF), time.time()
+    result = trainer.fit()
+    t_end, ru1 = time.time(), resource.getrusage(resource.RUSAGE_SELF)
+    left = [p for p in (store / "scale").glob("checkpoint*") if p.is_dir()]
+    return {
+        "t_fit": t_fit,
+        "t_end": t_end,
+        "fit_total_s": t_end - t_fit,
+        "driver_cpu_s": ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime,
+        "driver_maxrss_mb": ru1.ru_maxrss / 1024,
+        "driver_rss_before_mb": ru0.ru_maxrss / 1024,
+        "seen": [float(x) for x in seen.read_text().split()] if seen.exists() else [],
+        "checkpoints_left": len(left),
+        "error": repr(result.error) if getattr(result, "error", None) else None,
+    }
+
+
+def _torch_trainer(system: str) -> Any:
+    if system == "raytrain":
+        from ray.train.torch import TorchTrainer
+
+        return TorchTrainer
+    import phalanx.torch
+
+    return phalanx.torch.TorchTrainer
+
+
+def _workload_cfg(args: argparse.Namespace, system: str, workload: str, out: Path) -> Record:
+    ray = system == "raytrain"
+    return {
+        "system": system,
+        "workload": workload,
+        "out_dir": str(out),
+        "seconds": args.report_seconds,
+        "count": args.ray_reports if ray else 0,
+        "commits": args.ray_commits if ray else args.commits,
+        "part_bytes": args.part_bytes,
+        "rounds": args.ray_keep_rounds if ray else args.keep_rounds,
+        "rows": args.b2_rows,
+        "epochs": args.b2_epochs,
+    }
+
+
+def run_one(args: argparse.Namespace) -> Record:
+    system, workload, n = args.one[0], args.one[1], int(args.one[2])
+    if workload == "b2":
+        import torch
+
+        torch.set_num_threads(1)
+    tmp = Path(tempfile.mkdtemp(prefix=f"phxscale-{system}-"))
+    out = tmp / "out"
+    out.mkdir()
+    ray = cluster = None
+    try:
+        t0 = time.perf_counter()
+        if system in RAY_SYSTEMS and workload == "b2":
+            import ray
+
+            ray.init(address="local", num_cpus=n, include_dashboard=False)
+        elif system in RAY_SYSTEMS:
+            ray, cluster = _ray_cluster(args, n)
+        setup_s = time.perf_counter() - t0
+        rec = _fit(system, workload, n, _workload_cfg(args, system, workload, out), tmp / "store")
+        rec["cluster_setup_s"] = setup_s
+        rec["ranks"] = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    finally:
+        if ray is not None:
+            ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rec
+
+
+# --------------------------------------------------------------------------- sampling (parent)
+
+
+class Sampler(threading.Thread):
+    """Every ``interval`` s: CPU ticks and RSS of every process carrying the run's marker."""
+
+    def __init__(self, marker: str, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.needle = f"{MARKER_ENV}={marker}".encode()
+        self.interval, self.stop = interval, threading.Event()
+        self.verdict: dict[int, bool] = {}
+        self.samples: list[tuple[float, dict[int, tuple[int, int]]]] = []
+        self.tick, self.page_kb = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE") // 1024
+
+    def _marked(self, pid: int) -> bool:
+        if pid not in self.verdict:
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                env = []
+            self.verdict[pid] = self.needle in env
+        return self.verdict[pid]
+
+    def _sample(self) -> None:
+        now, procs = time.time(), {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and self._marked(pid := int(entry)):
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                procs[pid] = (int(fields[11]) + int(fields[12]), int(fields[21]) * self.page_kb)
+        self.samples.append((now, procs))
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval):
+            self._sample()
+
+    def overhead(self, workers: set[int], t0: float, t1: float) -> Record:
+        """CPU seconds and peak RSS (MB) of the marked processes that are not workers, in [t0, t1]."""
+        inside = [(t, p) for t, p in self.samples if t0 <= t <= t1]
+        before = [p for t, p in self.samples if t < t0]
+        if not inside:
+            return {}
+        start, end = before[-1] if before else {}, inside[-1][1]
+        ticks = sum(end[pid][0] - start.get(pid, (0, 0))[0] for pid in end if pid not in workers)
+        rss = max(sum(kb for pid, (_, kb) in p.items() if pid not in workers) for _, p in inside)
+        return {"overhead_cpu_s": ticks / self.tick, "overhead_rss_mb": rss / 1024,
+                "overhead_window_s": t1 - t0, "overhead_samples": len(inside)}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- derived metrics
+
+
+def derive(rec: Record, sampler: Sampler) -> Record:
+    ranks, seen, t_fit = rec.pop("ranks"), rec.pop("seen"), rec["t_fit"]
+    out: Record = {k: rec[k] for k in ("fit_total_s", "driver_cpu_s", "driver_maxrss_mb",
+                                       "cluster_setup_s", "checkpoints_left", "error")}  # fmt: skip
+    out["ranks_seen"] = len(ranks)
+    if not ranks:
+        return out
+    firsts = [r["t_first"] for r in ranks]
+    out["first_line_s"] = next(r["t_first"] for r in ranks if r["rank"] == 0) - t_fit
+    out["first_line_all_s"] = max(firsts) - t_fit
+    workers = {r["pid"] for r in ranks}
+    out.update(sampler.overhead(workers, t_fit, rec["t_end"]))
+    workload = rec["workload"]
+    if workload == "reports" and seen:
+        total, t0 = sum(r["n"] for r in ranks), min(r["t_loop"] for r in ranks)
+        out["reports_total"] = total
+        out["reports_per_s"] = total / max(seen[-1] - t0, 1e-9)
+        out["sent_per_s"] = total / max(max(r["t_loop_end"] for r in ranks) - t0, 1e-9)
+    elif workload == "commit" and seen:
+        lat = [seen[k] - max(r["calls"][k] for r in ranks) for k in range(min(len(seen),
+               min(len(r["calls"]) for r in ranks)))]  # fmt: skip
+        out["commit_ms"] = 1e3 * median(lat) if lat else None
+        out["blocked_ms"] = 1e3 * median([b for r in ranks for b in r["blocked"]])
+    elif workload == "retention" and seen:
+        t0 = min(r["t_loop"] for r in ranks)
+        out["rounds_seen"] = len(seen)
+        out["round_ms"] = 1e3 * (seen[-1] - t0) / len(seen)
+    elif workload == "b2":
+        t0, t1 = min(firsts), max(r["t_loop_end"] for r in ranks)
+        over = sampler.overhead(workers, t0, t1)
+        out["loop_s"] = t1 - t0
+        out["b10_rss_mb"] = over.get("overhead_rss_mb")
+        if over:
+            out["b10_cpu_pct"] = 100 * over["overhead_cpu_s"] / over["overhead_window_s"]
+    return out
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def _reap(marker: str, grace_s: float = 5.0) -> list[str]:
+    """Wait for a run's marked processes to exit; kill (by pid) and name those that do not."""
+    probe = Sampler(marker, 0)
+    deadline = time.monotonic() + grace_s
+    while True:
+        probe.verdict.clear()
+        pids = [int(e) for e in os.listdir("/proc") if e.isdigit() and probe._marked(int(e))]
+        if not pids or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    left = []
+    for pid in pids:
+        try:
+            left.append(Path(f"/proc/{pid}/comm").read_text().strip() + f":{pid}")
+            os.kill(pid, 9)
+        except OSError:
+            continue
+    return left
+
+
+def launch(system: str, workload: str, n: int, rep: int, args: argparse.Namespace,
+           logs: Path) -> Record:  # fmt: skip
+    marker = uuid.uuid4().hex
+    stem = f"{workload}-{system}-{n}-{rep}"
+    json_out, log = logs / f"{stem}.json", logs / f"{stem}.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", system, workload, str(n),
+           "--json-out", str(json_out), *_forwarded(args)]  # fmt: skip
+    env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
+    env[MARKER_ENV] = marker
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
+    sampler = Sampler(marker, args.sample_interval)
+    sampler.start()
+    t0 = time.perf_counter()
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            rc = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    sampler.stop.set()
+    sampler.join()
+    rec: Record = {"system": system, "workload": workload, "workers": n, "rep": rep, "ok": False,
+                   "process_wall_s": time.perf_counter() - t0, "leftover": _reap(marker)}  # fmt: skip
+    if rc == 0 and json_out.exists():
+        raw = json.loads(json_out.read_text())
+        rec.update(derive({**raw, "workload": workload}, sampler))
+        rec["ok"] = rec["ranks_seen"] == n and not rec["error"]
+    if not rec["ok"]:
+        rec["log_tail"] = f"rc={rc}: " + log.read_text(errors="replace")[-3000:]
+    return rec
+
+
+WORKLOAD_ARGS = ("nodes", "report_seconds", "ray_reports", "commits", "ray_commits", "part_bytes",
+                 "keep_rounds", "ray_keep_rounds", "b2_rows", "b2_epochs")  # fmt: skip
+
+
+def _forwarded(args: argparse.Namespace) -> list[str]:
+    out = []
+    for name in WORKLOAD_ARGS:
+        out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return out
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
+    """(system, workload, workers, rep), interleaved: systems innermost."""
+    systems, workloads = _csv(args.systems, SYSTEMS), _csv(args.workloads, WORKLOADS)
+    sizes, ray_sizes = _ints(args.sizes), set(_ints(args.ray_sizes))
+    runs = []
+    for workload in workloads:
+        for n in [args.b2_workers] if workload == "b2" else sizes:
+            for rep in range(args.reps):
+                for system in systems:
+                    if workload == "b2" and system == "phalanx_ray":
+                        continue  # B10 compares what a user runs: local phalanx vs Ray Train
+                    if system in RAY_SYSTEMS and workload != "b2" and n not in ray_sizes:
+                        continue
+                    runs.append((system, workload, n, rep))
+    return runs
+
+
+def _ints(value: str) -> list[int]:
+    return [int(s) for s in value.split(",") if s.strip()]
+
+
+def _csv(value: str | None, allowed: tuple[str, ...]) -> list[str]:
+    items = [s.strip() for s in value.split(",") if s.strip()] if value else list(allowed)
+    if bad := [s for s in items if s not in allowed]:
+        raise SystemExit(f"unknown: {bad}; choose from {allowed}")
+    return items
+
+
+def run_all(args: argparse.Namespace) -> None:
+    meta: Record = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine(),
+        "versions": versions(),
+        "args": {k: v for k, v in vars(args).items() if k not in ("one", "json_out", "render")},
+    }
+    runs: list[Record] = []
+    logs = Path(tempfile.mkdtemp(prefix="phxscale-logs-"))
+    try:
+        for system, workload, n, rep in plan(args):
+            rec = launch(system, workload, n, rep, args, logs)
+            runs.append(rec)
+            print(_progress(rec), flush=True)
+    finally:
+        meta["load_end"] = os.getloadavg()[0]
+        write_report(runs, meta, Path(args.out))
+        shutil.rmtree(logs, ignore_errors=True)
+    print(f"wrote {args.out}.md and {args.out}.json")
+
+
+def _progress(rec: Record) -> str:
+    head = f"[{rec['workload']:9} n={rec['workers']:3} rep {rec['rep']}] {rec['system']:11}"
+    if not rec["ok"]:
+        return f"{head} FAILED {rec.get('log_tail', rec.get('error'))[-600:]}"
+    keys = [k for k, *_ in METRICS[rec["workload"]]]
+    return head + " " + " ".join(f"{k}={_fmt(rec.get(k))}" for k in keys)
+
+
+# --------------------------------------------------------------------------- report
+
+# (key, label, higher is better)
+METRICS: dict[str, list[tuple[str, str, bool]]] = {
+    "noop": [
+        ("first_line_s", "fit() → first line, rank 0 (s)", False),
+        ("first_line_all_s", "fit() → first line, all ranks (s)", False),
+        ("fit_total_s", "fit() total (s)", False),
+        ("driver_cpu_s", "driver process CPU during fit() (s)", False),
+        ("driver_maxrss_mb", "driver process peak RSS (MB)", False),
+        ("overhead_cpu_s", "all non-worker processes: CPU during fit() (s)", False),
+        ("overhead_rss_mb", "all non-worker processes: peak RSS (MB)", False),
+    ],
+    "reports": [
+        ("reports_per_s", "reports/s absorbed by the driver", True),
+        ("sent_per_s", "reports/s sent by the ranks", True),
+        ("overhead_cpu_s", "non-worker CPU during fit() (s)", False),
+    ],
+    "commit": [
+        ("commit_ms", "last rank's report() → commit seen by the driver (ms)", False),
+        ("blocked_ms", "report() blocked a rank (ms, median)", False),
+    ],
+    "retention": [
+        ("round_ms", "per round, rank 0 checkpointing (ms)", False),
+        ("checkpoints_left", f"checkpoints on disk after (num_to_keep={NUM_TO_KEEP})", False),
+        ("driver_cpu_s", "driver process CPU during fit() (s)", False),
+    ],
+    "b2": [
+        ("b10_rss_mb", "B10: non-worker RSS, peak (MB)", False),
+        ("b10_cpu_pct", "B10: non-worker CPU (% of a core)", False),
+        ("loop_s", "training function, first line → last rank done (s)", False),
+        ("fit_total_s", "fit() total (s)", False),
+    ],
+}
+TITLES = {
+    "noop": "B11 scale: no-op training function",
+    "reports": "B11 scale: every rank reporting metrics in a tight loop",
+    "commit": "B11 scale: checkpoint commit, every rank passing a part",
+    "retention": "B11 scale: checkpoint retention (many rounds, num_to_keep=3)",
+    "b2": "B10 footprint: the B2 DDP loop, everything that is not a training worker",
+}
+RATIOS = (("phalanx", "raytrain"), ("phalanx_ray", "raytrain"))
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, int):
+        return str(v)
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def _medians(runs: list[Record], system: str, workload: str, key: str) -> dict[int, float]:
+    by: dict[int, list[float]] = {}
+    sel = [r for r in runs if (r["system"], r["workload"], r["ok"]) == (system, workload, True)]
+    for r in sel:
+        if (v := r.get(key)) is not None:
+            by.setdefault(r["workers"], []).append(v)
+    return {n: median(v) for n, v in sorted(by.items())}  # type: ignore[misc]
+
+
+def growth(points: dict[int, float]) -> float | None:
+    """Exponent b of metric ~ workers**b (least squares on logs); None under 2 sizes."""
+    pts = [(math.log(n), math.log(v)) for n, v in points.items() if v > 0]
+    if len(pts) < 2:
+        return None
+    mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else None
+
+
+def _verdict(b: float | None, higher_better: bool) -> str:
+    if b is None:
+        return "-"
+    cost = -b if higher_better else b  # a throughput falling like n^-b is a cost growing like n^b
+    kind = "constant" if cost < 0.25 else "≤ linear" if cost <= 1.15 else "**worse than linear**"
+    return f"n^{b:.2f} ({kind})"
+
+
+def _section(runs: list[Record], workload: str) -> list[str]:
+    systems = [s for s in SYSTEMS if any(r["system"] == s and r["workload"] == workload
+                                         for r in runs)]  # fmt: skip
+    sizes = sorted({r["workers"] for r in runs if r["workload"] == workload})
+    if not systems:
+        return []
+    lines = [f"## {TITLES[workload]}", "",
+             "| metric | system | " + " | ".join(f"n={n}" for n in sizes) + " | growth |",
+             "| --- " * (len(sizes) + 3) + "|"]  # fmt: skip
+    for key, label, higher in METRICS[workload]:
+        for system in systems:
+            med = _medians(runs, system, workload, key)
+            cells = [_fmt(med.get(n)) for n in sizes]
+            g = _verdict(growth(med), higher) if workload not in ("b2",) else "-"
+            lines.append(f"| {label} | {system} | " + " | ".join(cells) + f" | {g} |")
+        for a, b in RATIOS:
+            ma, mb = (_medians(runs, s, workload, key) for s in (a, b))
+            if ma and mb and key != "checkpoints_left":
+                cells = [_fmt(ma[n] / mb[n]) + "x" if n in ma and n in mb and mb[n] else "-"
+                         for n in sizes]  # fmt: skip
+                lines.append(f"| {label} | *{a} / {b}* | " + " | ".join(cells) + " | |")
+    failed = sum(1 for r in runs if r["workload"] == workload and not r["ok"])
+    left = sum(len(r["leftover"]) for r in runs if r["workload"] == workload)
+    notes = [f"- {failed} failed runs (see the JSON's log_tail)"] if failed else []
+    notes += [f"- **{left} leftover processes killed after runs exited**"] if left else []
+    return [*lines, "", *notes, ""] if notes else [*lines, ""]
+
+
+def _header(meta: Record) -> list[str]:
+    m, v, a = meta["machine"], meta["versions"], meta["args"]
+    return [
+        "# phalanx benchmarks B11 (scale) and B10 (footprint)", "",
+        f"- date: {meta['date']}; command: `{meta['command']}`",
+        f"- machine: {m['nproc']} CPUs, {m['memory_gib']} GiB, {m['cpu_model']}; load avg "
+        f"{m['load_start']:.2f} at start, {meta.get('load_end', float('nan')):.2f} at end",
+        f"- versions: Python {v['python']}, torch {v['torch']}, ray {v['ray']}, "
+        f"phalanx {v['phalanx']}",
+        f"- {a['reps']} reps per size, systems interleaved, each run a fresh subprocess; medians. "
+        f"Ray systems on a fake {a['nodes']}-node cluster (`ray.cluster_utils.Cluster`, CPUs "
+        "declared, not real), cluster start outside fit(); phalanx on local processes.",
+        f"- reports: phalanx {a['report_seconds']} s per rank, Ray Train {a['ray_reports']} "
+        f"reports per rank. commit: {a['commits']} rounds (Ray {a['ray_commits']}) of "
+        f"{a['part_bytes']} B per rank. retention: {a['keep_rounds']} rounds (Ray "
+        f"{a['ray_keep_rounds']}). b2: {a['b2_workers']} workers, {a['b2_rows']} rows, "
+        f"{a['b2_epochs']} epochs, Ray Train on `ray.init(address='local')`.",
+        "- non-worker = every process carrying the run's marker (the driver, phalanx's fork "
+        "server, Ray's GCS/raylets/controller/idle workers) minus the training workers, sampled "
+        f"from /proc every {a['sample_interval']} s. growth: exponent b of a log-log fit over "
+        "the sizes (constant < 0.25 ≤ linear ≤ 1.15 < worse).",
+        "",
+    ]  # fmt: skip
+
+
+def write_report(runs: list[Record], meta: Record, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    blob = json.dumps({"meta": meta, "runs": runs}, indent=1, default=str)
+    out.with_suffix(".json").write_text(blob + "\n")
+    lines = _header(meta)
+    for workload in WORKLOADS:
+        lines += _section(runs, workload)
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add = p.add_argument
+    add("--systems", help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    add("--workloads", help=f"comma-separated subset of {','.join(WORKLOADS)}")
+    add("--sizes", default="2,8,32,64,128", help="worker counts for phalanx (local)")
+    add("--ray-sizes", default="2,8,32", help="worker counts at which the Ray systems also run")
+    add("--reps", type=int, default=3)
+    add("--nodes", type=int, default=4, help="nodes of the fake Ray cluster")
+    add("--report-seconds", type=float, default=2.0)
+    add("--ray-reports", type=int, default=3)
+    add("--commits", type=int, default=20)
+    add("--ray-commits", type=int, default=3)
+    add("--part-bytes", type=int, default=4096)
+    add("--keep-rounds", type=int, default=1000)
+    add("--ray-keep-rounds", type=int, default=10)
+    add("--b2-workers", type=int, default=2)
+    add("--b2-rows", type=int, default=60000)
+    add("--b2-epochs", type=int, default=5)
+    add("--sample-interval", type=float, default=0.1)
+    add("--timeout", type=float, default=900.0, help="per-run limit in seconds")
+    add("--out", default=str(REPO / "bench" / "results" / "scale"))
+    add("--render", metavar="JSON", help="only rewrite the markdown from a results JSON")
+    add("--one", nargs=3, metavar=("SYSTEM", "WORKLOAD", "N"), help=argparse.SUPPRESS)
+    add("--json-out", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+        write_report(data["runs"], data["meta"], Path(args.out))
+    elif args.one:
+        rec = run_one(args)
+        Path(args.json_out).write_text(json.dumps(rec, default=str))
+    else:
+        run_all(args)
+
+
+if __name__ == "__main__":
+    main()
