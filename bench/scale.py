@@ -49,6 +49,7 @@ import math
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -405,7 +406,7 @@ def _reap(marker: str, grace_s: float = 5.0) -> list[str]:
     for pid in pids:
         try:
             left.append(Path(f"/proc/{pid}/comm").read_text().strip() + f":{pid}")
-            os.kill(pid, 9)
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
     return left
@@ -431,6 +432,10 @@ def launch(system: str, workload: str, n: int, rep: int, args: argparse.Namespac
         except subprocess.TimeoutExpired:
             proc.kill()
             rc = proc.wait()
+        except BaseException:  # Ctrl-C or SIGTERM: leave nothing of this run behind
+            proc.kill()
+            _reap(marker, grace_s=0.0)
+            raise
     sampler.stop.set()
     sampler.join()
     rec: Record = {"system": system, "workload": workload, "workers": n, "rep": rep, "ok": False,
@@ -484,6 +489,8 @@ def _csv(value: str | None, allowed: tuple[str, ...]) -> list[str]:
 
 
 def run_all(args: argparse.Namespace) -> None:
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C: the running run is reaped, results written.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     meta: Record = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
