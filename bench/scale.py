@@ -128,6 +128,7 @@ def _commit(cfg: dict[str, Any], api: Any, rank: int, world: int) -> Record:
             api.report({"k": k}, checkpoint=api.Checkpoint.from_directory(d))
             calls.append(t)
             blocked.append(time.time() - t)
+        time.sleep(cfg["commit_gap"])  # one commit at a time: latency, not a queue behind it
     return {"calls": calls, "blocked": blocked}
 
 
@@ -224,6 +225,7 @@ def _fit(system: str, workload: str, n: int, cfg: dict[str, Any], store: Path) -
         trainer_cls = api.DataParallelTrainer
     trainer = trainer_cls(_train_fn, train_loop_config=cfg, run_config=run,
                           scaling_config=api.ScalingConfig(num_workers=n, **engine))  # fmt: skip
+    pss_before = _pss_kb(os.getpid())
     ru0, t_fit = resource.getrusage(resource.RUSAGE_SELF), time.time()
     result = trainer.fit()
     t_end, ru1 = time.time(), resource.getrusage(resource.RUSAGE_SELF)
@@ -234,7 +236,7 @@ def _fit(system: str, workload: str, n: int, cfg: dict[str, Any], store: Path) -
         "fit_total_s": t_end - t_fit,
         "driver_cpu_s": ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime,
         "driver_maxrss_mb": ru1.ru_maxrss / 1024,
-        "driver_rss_before_mb": ru0.ru_maxrss / 1024,
+        "driver_pss_before_mb": pss_before / 1024 if pss_before else None,
         "seen": [float(x) for x in seen.read_text().split()] if seen.exists() else [],
         "checkpoints_left": len(left),
         "error": repr(result.error) if getattr(result, "error", None) else None,
@@ -261,6 +263,7 @@ def _workload_cfg(args: argparse.Namespace, system: str, workload: str, out: Pat
         "count": args.ray_reports if ray else 0,
         "commits": args.ray_commits if ray else args.commits,
         "part_bytes": args.part_bytes,
+        "commit_gap": args.commit_gap,
         "rounds": args.ray_keep_rounds if ray else args.keep_rounds,
         "rows": args.b2_rows,
         "epochs": args.b2_epochs,
@@ -302,20 +305,25 @@ def run_one(args: argparse.Namespace) -> Record:
 
 
 class Sampler(threading.Thread):
-    """Every ``interval`` s: CPU ticks and RSS of every process carrying the run's marker."""
+    """Every ``interval`` s: CPU ticks and RSS of every process carrying the run's marker; PSS
+    (shared pages split between their users: a forked process shares most of its parent's)
+    every ``pss_every``-th sample, as reading it walks the page tables."""
 
-    def __init__(self, marker: str, interval: float) -> None:
+    def __init__(self, marker: str, interval: float, pss_every: int = 5) -> None:
         super().__init__(daemon=True)
         self.needle = f"{MARKER_ENV}={marker}".encode()
-        self.interval, self.stop = interval, threading.Event()
+        self.interval, self.pss_every, self.stop = interval, pss_every, threading.Event()
         self.verdict: dict[int, bool] = {}
-        self.samples: list[tuple[float, dict[int, tuple[int, int]]]] = []
+        self.names: dict[int, str] = {}
+        self.samples: list[tuple[float, dict[int, tuple[int, int, int | None]]]] = []
         self.tick, self.page_kb = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE") // 1024
 
     def _marked(self, pid: int) -> bool:
         if pid not in self.verdict:
             try:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                self.names[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()[:300].decode(
+                    errors="replace").replace("\0", " ")  # fmt: skip
             except OSError:
                 env = []
             self.verdict[pid] = self.needle in env
@@ -323,13 +331,16 @@ class Sampler(threading.Thread):
 
     def _sample(self) -> None:
         now, procs = time.time(), {}
+        pss = len(self.samples) % self.pss_every == 0
         for entry in os.listdir("/proc"):
             if entry.isdigit() and self._marked(pid := int(entry)):
                 try:
                     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    pss_kb = _pss_kb(pid) if pss else None
                 except OSError:
                     continue
-                procs[pid] = (int(fields[11]) + int(fields[12]), int(fields[21]) * self.page_kb)
+                ticks, rss = int(fields[11]) + int(fields[12]), int(fields[21]) * self.page_kb
+                procs[pid] = (ticks, rss, pss_kb)
         self.samples.append((now, procs))
 
     def run(self) -> None:
@@ -337,16 +348,47 @@ class Sampler(threading.Thread):
             self._sample()
 
     def overhead(self, workers: set[int], t0: float, t1: float) -> Record:
-        """CPU seconds and peak RSS (MB) of the marked processes that are not workers, in [t0, t1]."""
-        inside = [(t, p) for t, p in self.samples if t0 <= t <= t1]
+        """CPU seconds, peak RSS and PSS (MB) of the marked processes that are not workers, in
+        [t0, t1], and the biggest of them."""
+        inside = [p for t, p in self.samples if t0 <= t <= t1]
         before = [p for t, p in self.samples if t < t0]
         if not inside:
             return {}
-        start, end = before[-1] if before else {}, inside[-1][1]
-        ticks = sum(end[pid][0] - start.get(pid, (0, 0))[0] for pid in end if pid not in workers)
-        rss = max(sum(kb for pid, (_, kb) in p.items() if pid not in workers) for _, p in inside)
-        return {"overhead_cpu_s": ticks / self.tick, "overhead_rss_mb": rss / 1024,
-                "overhead_window_s": t1 - t0, "overhead_samples": len(inside)}  # fmt: skip
+        start = before[-1] if before else {}
+        cpu = {pid: (v[0] - start.get(pid, (0,))[0]) / self.tick
+               for pid, v in inside[-1].items() if pid not in workers}  # fmt: skip
+        peak: dict[int, float] = {}
+        for p in inside:
+            for pid, (_, rss, pss) in p.items():
+                peak[pid] = max(peak.get(pid, 0), (pss if pss is not None else rss) / 1024)
+        pss_sums = [sum(v[2] for pid, v in p.items() if pid not in workers and v[2] is not None)
+                    for p in inside if any(v[2] is not None for v in p.values())]  # fmt: skip
+        top = sorted(set(cpu) | (set(peak) - workers), key=lambda q: -peak.get(q, 0))[:8]
+        return {
+            "overhead_cpu_s": sum(cpu.values()),
+            "overhead_rss_mb": max(
+                sum(v[1] for q, v in p.items() if q not in workers) for p in inside
+            )
+            / 1024,
+            "overhead_pss_mb": max(pss_sums) / 1024 if pss_sums else None,
+            "overhead_window_s": t1 - t0,
+            "overhead_samples": len(inside),
+            "overhead_top": [
+                (
+                    self.names.get(q, "?")[:120],
+                    round(cpu.get(q, 0.0), 2),
+                    round(peak.get(q, 0.0), 1),
+                )
+                for q in top
+            ],
+        }
+
+
+def _pss_kb(pid: int) -> int | None:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return None
 
 
 # --------------------------------------------------------------------------- derived metrics
@@ -355,7 +397,8 @@ class Sampler(threading.Thread):
 def derive(rec: Record, sampler: Sampler) -> Record:
     ranks, seen, t_fit = rec.pop("ranks"), rec.pop("seen"), rec["t_fit"]
     out: Record = {k: rec[k] for k in ("fit_total_s", "driver_cpu_s", "driver_maxrss_mb",
-                                       "cluster_setup_s", "checkpoints_left", "error")}  # fmt: skip
+                                       "cluster_setup_s", "checkpoints_left", "error",
+                                       "driver_pss_before_mb")}  # fmt: skip
     out["ranks_seen"] = len(ranks)
     if not ranks:
         return out
@@ -384,6 +427,11 @@ def derive(rec: Record, sampler: Sampler) -> Record:
         over = sampler.overhead(workers, t0, t1)
         out["loop_s"] = t1 - t0
         out["b10_rss_mb"] = over.get("overhead_rss_mb")
+        out["b10_pss_mb"] = over.get("overhead_pss_mb")
+        out["b10_top"] = over.get("overhead_top")
+        before = rec.get("driver_pss_before_mb")
+        if before is not None and out["b10_pss_mb"] is not None:
+            out["b10_added_pss_mb"] = out["b10_pss_mb"] - before
         if over:
             out["b10_cpu_pct"] = 100 * over["overhead_cpu_s"] / over["overhead_window_s"]
     return out
@@ -450,7 +498,7 @@ def launch(system: str, workload: str, n: int, rep: int, args: argparse.Namespac
 
 
 WORKLOAD_ARGS = ("nodes", "report_seconds", "ray_reports", "commits", "ray_commits", "part_bytes",
-                 "keep_rounds", "ray_keep_rounds", "b2_rows", "b2_epochs")  # fmt: skip
+                 "commit_gap", "keep_rounds", "ray_keep_rounds", "b2_rows", "b2_epochs")  # fmt: skip
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
@@ -548,7 +596,9 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
         ("driver_cpu_s", "driver process CPU during fit() (s)", False),
     ],
     "b2": [
-        ("b10_rss_mb", "B10: non-worker RSS, peak (MB)", False),
+        ("b10_pss_mb", "B10: non-worker PSS, peak (MB)", False),
+        ("b10_added_pss_mb", "B10: the same minus the driver's PSS before fit() (MB)", False),
+        ("b10_rss_mb", "B10: non-worker RSS, peak (MB; counts shared pages twice)", False),
         ("b10_cpu_pct", "B10: non-worker CPU (% of a core)", False),
         ("loop_s", "training function, first line → last rank done (s)", False),
         ("fit_total_s", "fit() total (s)", False),
@@ -591,12 +641,19 @@ def growth(points: dict[int, float]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else None
 
 
-def _verdict(b: float | None, higher_better: bool) -> str:
+def _verdict(points: dict[int, float], higher_better: bool) -> str:
+    """The overall exponent, the last step's (a tail that turns worse shows there), and what they
+    mean for the cost (for a rate: the cost per report, 1/rate, which grows like n^-b)."""
+    b, sizes = growth(points), sorted(points)
     if b is None:
         return "-"
-    cost = -b if higher_better else b  # a throughput falling like n^-b is a cost growing like n^b
-    kind = "constant" if cost < 0.25 else "≤ linear" if cost <= 1.15 else "**worse than linear**"
-    return f"n^{b:.2f} ({kind})"
+    tail = growth({n: points[n] for n in sizes[-2:]}) if len(sizes) > 2 else None
+    worst = max(b, tail if tail is not None else b)
+    if higher_better:
+        worst = -min(b, tail if tail is not None else b)
+    kind = "constant" if worst < 0.25 else "≤ linear" if worst <= 1.15 else "**worse than linear**"
+    last = f", last step n^{tail:.2f}" if tail is not None else ""
+    return f"n^{b:.2f}{last} ({'cost ' if higher_better else ''}{kind})"
 
 
 def _section(runs: list[Record], workload: str) -> list[str]:
@@ -612,7 +669,7 @@ def _section(runs: list[Record], workload: str) -> list[str]:
         for system in systems:
             med = _medians(runs, system, workload, key)
             cells = [_fmt(med.get(n)) for n in sizes]
-            g = _verdict(growth(med), higher) if workload not in ("b2",) else "-"
+            g = _verdict(med, higher) if workload != "b2" else "-"
             lines.append(f"| {label} | {system} | " + " | ".join(cells) + f" | {g} |")
         for a, b in RATIOS:
             ma, mb = (_medians(runs, s, workload, key) for s in (a, b))
@@ -641,13 +698,16 @@ def _header(meta: Record) -> list[str]:
         "declared, not real), cluster start outside fit(); phalanx on local processes.",
         f"- reports: phalanx {a['report_seconds']} s per rank, Ray Train {a['ray_reports']} "
         f"reports per rank. commit: {a['commits']} rounds (Ray {a['ray_commits']}) of "
-        f"{a['part_bytes']} B per rank. retention: {a['keep_rounds']} rounds (Ray "
+        f"{a['part_bytes']} B per rank, {a['commit_gap']} s apart. retention: "
+        f"{a['keep_rounds']} rounds (Ray "
         f"{a['ray_keep_rounds']}). b2: {a['b2_workers']} workers, {a['b2_rows']} rows, "
         f"{a['b2_epochs']} epochs, Ray Train on `ray.init(address='local')`.",
         "- non-worker = every process carrying the run's marker (the driver, phalanx's fork "
         "server, Ray's GCS/raylets/controller/idle workers) minus the training workers, sampled "
         f"from /proc every {a['sample_interval']} s. growth: exponent b of a log-log fit over "
-        "the sizes (constant < 0.25 ≤ linear ≤ 1.15 < worse).",
+        "the sizes and of the last step (the verdict takes the worse: constant < 0.25 ≤ linear ≤ "
+        "1.15 < worse; for a rate, of 1/rate). On a machine with fewer cores than workers the "
+        "ranks' tight loops and the driver share the CPUs: reports/s is then what the driver got.",
         "",
     ]  # fmt: skip
 
@@ -677,6 +737,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--commits", type=int, default=20)
     add("--ray-commits", type=int, default=3)
     add("--part-bytes", type=int, default=4096)
+    add("--commit-gap", type=float, default=0.3, help="seconds each rank waits between commits")
     add("--keep-rounds", type=int, default=1000)
     add("--ray-keep-rounds", type=int, default=10)
     add("--b2-workers", type=int, default=2)
