@@ -357,10 +357,11 @@ class Sampler(threading.Thread):
         start = before[-1] if before else {}
         cpu = {pid: (v[0] - start.get(pid, (0,))[0]) / self.tick
                for pid, v in inside[-1].items() if pid not in workers}  # fmt: skip
-        peak: dict[int, float] = {}
+        peak: dict[int, float] = {}  # PSS where sampled (RSS for a process too short for it)
         for p in inside:
             for pid, (_, rss, pss) in p.items():
-                peak[pid] = max(peak.get(pid, 0), (pss if pss is not None else rss) / 1024)
+                if pss is not None or pid not in peak:
+                    peak[pid] = max(peak.get(pid, 0), (pss if pss is not None else rss) / 1024)
         pss_sums = [sum(v[2] for pid, v in p.items() if pid not in workers and v[2] is not None)
                     for p in inside if any(v[2] is not None for v in p.values())]  # fmt: skip
         top = sorted(set(cpu) | (set(peak) - workers), key=lambda q: -peak.get(q, 0))[:8]
