@@ -357,11 +357,14 @@ class Sampler(threading.Thread):
         start = before[-1] if before else {}
         cpu = {pid: (v[0] - start.get(pid, (0,))[0]) / self.tick
                for pid, v in inside[-1].items() if pid not in workers}  # fmt: skip
-        peak: dict[int, float] = {}  # PSS where sampled (RSS for a process too short for it)
+        rss_peak: dict[int, float] = {}
+        pss_peak: dict[int, float] = {}
         for p in inside:
             for pid, (_, rss, pss) in p.items():
-                if pss is not None or pid not in peak:
-                    peak[pid] = max(peak.get(pid, 0), (pss if pss is not None else rss) / 1024)
+                rss_peak[pid] = max(rss_peak.get(pid, 0), rss / 1024)
+                if pss is not None:
+                    pss_peak[pid] = max(pss_peak.get(pid, 0), pss / 1024)
+        peak = {**rss_peak, **pss_peak}  # PSS where sampled (RSS for a process too short for it)
         pss_sums = [sum(v[2] for pid, v in p.items() if pid not in workers and v[2] is not None)
                     for p in inside if any(v[2] is not None for v in p.values())]  # fmt: skip
         top = sorted(set(cpu) | (set(peak) - workers), key=lambda q: -peak.get(q, 0))[:8]
