@@ -27,6 +27,8 @@ Workloads (scale ones at every size):
   retention  ``--keep-rounds`` rounds (Ray: ``--ray-keep-rounds``), rank 0 passing a small
              checkpoint, the other ranks metrics only, ``CheckpointConfig(num_to_keep=3)``; time
              per round and the checkpoints left on disk.
+  keepall    the same with every checkpoint kept (``num_to_keep=None``, Ray's default); also the
+             time of the last tenth of the rounds over the first tenth (> 1: rounds get dearer).
   b2         (B10, 2 workers, not a scale workload) the B2 DDP loop (MLP 784-512-512-10, synthetic
              rows, report per epoch): RSS and CPU of every process of the run that is not a
              training worker (driver, fork server, Ray's daemons and controller), sampled from
@@ -65,7 +67,7 @@ from common import machine, median, versions
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("phalanx", "phalanx_ray", "raytrain")
 RAY_SYSTEMS = ("phalanx_ray", "raytrain")
-WORKLOADS = ("noop", "reports", "commit", "retention", "b2")
+WORKLOADS = ("noop", "reports", "commit", "retention", "keepall", "b2")
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 MARKER_ENV = "PHALANX_BENCH_RUN"
 NUM_TO_KEEP = 3
@@ -98,7 +100,8 @@ def _train_fn(cfg: dict[str, Any]) -> None:
     ctx = api.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     rec: Record = {"t_first": t_first, "pid": os.getpid(), "rank": rank}
-    body = {"reports": _reports, "commit": _commit, "retention": _retention, "b2": _b2}
+    body = {"reports": _reports, "commit": _commit, "retention": _retention,
+            "keepall": _retention, "b2": _b2}  # fmt: skip
     if cfg["workload"] in body:
         rec.update(body[cfg["workload"]](cfg, api, rank, world))
     _write_json(Path(cfg["out_dir"]) / f"rank{rank}.json", rec)
@@ -211,7 +214,7 @@ def _ray_cluster(args: argparse.Namespace, n: int) -> tuple[Any, Any]:
 def _fit(system: str, workload: str, n: int, cfg: dict[str, Any], store: Path) -> Record:
     api = _api(system)
     seen = Path(cfg["out_dir"]) / "seen.txt"
-    keep = api.CheckpointConfig(num_to_keep=NUM_TO_KEEP) if workload == "retention" else None
+    keep = api.CheckpointConfig(num_to_keep=NUM_TO_KEEP if workload == "retention" else None)
     run = api.RunConfig(name="scale", storage_path=str(store), callbacks=[_seen_callback(api.UserCallback, seen)],
                         checkpoint_config=keep)  # fmt: skip
     engine = {"engine": "ray"} if system == "phalanx_ray" else {}
@@ -422,10 +425,13 @@ def derive(rec: Record, sampler: Sampler) -> Record:
                min(len(r["calls"]) for r in ranks)))]  # fmt: skip
         out["commit_ms"] = 1e3 * median(lat) if lat else None
         out["blocked_ms"] = 1e3 * median([b for r in ranks for b in r["blocked"]])
-    elif workload == "retention" and seen:
-        t0 = min(r["t_loop"] for r in ranks)
+    elif workload in ("retention", "keepall") and seen:
+        t0, tenth = min(r["t_loop"] for r in ranks), max(1, len(seen) // 10)
         out["rounds_seen"] = len(seen)
         out["round_ms"] = 1e3 * (seen[-1] - t0) / len(seen)
+        # The last tenth of the rounds vs the first: > 1 when a round costs more as they pile up.
+        first, last = seen[tenth - 1] - t0, seen[-1] - seen[-tenth - 1]
+        out["last_vs_first_tenth"] = last / first if first > 0 else None
     elif workload == "b2":
         t0, t1 = min(firsts), max(r["t_loop_end"] for r in ranks)
         over = sampler.overhead(workers, t0, t1)
@@ -597,6 +603,13 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
     "retention": [
         ("round_ms", "per round, rank 0 checkpointing (ms)", False),
         ("checkpoints_left", f"checkpoints on disk after (num_to_keep={NUM_TO_KEEP})", False),
+        ("last_vs_first_tenth", "last tenth of the rounds / first tenth (time)", False),
+        ("driver_cpu_s", "driver process CPU during fit() (s)", False),
+    ],
+    "keepall": [
+        ("round_ms", "per round, rank 0 checkpointing (ms)", False),
+        ("last_vs_first_tenth", "last tenth of the rounds / first tenth (time)", False),
+        ("checkpoints_left", "checkpoints on disk after (all kept)", False),
         ("driver_cpu_s", "driver process CPU during fit() (s)", False),
     ],
     "b2": [
@@ -613,6 +626,7 @@ TITLES = {
     "reports": "B11 scale: every rank reporting metrics in a tight loop",
     "commit": "B11 scale: checkpoint commit, every rank passing a part",
     "retention": "B11 scale: checkpoint retention (many rounds, num_to_keep=3)",
+    "keepall": "B11 scale: checkpoint retention, every checkpoint kept (num_to_keep=None)",
     "b2": "B10 footprint: the B2 DDP loop, everything that is not a training worker",
 }
 RATIOS = (("phalanx", "raytrain"), ("phalanx_ray", "raytrain"))
