@@ -48,6 +48,9 @@ class CheckpointManager:
     attempt_history: list[dict[str, Any]] = field(default_factory=list)
     statuses: dict[str, str] = field(default_factory=dict)  # dir_name -> validation status
     _deletions: ThreadPoolExecutor | None = field(default=None, repr=False)
+    _encoded_cache: dict[str, tuple[TrackedCheckpoint, str]] = field(
+        default_factory=dict, repr=False
+    )
 
     @property
     def attempts(self) -> int:
@@ -197,13 +200,24 @@ class CheckpointManager:
     def save(self) -> None:
         state = {
             "version": SNAPSHOT_VERSION,
-            "checkpoints": [vars(c) for c in self.checkpoints],
             "latest": self.latest.dir_name if self.latest else None,
             "next_round": self.next_round,
             "attempts": self.attempt_history,
             "statuses": self.statuses,
         }
-        self.storage.write_atomic(SNAPSHOT_FILE, encode_json(state).encode())
+        # Every commit rewrites the snapshot: with every checkpoint kept (num_to_keep=None),
+        # encoding all of them each time made a run of k checkpoints cost O(k^2). Each entry is
+        # encoded once (frozen; replaced, not mutated, when a validation adds metrics).
+        self._encoded_cache = {c.dir_name: self._encoded(c) for c in self.checkpoints}
+        entries = ", ".join(text for _, text in self._encoded_cache.values())
+        text = f'{encode_json(state)[:-1]}, "checkpoints": [{entries}]}}'
+        self.storage.write_atomic(SNAPSHOT_FILE, text.encode())
+
+    def _encoded(self, tracked: TrackedCheckpoint) -> tuple[TrackedCheckpoint, str]:
+        cached = self._encoded_cache.get(tracked.dir_name)
+        if cached is not None and cached[0] is tracked:
+            return cached
+        return tracked, encode_json(vars(tracked))
 
     def _missing_score(self, metrics: dict[str, Any]) -> str | None:
         attr = self.config.checkpoint_score_attribute
