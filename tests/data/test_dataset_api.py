@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -99,3 +102,17 @@ def test_a_bad_csv_row_is_not_printed_whole(tmp_path):
     message = str(info.value)
     assert "rows.csv" in message and "HINT" in message
     assert len(message) < 700 and "y" * 400 not in message
+
+
+def test_data_never_imports_the_torch_package():
+    # phalanx.data sits below phalanx.torch (which brings the trainer stack): even device="auto"
+    # finds the worker's device through the shared rule in _internal, not through phalanx.torch.
+    code = (
+        "import sys, phalanx.data\n"
+        "print('torch' in sys.modules, 'phalanx.torch' in sys.modules)\n"
+        "ds = phalanx.data.from_items([{'x': 1.0}, {'x': 2.0}])\n"
+        "batch = next(iter(ds.iter_torch_batches(batch_size=2, device='auto')))\n"
+        "print(batch['x'].device.type, 'phalanx.torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["False False", "cpu False"]

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from phalanx._internal.devices import torch_devices
 from phalanx.data.batching import BlockOps, arrow_to_numpy
 from phalanx.data.describe import describe_value, shorten
 
@@ -28,9 +29,7 @@ def resolve_device(device: Any) -> torch.device:
     if isinstance(device, str) and device == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")
-        from phalanx.torch import get_device
-
-        return get_device()
+        return torch_devices()[0]
     resolved = torch.device(device)
     if resolved.type == "cuda" and resolved.index is None and torch.cuda.is_available():
         # "cuda" means the calling thread's current device; batches are made in another thread.

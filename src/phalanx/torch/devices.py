@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-import os
-
 import torch
 
-import phalanx
-from phalanx.errors import SessionMisuseError
-from phalanx.torch.environment import device_indices
+from phalanx._internal.devices import torch_devices
 
 __all__ = ["get_device", "get_devices"]
-
-logger = logging.getLogger(__name__)
 
 
 def get_device() -> torch.device:
@@ -32,20 +25,4 @@ def get_device() -> torch.device:
 
 def get_devices() -> list[torch.device]:
     """All of this worker's torch devices (one per assigned GPU), or ``[cpu]`` without GPUs."""
-    try:
-        gpu_ids = phalanx.get_context().get_accelerator_ids()
-    except SessionMisuseError:  # not in a training worker: plain torch rules
-        if torch.cuda.is_available():
-            return [torch.device("cuda", torch.cuda.current_device())]
-        return [torch.device("cpu")]
-    if not gpu_ids:
-        return [torch.device("cpu")]
-    if not torch.cuda.is_available():
-        logger.warning(
-            "This worker was given GPU(s) %s but torch cannot use CUDA here; using the CPU. "
-            "HINT: check that this torch build has CUDA (torch.version.cuda) and the driver works.",
-            gpu_ids,
-        )
-        return [torch.device("cpu")]
-    indices = device_indices(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    return [torch.device("cuda", i) for i in indices]
+    return torch_devices()

@@ -1,8 +1,9 @@
 """What each torch worker's environment should be: pure functions, decided on the driver.
 
 Everything here is plain data in, plain data out, so the rules (torchrun's variables, the CPU
-share per worker, which GPUs a worker sees and which of them is its device) are tested without
-processes or GPUs. :mod:`phalanx.torch.worker_setup` applies the results inside the workers.
+share per worker, which GPUs a worker sees) are tested without processes or GPUs.
+:mod:`phalanx.torch.worker_setup` applies the results inside the workers. Which of its GPUs is
+a worker's device is :mod:`phalanx._internal.devices`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Mapping, Sequence
 __all__ = [
     "LOOPBACK_ADDRESS",
     "cpu_share",
-    "device_indices",
     "loopback_interface",
     "master_address",
     "shared_visible_devices",
@@ -93,30 +93,6 @@ def gpus_shared_by_ranks(
         for gpu in ids:
             owners.setdefault((node, gpu), []).append(rank)
     return {key: ranks for key, ranks in owners.items() if len(ranks) > 1}
-
-
-def device_indices(gpu_ids: Sequence[int], cuda_visible_devices: str | None) -> list[int]:
-    """CUDA device indices of this worker's GPUs, lowest physical id first.
-
-    ``gpu_ids`` are physical ids; torch numbers devices by their position in
-    ``CUDA_VISIBLE_DEVICES`` (or by physical id when it is unset).
-
-    >>> device_indices([3], "2,3")
-    [1]
-    """
-    ids = sorted(gpu_ids)
-    if cuda_visible_devices is None:
-        return ids
-    visible = [item.strip() for item in cuda_visible_devices.split(",") if item.strip()]
-    missing = [i for i in ids if str(i) not in visible]
-    if missing:
-        raise RuntimeError(
-            f"This worker was assigned GPU(s) {ids} but CUDA_VISIBLE_DEVICES="
-            f"{cuda_visible_devices!r} does not include {missing}.\n"
-            "HINT: do not change CUDA_VISIBLE_DEVICES inside the training function; phalanx "
-            "sets it for each worker."
-        )
-    return [visible.index(str(i)) for i in ids]
 
 
 def loopback_interface(sys_class_net: str = "/sys/class/net") -> str:
