@@ -324,7 +324,7 @@ class DataConfig:
     ``execution_options``: Ray Data ``ExecutionOptions`` (one for all datasets, or a dict by
     name), set on Ray Data datasets as Ray Train does; on phalanx's own datasets
     ``resource_limits.object_store_memory`` caps each shard's read-ahead in bytes (see
-    :mod:`phalanx.data.options`). ``enable_shard_locality``: Ray Data's locality hints (on Ray).
+    ``phalanx.data.ExecutionOptions``). ``enable_shard_locality``: Ray Data's locality hints (on Ray).
     ``equal_split`` (default True, as Ray's ``streaming_split(equal=True)``): every rank gets
     the same number of rows, so DDP ranks run the same number of steps; the ``rows % world_size``
     left over are left out. False keeps every row (ranks may differ by one): for inference.
@@ -364,8 +364,8 @@ class DataConfig:
     @staticmethod
     def default_ingest_options() -> Any:
         """Ray's default execution options for training ingest (the driver's Ray Data
-        options when Ray Data is in use; otherwise ``phalanx.data.options.ExecutionOptions``)."""
-        from phalanx.data.options import default_ingest_options
+        options when Ray Data is in use; otherwise ``phalanx.data.ExecutionOptions``)."""
+        from phalanx.data._options import default_ingest_options
 
         return default_ingest_options()
 

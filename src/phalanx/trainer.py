@@ -160,7 +160,7 @@ class DataParallelTrainer(BaseTrainer):
             )
         _check_train_fn(self.train_loop_per_worker)
         if self.datasets:
-            from phalanx.data import validate_datasets
+            from phalanx.data._ingest import validate_datasets
 
             validate_datasets(self.datasets, self.dataset_config)
         _check_metadata(self.metadata)
@@ -251,7 +251,7 @@ class _DatasetShards:
     def __call__(self, world_size: int) -> list[dict[str, Any]]:
         if not self.datasets:
             return [{} for _ in range(world_size)]
-        from phalanx.data import shard_datasets
+        from phalanx.data._ingest import shard_datasets
 
         shards = shard_datasets(self.datasets, self.config, world_size)
         # Ray Data's split coordinator (an actor owned here) lives while this process holds

@@ -20,9 +20,9 @@ from phalanx.data import (
     from_numpy,
     from_pandas,
     read_parquet,
-    shard_datasets,
 )
-from phalanx.data import source as source_module
+from phalanx.data import _source as source_module
+from phalanx.data._ingest import shard_datasets
 
 torch = pytest.importorskip("torch")
 

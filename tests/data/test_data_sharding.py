@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phalanx import DataConfig
-from phalanx.data import Dataset, read_parquet, shard_datasets
-from phalanx.data.plan import Piece, pieces_in_range, rank_range
-from phalanx.data.source import TableSource
+from phalanx.data import Dataset, read_parquet
+from phalanx.data._ingest import shard_datasets
+from phalanx.data._plan import Piece, pieces_in_range, rank_range
+from phalanx.data._source import TableSource
 
 layouts = st.lists(st.integers(0, 40), max_size=10)  # rows per fragment
 

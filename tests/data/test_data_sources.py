@@ -20,10 +20,8 @@ from phalanx.data import (
     read_csv,
     read_json,
     read_parquet,
-    require_columns,
-    shard_datasets,
-    validate_datasets,
 )
+from phalanx.data._ingest import require_columns, shard_datasets, validate_datasets
 
 ROWS = 50
 
@@ -224,7 +222,7 @@ class FakeRayDataset:
 def test_ray_datasets_are_handed_to_the_ray_data_module(monkeypatch):
     import sys
 
-    from phalanx.data import ray_data
+    from phalanx.data import _ray_data as ray_data
 
     monkeypatch.setitem(sys.modules, "ray", sys.modules.get("ray") or object())
     monkeypatch.setattr(ray_data, "is_ray_dataset", lambda obj: isinstance(obj, FakeRayDataset))

@@ -12,8 +12,8 @@ import pytest
 
 import phalanx as train
 from phalanx import DataConfig, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
+from phalanx.data import _source as source_module
 from phalanx.data import read_parquet
-from phalanx.data import source as source_module
 
 
 def save_ids(out: str, name: str = "train", epochs: int = 1, batch_size: int = 32) -> None:

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
 def test_options_reach_the_split_ray_dataset_and_every_row_is_read(storage, monkeypatch):
     import ray.data
 
-    from phalanx.data import ingest
+    from phalanx.data import _ingest as ingest
 
     options = DataConfig.default_ingest_options()
     assert isinstance(options, ray.data.ExecutionOptions)  # Ray Data is in use: Ray's own
@@ -50,7 +50,7 @@ def test_options_reach_the_split_ray_dataset_and_every_row_is_read(storage, monk
 def test_options_are_set_on_a_copy_of_the_dataset():
     import ray.data
 
-    from phalanx.data.options import ExecutionOptions, ExecutionResources, as_ray_options
+    from phalanx.data._options import ExecutionOptions, ExecutionResources, as_ray_options
 
     mine = ExecutionOptions(
         preserve_order=True, resource_limits=ExecutionResources(object_store_memory=5 << 20)

@@ -253,7 +253,7 @@ def test_torch_ddp_with_gloo_on_two_actors(storage):
 def test_ray_datasets_are_split_per_rank_with_streaming_split(storage):
     import ray.data
 
-    from phalanx.data.ray_data import is_ray_dataset, split_ray_dataset
+    from phalanx.data._ray_data import is_ray_dataset, split_ray_dataset
 
     ds = ray.data.range(100)
     assert is_ray_dataset(ds) and not is_ray_dataset([1, 2])

@@ -11,7 +11,7 @@ import pytest
 from phalanx import ConfigError, ScalingConfig
 from phalanx._internal.engines.choose import engine_name, resolve_engine
 from phalanx._internal.engines.ray.placement import actor_options, infeasibility, worker_bundle
-from phalanx.data.ray_data import RayDataShard, is_ray_dataset
+from phalanx.data._ray_data import RayDataShard, is_ray_dataset
 
 # -- engine choice ----------------------------------------------------------------------------
 
@@ -59,7 +59,7 @@ def test_ray_wanted_but_not_installed_says_how_to_install_it(no_ray_env, monkeyp
 
 
 def test_importing_phalanx_does_not_import_ray():
-    code = "import sys, phalanx, phalanx.data.ray_data; print('ray' in sys.modules)"
+    code = "import sys, phalanx, phalanx.data._ray_data; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

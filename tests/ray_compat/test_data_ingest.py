@@ -97,7 +97,7 @@ def test_default_ingest_options_are_accepted_and_bad_options_are_not():
 
 
 def test_no_limit_and_rays_infinite_limit_leave_read_ahead_alone():
-    from phalanx.data.options import ExecutionOptions, ExecutionResources, prefetch_bytes
+    from phalanx.data._options import ExecutionOptions, ExecutionResources, prefetch_bytes
 
     assert prefetch_bytes(None) is None
     assert prefetch_bytes(ExecutionOptions()) is None
@@ -114,7 +114,7 @@ def test_execution_options_object_store_limit_caps_read_ahead(tmp_path):
     df.to_parquet(path, row_group_size=2048)
     options = DataConfig.default_ingest_options()
     options.resource_limits = options.resource_limits.copy(object_store_memory=1)
-    from phalanx.data import shard_datasets
+    from phalanx.data._ingest import shard_datasets
 
     (shards,) = shard_datasets(
         {"train": str(path)}, DataConfig(execution_options=options), world_size=1

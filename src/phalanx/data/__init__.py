@@ -18,7 +18,7 @@ only its own Parquet row groups or files.
 
 from __future__ import annotations
 
-from phalanx.data.dataset import (
+from phalanx.data._dataset import (
     Dataset,
     from_arrow,
     from_items,
@@ -28,12 +28,15 @@ from phalanx.data.dataset import (
     read_json,
     read_parquet,
 )
-from phalanx.data.ingest import as_dataset, require_columns, shard_datasets, validate_datasets
-from phalanx.data.iterator import DataIterator
+from phalanx.data._ingest import as_dataset
+from phalanx.data._iterator import DataIterator
+from phalanx.data._options import ExecutionOptions, ExecutionResources
 
 __all__ = [
     "DataIterator",
     "Dataset",
+    "ExecutionOptions",
+    "ExecutionResources",
     "as_dataset",
     "from_arrow",
     "from_items",
@@ -42,7 +45,4 @@ __all__ = [
     "read_csv",
     "read_json",
     "read_parquet",
-    "require_columns",
-    "shard_datasets",
-    "validate_datasets",
 ]

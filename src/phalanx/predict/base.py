@@ -181,7 +181,7 @@ def _input_kind(data: Any) -> str:
 
 def _as_batch(data: Any, kind: str, numpy_native: bool) -> Any:
     if kind == "arrow":
-        from phalanx.data.batching import arrow_to_numpy
+        from phalanx.data._batching import arrow_to_numpy
 
         return arrow_to_numpy(data, writable=True) if numpy_native else data.to_pandas()
     return data

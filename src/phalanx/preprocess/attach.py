@@ -15,9 +15,9 @@ import cloudpickle
 import pyarrow as pa
 
 from phalanx._internal.checkpoint_files import PREPROCESSOR_FILE as PREPROCESSOR_FILENAME
-from phalanx.data.iterator import DataIterator
-from phalanx.data.plan import Piece
-from phalanx.data.source import Source
+from phalanx.data._iterator import DataIterator
+from phalanx.data._plan import Piece
+from phalanx.data._source import Source
 from phalanx.errors import ConfigError
 
 __all__ = ["PREPROCESSOR_FILENAME", "fit_on_train", "preprocess_shards", "serialize"]

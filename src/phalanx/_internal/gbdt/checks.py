@@ -74,7 +74,7 @@ def check_legacy_args(
             f"{trainer}(num_boost_round={num_boost_round}) is invalid: it must be >= 1."
         )
     _check_dmatrix_params(trainer, datasets, dmatrix_params)
-    from phalanx.data import require_columns
+    from phalanx.data._ingest import require_columns
 
     for name, value in datasets.items():
         kwargs = (dmatrix_params or {}).get(name, {})

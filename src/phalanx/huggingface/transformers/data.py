@@ -15,7 +15,7 @@ from typing import Any
 import transformers
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from phalanx.data.iterator import Passes
+from phalanx.data._iterator import Passes
 
 __all__ = ["prepare_trainer"]
 

@@ -20,11 +20,11 @@ import numpy as np
 import pyarrow as pa
 
 from phalanx.config import DataConfig
-from phalanx.data.dataset import Dataset, from_arrow, from_items, from_numpy, from_pandas
-from phalanx.data.describe import shorten
-from phalanx.data.files import file_source
-from phalanx.data.iterator import DataIterator
-from phalanx.data.options import options_for, prefetch_bytes
+from phalanx.data._dataset import Dataset, from_arrow, from_items, from_numpy, from_pandas
+from phalanx.data._describe import shorten
+from phalanx.data._files import file_source
+from phalanx.data._iterator import DataIterator
+from phalanx.data._options import options_for, prefetch_bytes
 from phalanx.errors import ConfigError
 
 __all__ = ["as_dataset", "require_columns", "shard_datasets", "validate_datasets"]
@@ -253,7 +253,7 @@ def _is_ray_dataset(value: Any) -> bool:
     if "ray" not in sys.modules or not type(value).__module__.startswith("ray"):
         return False
     try:
-        from phalanx.data import ray_data
+        from phalanx.data import _ray_data as ray_data
     except ImportError:
         return False
     return bool(ray_data.is_ray_dataset(value))
@@ -267,11 +267,11 @@ def _ray_iterators(value: Any, world_size: int, split: bool, options: Any) -> li
         if "ray" in sys.modules and type(value).__module__.startswith("ray.data"):
             raise ConfigError(
                 f"A {type(value).__name__} from Ray Data needs phalanx's Ray support "
-                "(phalanx.data.ray_data), which is not available here.\nHINT: pass the data's "
+                "(phalanx.data._ray_data), which is not available here.\nHINT: pass the data's "
                 "files (a path) or a pandas DataFrame instead."
             )
         return None
-    from phalanx.data import ray_data
+    from phalanx.data import _ray_data as ray_data
 
     value = ray_data.with_execution_options(value, options)
     if split:

@@ -20,9 +20,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from phalanx._internal.storage.filesystem import resolve_filesystem
-from phalanx.data.plan import Piece
-from phalanx.data.source import Source, slice_stream
-from phalanx.data.text import open_text_reader, scan_text_file, unify_text_schemas
+from phalanx.data._plan import Piece
+from phalanx.data._source import Source, slice_stream
+from phalanx.data._text import open_text_reader, scan_text_file, unify_text_schemas
 from phalanx.errors import ConfigError
 
 __all__ = ["FileList", "ParquetSource", "TextSource", "discover", "file_source"]

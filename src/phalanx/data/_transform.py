@@ -63,7 +63,7 @@ def to_arrow_batch(batch: Any) -> pa.Table:
 
         return _pandas_to_arrow(batch)
     if isinstance(batch, dict):
-        from phalanx.data.dataset import _to_arrow_column
+        from phalanx.data._dataset import _to_arrow_column
 
         return pa.table({str(k): _to_arrow_column(v) for k, v in batch.items()})
     raise TypeError(

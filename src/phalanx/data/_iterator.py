@@ -10,10 +10,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from phalanx.data.batching import ARROW, NUMPY, NUMPY_WRITABLE, BlockOps, rebatch, shuffle_blocks
-from phalanx.data.plan import Piece, epoch_order, pieces_in_range, rank_range
-from phalanx.data.prefetch import prefetched
-from phalanx.data.source import Source, TableSource
+from phalanx.data._batching import ARROW, NUMPY, NUMPY_WRITABLE, BlockOps, rebatch, shuffle_blocks
+from phalanx.data._plan import Piece, epoch_order, pieces_in_range, rank_range
+from phalanx.data._prefetch import prefetched
+from phalanx.data._source import Source, TableSource
 
 __all__ = ["DataIterator", "Passes"]
 
@@ -167,7 +167,7 @@ class DataIterator:
         each numpy batch (pyarrow/pandas for Ray's ``ArrowBatchCollateFn`` /
         ``PandasBatchCollateFn`` subclasses) and returns the batch; tensors in what it returns
         are moved to ``device``."""
-        from phalanx.data import torch_batches as tb
+        from phalanx.data import _torch_batches as tb
 
         _check_args(batch_size, prefetch_batches, local_shuffle_buffer_size)
         if collate_fn is not None and dtypes is not None:

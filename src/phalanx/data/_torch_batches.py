@@ -18,8 +18,8 @@ import pyarrow as pa
 import torch
 
 from phalanx._internal.devices import torch_devices
-from phalanx.data.batching import BlockOps, arrow_to_numpy
-from phalanx.data.describe import describe_value, shorten
+from phalanx.data._batching import BlockOps, arrow_to_numpy
+from phalanx.data._describe import describe_value, shorten
 
 __all__ = ["TensorBlock", "TensorOps", "collate_format", "resolve_device", "to_device"]
 

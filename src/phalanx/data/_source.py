@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from phalanx.data.plan import Piece
+from phalanx.data._plan import Piece
 from phalanx.errors import ConfigError
 
 __all__ = ["Source", "TableSource", "slice_stream"]

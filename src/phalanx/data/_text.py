@@ -10,7 +10,7 @@ import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.json as pajson
 
-from phalanx.data.describe import shorten
+from phalanx.data._describe import shorten
 from phalanx.errors import ConfigError
 
 __all__ = ["open_text_reader", "scan_text_file", "unify_text_schemas"]

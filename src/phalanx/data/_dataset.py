@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from phalanx.data.files import file_source
-from phalanx.data.iterator import Assignment, DataIterator, Passes
-from phalanx.data.plan import pieces_in_range, rank_range
-from phalanx.data.source import Source, TableSource
+from phalanx.data._files import file_source
+from phalanx.data._iterator import Assignment, DataIterator, Passes
+from phalanx.data._plan import pieces_in_range, rank_range
+from phalanx.data._source import Source, TableSource
 
 __all__ = [
     "Dataset",
@@ -138,7 +138,7 @@ class Dataset:
 
     def take_all(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Every row, as dicts; ValueError if there are more than ``limit``."""
-        from phalanx.data.transform import check_limit
+        from phalanx.data._transform import check_limit
 
         check_limit(self.count(), limit, "take_all")
         return self.iterator().to_arrow().to_pylist()  # type: ignore[no-any-return]
@@ -150,7 +150,7 @@ class Dataset:
 
     def to_pandas(self, limit: int | None = None) -> Any:
         """Every row as one DataFrame; ValueError if there are more than ``limit``."""
-        from phalanx.data.transform import check_limit
+        from phalanx.data._transform import check_limit
 
         check_limit(self.count(), limit, "to_pandas")
         return self.iterator().to_pandas()
@@ -208,7 +208,7 @@ class Dataset:
         ``fn_constructor_args/kwargs``; it may return or yield batches). Unlike Ray Data, this
         runs now, in this process, and the output is held in memory; the resource arguments
         are accepted and unused."""
-        from phalanx.data.transform import map_batches
+        from phalanx.data._transform import map_batches
 
         table = map_batches(
             self,
