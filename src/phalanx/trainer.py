@@ -165,7 +165,7 @@ class DataParallelTrainer(BaseTrainer):
             validate_datasets(self.datasets, self.dataset_config)
         _check_metadata(self.metadata)
         if self.preprocessor is not None:
-            from phalanx.preprocess.attach import check_preprocessor
+            from phalanx.preprocess._attach import check_preprocessor
 
             check_preprocessor(self.preprocessor)
 
@@ -203,7 +203,7 @@ class DataParallelTrainer(BaseTrainer):
         fitted statistics must pickle too: that fails here, before training)."""
         if self.preprocessor is None:
             return {}
-        from phalanx.preprocess.attach import PREPROCESSOR_FILENAME, fit_on_train, serialize
+        from phalanx.preprocess._attach import PREPROCESSOR_FILENAME, fit_on_train, serialize
 
         fit_on_train(self.preprocessor, self.datasets)
         return {PREPROCESSOR_FILENAME: serialize(self.preprocessor)}
@@ -259,7 +259,7 @@ class _DatasetShards:
         self._attempt_shards = shards
         if self.preprocessor is None:
             return shards
-        from phalanx.preprocess.attach import preprocess_shards
+        from phalanx.preprocess._attach import preprocess_shards
 
         return preprocess_shards(shards, self.preprocessor)
 

@@ -15,7 +15,7 @@ from phalanx.preprocess import Chain, Concatenator, StandardScaler
 
 torch = pytest.importorskip("torch")
 from phalanx.predict import TorchPredictor  # noqa: E402
-from phalanx.torch.checkpoint import TorchCheckpoint  # noqa: E402
+from phalanx.torch._checkpoint import TorchCheckpoint  # noqa: E402
 
 
 def make_frame(n: int = 50) -> pd.DataFrame:

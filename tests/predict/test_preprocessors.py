@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -162,3 +167,34 @@ def test_serialize_round_trip(df):
     scaler = StandardScaler(["b"]).fit(df)
     again = StandardScaler.deserialize(scaler.serialize())
     pd.testing.assert_frame_equal(again.transform_batch(df), scaler.transform_batch(df))
+
+
+OLD_PICKLES = Path(__file__).parent / "old_pickles"
+
+
+def test_pickles_from_before_the_module_renames_still_load(tmp_path):
+    # preprocessor.pkl and torch_checkpoint.pkl were written by the code before the modules got
+    # a leading underscore: they name phalanx.preprocess._scalers, phalanx.torch._checkpoint, ...
+    # A new process (nothing of phalanx imported yet) loads them as a user's script would.
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    shutil.copy(OLD_PICKLES / "preprocessor.pkl", checkpoint / "preprocessor.pkl")
+    code = (
+        "import pickle, sys, pandas as pd\n"
+        "from phalanx import Checkpoint\n"
+        f"prep = Checkpoint({str(checkpoint)!r}).get_preprocessor()\n"
+        "df = pd.DataFrame({'a': [1.0, None, 3.0, 4.0], 'b': [10.0, 20.0, 30.0, 40.0],"
+        " 'c': ['x', 'y', 'x', 'z']})\n"
+        "out = prep.transform_batch(df)\n"
+        "print([round(float(v), 4) for v in out['ab'][0]], [int(v) for v in out['c'][3]])\n"
+        f"ckpt = pickle.loads(open({str(OLD_PICKLES / 'torch_checkpoint.pkl')!r}, 'rb').read())\n"
+        "import phalanx.torch, phalanx.preprocess\n"
+        "print(type(ckpt) is phalanx.torch.TorchCheckpoint, ckpt.path)\n"
+        "print(hasattr(phalanx.preprocess, 'scalers'), hasattr(phalanx.torch, 'checkpoint'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "[-1.543, 0.0] [0, 0, 1]",
+        "True /tmp/some/checkpoint",
+        "False False",  # the old paths load pickles but are not the packages' API
+    ]

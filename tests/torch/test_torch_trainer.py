@@ -27,7 +27,7 @@ from phalanx.torch import (
     prepare_model,
     prepare_optimizer,
 )
-from phalanx.torch.backend import TorchBackend
+from phalanx.torch._backend import TorchBackend
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from phalanx._internal.devices import device_indices
 from phalanx._internal.engines.base import WorkerMetadata
 from phalanx._internal.worker_group.ranks import RankInfo, assign_ranks
 from phalanx.torch import TorchCheckpoint, TorchConfig, TorchTrainer
-from phalanx.torch.backend import TorchBackend, _check_one_gpu_per_nccl_rank, resolve_backend
-from phalanx.torch.environment import (
+from phalanx.torch._backend import TorchBackend, _check_one_gpu_per_nccl_rank, resolve_backend
+from phalanx.torch._environment import (
     cpu_share,
     loopback_interface,
     master_address,

@@ -59,7 +59,7 @@ def to_arrow_batch(batch: Any) -> pa.Table:
     if isinstance(batch, pa.Table):
         return batch
     if isinstance(batch, pd.DataFrame):
-        from phalanx.preprocess.base import _pandas_to_arrow
+        from phalanx.preprocess._base import _pandas_to_arrow
 
         return _pandas_to_arrow(batch)
     if isinstance(batch, dict):

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from phalanx.lightning.flavour import import_lightning
-from phalanx.torch.devices import get_device
+from phalanx.torch._devices import get_device
 
 __all__ = ["RayDDPStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy"]
 

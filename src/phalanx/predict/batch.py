@@ -317,7 +317,7 @@ def to_arrow(out: Any) -> pa.Table:
             else:
                 columns[name] = pa.array(values)
         return pa.table(columns)
-    from phalanx.preprocess.base import pandas_to_numpy
+    from phalanx.preprocess._base import pandas_to_numpy
 
     return to_arrow(pandas_to_numpy(out))
 

@@ -14,14 +14,18 @@ predictors apply it to raw input.
 
 from __future__ import annotations
 
-from phalanx.preprocess.base import FitStatus, Preprocessor, PreprocessorNotFittedError
-from phalanx.preprocess.concat import Chain, Concatenator
-from phalanx.preprocess.encoders import LabelEncoder, OneHotEncoder, OrdinalEncoder
-from phalanx.preprocess.imputer import SimpleImputer
-from phalanx.preprocess.mapper import BatchMapper
-from phalanx.preprocess.scalers import MinMaxScaler, StandardScaler
+from phalanx._internal.module_aliases import keep_old_module_paths
+from phalanx.preprocess._base import FitStatus, Preprocessor, PreprocessorNotFittedError
+from phalanx.preprocess._concat import Chain, Concatenator
+from phalanx.preprocess._encoders import LabelEncoder, OneHotEncoder, OrdinalEncoder
+from phalanx.preprocess._imputer import SimpleImputer
+from phalanx.preprocess._mapper import BatchMapper
+from phalanx.preprocess._scalers import MinMaxScaler, StandardScaler
 
 PreprocessorNotFittedException = PreprocessorNotFittedError  # Ray's name
+
+# Checkpoints written before the modules were renamed pickle preprocessors by these paths.
+keep_old_module_paths(__name__, ["base", "concat", "encoders", "imputer", "mapper", "scalers"])
 
 __all__ = [
     "BatchMapper",

@@ -27,14 +27,18 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         "HINT: pip install 'phalanx[torch]' (or pip install torch)."
     ) from exc
 
+from phalanx._internal.module_aliases import keep_old_module_paths
+from phalanx.torch._amp import accelerate, backward, prepare_optimizer
+from phalanx.torch._checkpoint import TorchCheckpoint
+from phalanx.torch._config import TorchConfig
+from phalanx.torch._data_loader import prepare_data_loader
+from phalanx.torch._devices import get_device, get_devices
+from phalanx.torch._model import enable_reproducibility, prepare_model
 from phalanx.torch._predictor import TorchPredictor
-from phalanx.torch.amp import accelerate, backward, prepare_optimizer
-from phalanx.torch.checkpoint import TorchCheckpoint
-from phalanx.torch.config import TorchConfig
-from phalanx.torch.data_loader import prepare_data_loader
-from phalanx.torch.devices import get_device, get_devices
-from phalanx.torch.model import enable_reproducibility, prepare_model
-from phalanx.torch.trainer import TorchTrainer
+from phalanx.torch._trainer import TorchTrainer
+
+# A TorchCheckpoint pickled before the module was renamed names this path.
+keep_old_module_paths(__name__, ["checkpoint"])
 
 __all__ = [
     "TorchCheckpoint",

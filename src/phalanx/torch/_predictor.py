@@ -59,7 +59,7 @@ class TorchPredictor(Predictor):
         model needs none, but loading one runs code from the checkpoint, so it needs
         ``weights_only=False`` (see :meth:`TorchCheckpoint.get_model`; trusted checkpoints
         only). The checkpoint's preprocessor (if any) is applied to raw input."""
-        from phalanx.torch.checkpoint import TorchCheckpoint
+        from phalanx.torch._checkpoint import TorchCheckpoint
 
         check_framework(checkpoint, "torch", cls.__name__)
         loaded = TorchCheckpoint(checkpoint.path, checkpoint.filesystem).get_model(

@@ -55,13 +55,13 @@ class TorchConfig(BackendConfig):
 
     @property
     def backend_cls(self) -> type[Backend]:
-        from phalanx.torch.backend import TorchBackend
+        from phalanx.torch._backend import TorchBackend
 
         return TorchBackend
 
     @property
     def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
-        from phalanx.torch.worker_setup import TrainFuncContext
+        from phalanx.torch._worker_setup import TrainFuncContext
 
         return TrainFuncContext
 

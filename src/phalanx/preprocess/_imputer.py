@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phalanx.preprocess.base import Batches, Preprocessor, output_names
+from phalanx.preprocess._base import Batches, Preprocessor, output_names
 
 __all__ = ["SimpleImputer"]
 

@@ -1,6 +1,6 @@
 """What the torch backend runs inside each worker: environment, store, process group, teardown.
 
-These functions are sent to the workers by :class:`~phalanx.torch.backend.TorchBackend`; they are
+These functions are sent to the workers by :class:`~phalanx.torch._backend.TorchBackend`; they are
 module-level so they travel by reference. Each worker finds its own part of a plan by its rank.
 """
 
@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 import phalanx
-from phalanx.torch.devices import get_device
-from phalanx.torch.environment import cpu_share
+from phalanx.torch._devices import get_device
+from phalanx.torch._environment import cpu_share
 
 logger = logging.getLogger(__name__)
 

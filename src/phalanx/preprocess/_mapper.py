@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from phalanx.errors import ConfigError
-from phalanx.preprocess.base import (
+from phalanx.preprocess._base import (
     DEFAULT_FIT_BATCH_SIZE,
     Preprocessor,
     _numpy_to_pandas,

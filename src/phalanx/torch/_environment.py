@@ -2,7 +2,7 @@
 
 Everything here is plain data in, plain data out, so the rules (torchrun's variables, the CPU
 share per worker, which GPUs a worker sees) are tested without processes or GPUs.
-:mod:`phalanx.torch.worker_setup` applies the results inside the workers. Which of its GPUs is
+:mod:`phalanx.torch._worker_setup` applies the results inside the workers. Which of its GPUs is
 a worker's device is :mod:`phalanx._internal.devices`.
 """
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from phalanx.backend import Backend, BackendConfig
 from phalanx.errors import ConfigError, WorkerFailure, WorkerGroupError
-from phalanx.torch.config import TorchConfig
-from phalanx.torch.environment import (
+from phalanx.torch._config import TorchConfig
+from phalanx.torch._environment import (
     LOOPBACK_ADDRESS,
     gpus_shared_by_ranks,
     loopback_interface,
@@ -28,8 +28,8 @@ from phalanx.torch.environment import (
     shared_visible_devices,
     torchrun_env,
 )
-from phalanx.torch.trainer import THREAD_ENGINE_MESSAGE
-from phalanx.torch.worker_setup import (
+from phalanx.torch._trainer import THREAD_ENGINE_MESSAGE
+from phalanx.torch._worker_setup import (
     TorchWorkerSpec,
     init_process_group,
     setup_worker,

@@ -13,8 +13,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import phalanx
 from phalanx.errors import ConfigError
-from phalanx.torch import amp
-from phalanx.torch.devices import get_device
+from phalanx.torch import _amp as amp
+from phalanx.torch._devices import get_device
 
 __all__ = ["enable_reproducibility", "prepare_model", "reproducibility_seed"]
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from phalanx._internal.worker.session import get_session
-from phalanx.torch.devices import get_device
+from phalanx.torch._devices import get_device
 
 __all__ = ["accelerate", "backward", "prepare_optimizer"]
 

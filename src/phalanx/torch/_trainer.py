@@ -8,7 +8,7 @@ from typing import Any
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
-from phalanx.torch.config import TorchConfig
+from phalanx.torch._config import TorchConfig
 from phalanx.trainer import DataParallelTrainer
 from phalanx.validation import ValidationConfig
 

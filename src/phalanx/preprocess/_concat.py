@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phalanx.preprocess.base import (
+from phalanx.preprocess._base import (
     Batches,
     FitStatus,
     Preprocessor,

@@ -19,8 +19,8 @@ from torch.utils.data import (
 )
 
 import phalanx
-from phalanx.torch.devices import get_device
-from phalanx.torch.model import reproducibility_seed
+from phalanx.torch._devices import get_device
+from phalanx.torch._model import reproducibility_seed
 
 __all__ = ["prepare_data_loader"]
 
