@@ -10,7 +10,7 @@ import pytest
 import phalanx as train
 from phalanx.errors import ConfigError
 from phalanx.jax import JaxConfig, JaxTrainer
-from phalanx.jax.backend import worker_specs
+from phalanx.jax._backend import worker_specs
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_the_coordinator_port_is_held_until_jax_binds_it():
     (gRPC shares it through SO_REUSEPORT; a plain bind is refused)."""
     import socket
 
-    from phalanx.jax import worker_setup
+    from phalanx.jax import _worker_setup as worker_setup
 
     port = worker_setup.reserve_port("127.0.0.1")
     try:

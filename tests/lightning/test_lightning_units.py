@@ -21,7 +21,7 @@ from phalanx.lightning import (  # noqa: E402
     RayLightningEnvironment,
     prepare_trainer,
 )
-from phalanx.lightning.flavour import _preference  # noqa: E402
+from phalanx.lightning._flavour import _preference  # noqa: E402
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:

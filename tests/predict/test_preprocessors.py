@@ -173,8 +173,8 @@ OLD_PICKLES = Path(__file__).parent / "old_pickles"
 
 
 def test_pickles_from_before_the_module_renames_still_load(tmp_path):
-    # preprocessor.pkl and torch_checkpoint.pkl were written by the code before the modules got
-    # a leading underscore: they name phalanx.preprocess._scalers, phalanx.torch._checkpoint, ...
+    # preprocessor.pkl and the checkpoint pickles were written by the code before the modules got
+    # a leading underscore: they name phalanx.preprocess.scalers, phalanx.torch.checkpoint, ...
     # A new process (nothing of phalanx imported yet) loads them as a user's script would.
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()
@@ -188,13 +188,16 @@ def test_pickles_from_before_the_module_renames_still_load(tmp_path):
         "out = prep.transform_batch(df)\n"
         "print([round(float(v), 4) for v in out['ab'][0]], [int(v) for v in out['c'][3]])\n"
         f"ckpt = pickle.loads(open({str(OLD_PICKLES / 'torch_checkpoint.pkl')!r}, 'rb').read())\n"
-        "import phalanx.torch, phalanx.preprocess\n"
+        f"tf = pickle.loads(open({str(OLD_PICKLES / 'tensorflow_checkpoint.pkl')!r}, 'rb').read())\n"
+        "import phalanx.torch, phalanx.preprocess, phalanx.tensorflow\n"
         "print(type(ckpt) is phalanx.torch.TorchCheckpoint, ckpt.path)\n"
+        "print(type(tf) is phalanx.tensorflow.TensorflowCheckpoint, tf.path)\n"
         "print(hasattr(phalanx.preprocess, 'scalers'), hasattr(phalanx.torch, 'checkpoint'))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == [
         "[-1.543, 0.0] [0, 0, 1]",
         "True /tmp/some/checkpoint",
+        "True /tmp/some/tf_checkpoint",
         "False False",  # the old paths load pickles but are not the packages' API
     ]

@@ -1,9 +1,9 @@
 """Old module paths of renamed modules, kept for pickles.
 
 A preprocessor saved in a checkpoint, or a ``TorchCheckpoint`` a user pickled, names its class by
-module path (``phalanx.preprocess._scalers.StandardScaler``). When an implementation module gains
+module path (``phalanx.preprocess.scalers.StandardScaler``). When an implementation module gains
 a leading underscore, the old path must still import, or those pickles stop loading. The alias
-lives in ``sys.modules`` only: ``import phalanx.preprocess._scalers`` and unpickling work, while
+lives in ``sys.modules`` only: ``import phalanx.preprocess.scalers`` and unpickling work, while
 the package's attributes (and ``dir()``) show its API alone.
 """
 

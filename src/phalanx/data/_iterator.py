@@ -225,7 +225,7 @@ class DataIterator:
         ``additional_columns``), as Ray's: a column name gives a tensor, a list a dict of them;
         type specs are taken from the schema unless given. Each pass TensorFlow makes over it
         (each Keras epoch) is a new epoch over the shard. Needs ``phalanx[tensorflow]``."""
-        from phalanx.tensorflow.data import to_tf
+        from phalanx.tensorflow._data import to_tf
 
         batches = self.iter_batches(
             prefetch_batches=prefetch_batches,

@@ -14,7 +14,7 @@ change to make: Horovod's allreduce-based data parallelism is what ``TorchTraine
 
 from __future__ import annotations
 
-from phalanx.horovod.trainer import HorovodConfig, HorovodTrainer
-from phalanx.horovod.trainer import HorovodUnavailableError as HorovodUnavailableError
+from phalanx.horovod._trainer import HorovodConfig, HorovodTrainer
+from phalanx.horovod._trainer import HorovodUnavailableError as HorovodUnavailableError
 
 __all__ = ["HorovodConfig", "HorovodTrainer"]  # Ray's names; the error is importable too

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from phalanx._internal.storage.history import encode_json
 from phalanx.callbacks import Callback, ReportInfo, TrainRunContext
 from phalanx.integrations._common import OutputDir, flatten
-from phalanx.integrations.tensorboardx import TBXLoggerCallback
+from phalanx.integrations._tensorboardx import TBXLoggerCallback
 
 if TYPE_CHECKING:
     from phalanx.result import Result

@@ -23,7 +23,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         'HINT: pip install "phalanx[jax]" (or pip install jax; jax[cuda12] for GPUs).'
     ) from exc
 
-from phalanx.jax.config import JaxConfig
-from phalanx.jax.trainer import JaxTrainer
+from phalanx.jax._config import JaxConfig
+from phalanx.jax._trainer import JaxTrainer
 
 __all__ = ["JaxConfig", "JaxTrainer"]

@@ -1,6 +1,6 @@
 """phalanx.lightning: PyTorch Lightning in a phalanx worker; ``ray.train.lightning`` with its
-imports changed. Works with either import name, ``lightning`` or ``pytorch_lightning`` (see
-:mod:`phalanx.lightning.flavour` for which one it binds to when both are installed).
+imports changed. Works with either import name, ``lightning`` or ``pytorch_lightning``: with both
+installed it binds to the one the script already imported (else ``lightning``, as Ray does).
 
 Example::
 
@@ -30,14 +30,14 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         'HINT: pip install "phalanx[lightning]".'
     ) from exc
 
-from phalanx.lightning.flavour import import_lightning
+from phalanx.lightning._flavour import import_lightning
 
 import_lightning()  # a clear error naming the extra when Lightning is missing
 
-from phalanx.lightning.callback import RayTrainReportCallback  # noqa: E402
-from phalanx.lightning.environment import RayLightningEnvironment  # noqa: E402
-from phalanx.lightning.prepare import prepare_trainer  # noqa: E402
-from phalanx.lightning.strategies import (  # noqa: E402
+from phalanx.lightning._callback import RayTrainReportCallback  # noqa: E402
+from phalanx.lightning._environment import RayLightningEnvironment  # noqa: E402
+from phalanx.lightning._prepare import prepare_trainer  # noqa: E402
+from phalanx.lightning._strategies import (  # noqa: E402
     RayDDPStrategy,
     RayDeepSpeedStrategy,
     RayFSDPStrategy,

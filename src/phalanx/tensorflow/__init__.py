@@ -36,10 +36,14 @@ if importlib.util.find_spec("tensorflow") is None:  # pragma: no cover - depends
         'HINT: pip install "phalanx[tensorflow]" (tensorflow-cpu and tf-keras).'
     )
 
-from phalanx.tensorflow.checkpoint import TensorflowCheckpoint
-from phalanx.tensorflow.config import TensorflowConfig
-from phalanx.tensorflow.data import prepare_dataset_shard
-from phalanx.tensorflow.trainer import TensorflowTrainer
+from phalanx._internal.module_aliases import keep_old_module_paths
+from phalanx.tensorflow._checkpoint import TensorflowCheckpoint
+from phalanx.tensorflow._config import TensorflowConfig
+from phalanx.tensorflow._data import prepare_dataset_shard
+from phalanx.tensorflow._trainer import TensorflowTrainer
+
+# A TensorflowCheckpoint pickled before the module was renamed names this path.
+keep_old_module_paths(__name__, ["checkpoint"])
 
 __all__ = [
     "ReportCheckpointCallback",

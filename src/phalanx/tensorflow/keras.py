@@ -9,7 +9,7 @@ from typing import Any
 import tensorflow as tf
 
 import phalanx
-from phalanx.tensorflow.checkpoint import TensorflowCheckpoint
+from phalanx.tensorflow._checkpoint import TensorflowCheckpoint
 
 __all__ = ["ReportCheckpointCallback"]
 

@@ -32,7 +32,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         "accelerate and torch)."
     ) from exc
 
-from phalanx.huggingface.transformers.callback import RayTrainReportCallback
-from phalanx.huggingface.transformers.data import prepare_trainer
+from phalanx.huggingface.transformers._callback import RayTrainReportCallback
+from phalanx.huggingface.transformers._data import prepare_trainer
 
 __all__ = ["RayTrainReportCallback", "prepare_trainer"]

@@ -12,8 +12,8 @@ from typing import Any
 
 from phalanx.backend import Backend, BackendConfig
 from phalanx.errors import ConfigError, WorkerGroupError
-from phalanx.jax.config import JaxConfig
-from phalanx.jax.worker_setup import JaxWorkerSpec, initialize, reserve_port, shutdown
+from phalanx.jax._config import JaxConfig
+from phalanx.jax._worker_setup import JaxWorkerSpec, initialize, reserve_port, shutdown
 
 __all__ = ["JaxBackend"]
 

@@ -53,7 +53,7 @@ class JaxConfig(BackendConfig):
 
     @property
     def backend_cls(self) -> type[Backend]:
-        from phalanx.jax.backend import JaxBackend
+        from phalanx.jax._backend import JaxBackend
 
         return JaxBackend
 

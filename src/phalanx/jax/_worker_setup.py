@@ -1,6 +1,6 @@
 """What the JAX backend runs inside each worker: reserve the coordinator port, join, leave.
 
-Sent to the workers by :class:`~phalanx.jax.backend.JaxBackend`; module-level so that they travel
+Sent to the workers by :class:`~phalanx.jax._backend.JaxBackend`; module-level so that they travel
 by reference. Each worker finds its part of the plan by its rank.
 """
 

@@ -6,7 +6,7 @@ import importlib
 from typing import Any
 
 import phalanx
-from phalanx.lightning.flavour import import_lightning
+from phalanx.lightning._flavour import import_lightning
 
 __all__ = ["RayLightningEnvironment"]
 

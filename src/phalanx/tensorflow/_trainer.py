@@ -8,7 +8,7 @@ from typing import Any
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
-from phalanx.tensorflow.config import THREAD_ENGINE_MESSAGE, TensorflowConfig
+from phalanx.tensorflow._config import THREAD_ENGINE_MESSAGE, TensorflowConfig
 from phalanx.trainer import DataParallelTrainer
 from phalanx.validation import ValidationConfig
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from phalanx.lightning.flavour import import_lightning
+from phalanx.lightning._flavour import import_lightning
 from phalanx.torch._devices import get_device
 
 __all__ = ["RayDDPStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import phalanx
 from phalanx.checkpoint import Checkpoint
-from phalanx.lightning.flavour import import_lightning
+from phalanx.lightning._flavour import import_lightning
 from phalanx.session import CheckpointUploadMode
 
 __all__ = ["RayTrainReportCallback"]

@@ -32,13 +32,13 @@ class TensorflowConfig(BackendConfig):
 
     @property
     def backend_cls(self) -> type[Backend]:
-        from phalanx.tensorflow.backend import TensorflowBackend
+        from phalanx.tensorflow._backend import TensorflowBackend
 
         return TensorflowBackend
 
     @property
     def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
-        from phalanx.tensorflow.worker_setup import TrainFuncContext
+        from phalanx.tensorflow._worker_setup import TrainFuncContext
 
         return TrainFuncContext
 

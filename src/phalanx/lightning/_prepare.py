@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx.lightning.environment import RayLightningEnvironment
-from phalanx.lightning.strategies import RayDDPStrategy, RayDeepSpeedStrategy, RayFSDPStrategy
+from phalanx.lightning._environment import RayLightningEnvironment
+from phalanx.lightning._strategies import RayDDPStrategy, RayDeepSpeedStrategy, RayFSDPStrategy
 
 __all__ = ["prepare_trainer"]
 

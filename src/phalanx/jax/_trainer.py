@@ -8,8 +8,8 @@ from typing import Any
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
-from phalanx.jax.backend import THREAD_ENGINE_MESSAGE
-from phalanx.jax.config import JaxConfig
+from phalanx.jax._backend import THREAD_ENGINE_MESSAGE
+from phalanx.jax._config import JaxConfig
 from phalanx.trainer import DataParallelTrainer
 from phalanx.validation import ValidationConfig
 

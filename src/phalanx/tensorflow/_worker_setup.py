@@ -1,7 +1,7 @@
 """What the TensorFlow backend runs inside each worker: port, ``TF_CONFIG``, Keras flavour.
 
 Module-level functions, sent to the workers by reference by
-:class:`~phalanx.tensorflow.backend.TensorflowBackend`.
+:class:`~phalanx.tensorflow._backend.TensorflowBackend`.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from typing import Any
 from phalanx._internal.gbdt.addresses import group_addresses
 from phalanx.backend import Backend, BackendConfig
 from phalanx.errors import ConfigError
-from phalanx.tensorflow.config import THREAD_ENGINE_MESSAGE, TensorflowConfig
-from phalanx.tensorflow.worker_setup import reserve_port_on_rank, set_tf_config
+from phalanx.tensorflow._config import THREAD_ENGINE_MESSAGE, TensorflowConfig
+from phalanx.tensorflow._worker_setup import reserve_port_on_rank, set_tf_config
 
 __all__ = ["TensorflowBackend"]
 
