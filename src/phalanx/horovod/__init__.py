@@ -14,7 +14,6 @@ change to make: Horovod's allreduce-based data parallelism is what ``TorchTraine
 
 from __future__ import annotations
 
-from phalanx.horovod._trainer import HorovodConfig, HorovodTrainer
-from phalanx.horovod._trainer import HorovodUnavailableError as HorovodUnavailableError
+from phalanx.horovod._trainer import HorovodConfig, HorovodTrainer, HorovodUnavailableError
 
-__all__ = ["HorovodConfig", "HorovodTrainer"]  # Ray's names; the error is importable too
+__all__ = ["HorovodConfig", "HorovodTrainer", "HorovodUnavailableError"]

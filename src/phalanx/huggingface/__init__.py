@@ -8,3 +8,5 @@ Accelerate needs no helper (Ray removed its ``AccelerateTrainer`` too): create a
 ``accelerate.Accelerator()`` inside a :class:`phalanx.torch.TorchTrainer` training function; the
 README's "Hugging Face" section shows the recipe, with checkpoints.
 """
+
+__all__: list[str] = []  # the API is in the subpackage phalanx.huggingface.transformers

@@ -16,7 +16,7 @@ Example::
 from __future__ import annotations
 
 try:
-    import jax  # noqa: F401
+    import jax as _jax  # noqa: F401
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
     raise ModuleNotFoundError(
         "phalanx.jax needs JAX, which is not installed.\n"

@@ -23,16 +23,16 @@ Example::
 from __future__ import annotations
 
 try:
-    import torch  # noqa: F401
+    import torch as _torch  # noqa: F401
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
     raise ModuleNotFoundError(
         "phalanx.lightning needs PyTorch, which is not installed.\n"
         'HINT: pip install "phalanx[lightning]".'
     ) from exc
 
-from phalanx.lightning._flavour import import_lightning
+from phalanx.lightning._flavour import import_lightning as _import_lightning
 
-import_lightning()  # a clear error naming the extra when Lightning is missing
+_import_lightning()  # a clear error naming the extra when Lightning is missing
 
 from phalanx.lightning._callback import RayTrainReportCallback  # noqa: E402
 from phalanx.lightning._environment import RayLightningEnvironment  # noqa: E402

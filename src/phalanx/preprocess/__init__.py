@@ -14,7 +14,7 @@ predictors apply it to raw input.
 
 from __future__ import annotations
 
-from phalanx._internal.module_aliases import keep_old_module_paths
+from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths
 from phalanx.preprocess._base import FitStatus, Preprocessor, PreprocessorNotFittedError
 from phalanx.preprocess._concat import Chain, Concatenator
 from phalanx.preprocess._encoders import LabelEncoder, OneHotEncoder, OrdinalEncoder
@@ -25,7 +25,7 @@ from phalanx.preprocess._scalers import MinMaxScaler, StandardScaler
 PreprocessorNotFittedException = PreprocessorNotFittedError  # Ray's name
 
 # Checkpoints written before the modules were renamed pickle preprocessors by these paths.
-keep_old_module_paths(__name__, ["base", "concat", "encoders", "imputer", "mapper", "scalers"])
+_keep_old_paths(__name__, ["base", "concat", "encoders", "imputer", "mapper", "scalers"])
 
 __all__ = [
     "BatchMapper",

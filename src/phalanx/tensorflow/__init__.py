@@ -27,23 +27,23 @@ Example::
 
 from __future__ import annotations
 
-import importlib.util
-from typing import Any
+import importlib.util as _importlib_util
+import typing as _typing
 
-if importlib.util.find_spec("tensorflow") is None:  # pragma: no cover - depends on the install
+if _importlib_util.find_spec("tensorflow") is None:  # pragma: no cover - depends on the install
     raise ModuleNotFoundError(
         "phalanx.tensorflow needs TensorFlow, which is not installed.\n"
         'HINT: pip install "phalanx[tensorflow]" (tensorflow-cpu and tf-keras).'
     )
 
-from phalanx._internal.module_aliases import keep_old_module_paths
+from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths
 from phalanx.tensorflow._checkpoint import TensorflowCheckpoint
 from phalanx.tensorflow._config import TensorflowConfig
 from phalanx.tensorflow._data import prepare_dataset_shard
 from phalanx.tensorflow._trainer import TensorflowTrainer
 
 # A TensorflowCheckpoint pickled before the module was renamed names this path.
-keep_old_module_paths(__name__, ["checkpoint"])
+_keep_old_paths(__name__, ["checkpoint"])
 
 __all__ = [
     "ReportCheckpointCallback",
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     # The callback subclasses Keras' Callback: defining it imports TensorFlow, so only on use.
     if name == "ReportCheckpointCallback":
         from phalanx.tensorflow.keras import ReportCheckpointCallback

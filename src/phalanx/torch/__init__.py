@@ -20,14 +20,14 @@ Example::
 from __future__ import annotations
 
 try:
-    import torch  # noqa: F401
+    import torch as _torch  # noqa: F401
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
     raise ModuleNotFoundError(
         "phalanx.torch needs PyTorch, which is not installed.\n"
         "HINT: pip install 'phalanx[torch]' (or pip install torch)."
     ) from exc
 
-from phalanx._internal.module_aliases import keep_old_module_paths
+from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths
 from phalanx.torch._amp import accelerate, backward, prepare_optimizer
 from phalanx.torch._checkpoint import TorchCheckpoint
 from phalanx.torch._config import TorchConfig
@@ -38,7 +38,7 @@ from phalanx.torch._predictor import TorchPredictor
 from phalanx.torch._trainer import TorchTrainer
 
 # A TorchCheckpoint pickled before the module was renamed names this path.
-keep_old_module_paths(__name__, ["checkpoint"])
+_keep_old_paths(__name__, ["checkpoint"])
 
 __all__ = [
     "TorchCheckpoint",

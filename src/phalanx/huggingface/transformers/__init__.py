@@ -23,8 +23,8 @@
 from __future__ import annotations
 
 try:
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
+    import torch as _torch  # noqa: F401
+    import transformers as _transformers  # noqa: F401
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
     raise ModuleNotFoundError(
         f"phalanx.huggingface.transformers needs the {exc.name!r} package, which is not "
