@@ -66,6 +66,8 @@ PUBLIC_MODULES = {
 NOT_YET = {
     "phalanx.cli": "cli/__init__ holds the parser and main; its modules need underscores too",
     "phalanx.predict": "base/batch keep their names until the predictors' move (review 5.7) lands",
+    "phalanx.xgboost": "its modules get underscores with the GBDT moves (review 5.5, 5.7)",
+    "phalanx.lightgbm": "its modules get underscores with the GBDT moves (review 5.5, 5.7)",
 }
 
 
@@ -88,8 +90,10 @@ def test_all_is_exact(package):
     submodules = {
         info.name for info in pkgutil.iter_modules(module.__path__) if not info.name.startswith("_")
     }
-    if package not in NOT_YET:
-        unlisted = {f"{package}.{name}" for name in submodules} - set(PUBLIC_MODULES)
+    unlisted = {f"{package}.{name}" for name in submodules} - set(PUBLIC_MODULES)
+    if package in NOT_YET:
+        assert unlisted, f"{package} is done: remove it from NOT_YET"
+    else:
         assert not unlisted, f"implementation modules without a leading underscore: {unlisted}"
         public = {
             name
