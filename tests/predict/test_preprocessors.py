@@ -192,6 +192,10 @@ def test_pickles_from_before_the_module_renames_still_load(tmp_path):
         "import phalanx.torch, phalanx.preprocess, phalanx.tensorflow\n"
         "print(type(ckpt) is phalanx.torch.TorchCheckpoint, ckpt.path)\n"
         "print(type(tf) is phalanx.tensorflow.TensorflowCheckpoint, tf.path)\n"
+        "import phalanx.xgboost, phalanx.lightgbm\n"
+        "for lib in ('xgboost', 'lightgbm'):\n"
+        f"    old = pickle.loads(open(f'{OLD_PICKLES}/{{lib}}_checkpoint.pkl', 'rb').read())\n"
+        "    print(type(old).__name__, type(old).__module__, old.path)\n"
         "print(hasattr(phalanx.preprocess, 'scalers'), hasattr(phalanx.torch, 'checkpoint'))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -199,5 +203,7 @@ def test_pickles_from_before_the_module_renames_still_load(tmp_path):
         "[-1.543, 0.0] [0, 0, 1]",
         "True /tmp/some/checkpoint",
         "True /tmp/some/tf_checkpoint",
+        "XGBoostCheckpoint phalanx.xgboost._checkpoint /tmp/some/xgb_checkpoint",
+        "LightGBMCheckpoint phalanx.lightgbm._checkpoint /tmp/some/lgbm_checkpoint",
         "False False",  # the old paths load pickles but are not the packages' API
     ]

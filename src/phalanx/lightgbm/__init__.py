@@ -8,6 +8,7 @@ checkpoints from your own ``lightgbm.train`` call.
 batches with one, as ``ray.train.lightgbm`` did in AIR.
 """
 
+from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths
 from phalanx.lightgbm._callback import RayTrainReportCallback, ReportCallback
 from phalanx.lightgbm._checkpoint import LightGBMCheckpoint
 from phalanx.lightgbm._config import LightGBMConfig
@@ -15,6 +16,9 @@ from phalanx.lightgbm._network import get_network_params
 from phalanx.lightgbm._pandas_dtypes import normalize_pandas_for_lightgbm
 from phalanx.lightgbm._predictor import LightGBMPredictor
 from phalanx.lightgbm._trainer import LightGBMTrainer
+
+# A LightGBMCheckpoint pickled before the module was renamed names this path.
+_keep_old_paths(__name__, ["checkpoint"])
 
 __all__ = [
     "LightGBMCheckpoint",

@@ -17,12 +17,12 @@ xgboost or lightgbm.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
-from phalanx.predict.base import Predictor, PredictorNotSerializableError, checkpoint_framework
-from phalanx.predict.batch import BatchPredictor
+from phalanx.predict._base import Predictor, PredictorNotSerializableError, checkpoint_framework
+from phalanx.predict._batch import BatchPredictor
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from phalanx.lightgbm import LightGBMPredictor
     from phalanx.torch import TorchPredictor
     from phalanx.xgboost import XGBoostPredictor
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     if name in _LAZY:
         import importlib
 

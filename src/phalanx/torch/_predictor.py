@@ -9,7 +9,7 @@ import torch
 
 from phalanx._internal.checkpoint_files import check_framework, load_preprocessor
 from phalanx.checkpoint import Checkpoint
-from phalanx.predict.base import Predictor
+from phalanx.predict._base import Predictor
 
 __all__ = ["TorchPredictor"]
 

@@ -7,11 +7,15 @@ metrics and saves checkpoints from your own ``xgboost.train`` call.
 batches with one, as ``ray.train.xgboost`` did in AIR.
 """
 
+from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths
 from phalanx.xgboost._callback import RayTrainReportCallback, ReportCallback
 from phalanx.xgboost._checkpoint import XGBoostCheckpoint
 from phalanx.xgboost._config import XGBoostConfig
 from phalanx.xgboost._predictor import XGBoostPredictor
 from phalanx.xgboost._trainer import XGBoostTrainer
+
+# A XGBoostCheckpoint pickled before the module was renamed names this path.
+_keep_old_paths(__name__, ["checkpoint"])
 
 __all__ = [
     "RayTrainReportCallback",

@@ -16,7 +16,7 @@ from phalanx._internal.checkpoint_files import (
 )
 from phalanx._internal.gbdt.library import BoostingLibrary
 from phalanx.checkpoint import Checkpoint
-from phalanx.predict.base import TENSOR_COLUMN, Predictor
+from phalanx.predict._base import TENSOR_COLUMN, Predictor
 
 __all__ = ["BoosterPredictor", "as_features", "prediction_columns"]
 

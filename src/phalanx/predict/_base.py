@@ -105,7 +105,7 @@ class Predictor:
         if kind == "pandas":
             return _to_pandas(out)
         if kind == "arrow":
-            from phalanx.predict.batch import to_arrow
+            from phalanx.predict._batch import to_arrow
 
             return to_arrow(out)
         return out

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from phalanx.callbacks import Callback
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig
-from phalanx.predict.base import Predictor
+from phalanx.predict._base import Predictor
 
 __all__ = ["BatchPredictor", "to_arrow"]
 
@@ -64,7 +64,7 @@ class BatchPredictor:
     @classmethod
     def from_pandas_udf(cls, pandas_udf: Callable[..., pd.DataFrame]) -> BatchPredictor:
         """Score with ``pandas_udf(df, **predict_kwargs)`` on each batch (no checkpoint)."""
-        from phalanx.predict.base import PandasUDFPredictor
+        from phalanx.predict._base import PandasUDFPredictor
 
         return cls(None, PandasUDFPredictor, pandas_udf=pandas_udf)  # type: ignore[arg-type]
 
