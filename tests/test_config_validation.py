@@ -32,6 +32,10 @@ S, F, C, D, R = ScalingConfig, FailureConfig, CheckpointConfig, DataConfig, RunC
 BAD = [
     (S, "num_workers", 1.5, "integer"),
     (S, "num_workers", True, "integer"),
+    (S, "num_workers", (3, 2), "1 <= min_workers <= max_workers"),
+    (S, "num_workers", (0, 2), "1 <= min_workers <= max_workers"),
+    (S, "num_workers", (1, 2.0), "tuple of two integers"),
+    (S, "num_workers", (1, 2, 3), "tuple of two integers"),
     (S, "use_gpu", 1, "True or False"),
     (S, "resources_per_worker", {"CPU": True}, "number >= 0"),
     (S, "resources_per_worker", {"CPU": math.nan}, "number >= 0"),

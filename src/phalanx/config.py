@@ -62,6 +62,37 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _check_num_workers(value: Any) -> None:
+    """An int >= 0, or ``(min_workers, max_workers)`` ints with 1 <= min <= max (elastic)."""
+    if isinstance(value, tuple):
+        if len(value) != 2 or not all(_is_int(v) for v in value):
+            raise _fail(
+                "ScalingConfig",
+                "num_workers",
+                value,
+                "an integer >= 0 or a (min_workers, max_workers) tuple of two integers",
+                "for elastic training pass two ints, e.g. num_workers=(2, 8).",
+            )
+        low, high = value
+        if not 1 <= low <= high:
+            raise _fail(
+                "ScalingConfig",
+                "num_workers",
+                value,
+                "(min_workers, max_workers) with 1 <= min_workers <= max_workers",
+                f"swap or raise the bounds, e.g. num_workers=({max(1, min(value))}, "
+                f"{max(1, *value)}).",
+            )
+        return
+    if not _is_int(value) or value < 0:
+        raise _fail(
+            "ScalingConfig",
+            "num_workers",
+            value,
+            "an integer >= 0 (0: run the training function in this process)",
+        )
+
+
 def _check_resources(cls: str, name: str, resources: Any) -> None:
     """None or a dict of resource name to a number >= 0 (no bools, no NaN)."""
     if resources is None:
@@ -85,9 +116,16 @@ class ScalingConfig:
     ``engine`` picks where workers run: ``"local"`` (processes on this machine), ``"ray"`` (Ray
     actors) or ``"thread"`` (threads in the driver, for tests). ``None`` picks Ray when Ray is
     initialised or ``RAY_ADDRESS`` is set, local processes otherwise.
+
+    ``num_workers=(min_workers, max_workers)`` is elastic training, as in Ray: on Ray each attempt
+    starts with as many workers as the cluster can place (at most ``max_workers``, waiting while
+    fewer than ``min_workers`` fit), a node loss restarts the group at the size that still fits,
+    and every ``elastic_resize_monitor_interval_s`` a healthy group restarts larger when more
+    fits. Locally the size is decided once at ``fit()`` from this machine's CPUs (GPUs with
+    ``use_gpu=True``).
     """
 
-    num_workers: int = 1
+    num_workers: int | tuple[int, int] = 1
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
     placement_strategy: str = "PACK"
@@ -100,22 +138,7 @@ class ScalingConfig:
     engine: str | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_workers, tuple):
-            raise _fail(
-                "ScalingConfig",
-                "num_workers",
-                self.num_workers,
-                "an integer >= 0",
-                "phalanx does not resize a running group (elastic training); pass a fixed "
-                "number of workers.",
-            )
-        if not _is_int(self.num_workers) or self.num_workers < 0:
-            raise _fail(
-                "ScalingConfig",
-                "num_workers",
-                self.num_workers,
-                "an integer >= 0 (0: run the training function in this process)",
-            )
+        _check_num_workers(self.num_workers)
         from phalanx._internal.config_checks import validate_placement_fields
 
         validate_placement_fields(self)
@@ -173,16 +196,18 @@ class ScalingConfig:
 
     @property
     def min_workers(self) -> int:
-        return self.num_workers
+        n = self.num_workers
+        return n[0] if isinstance(n, tuple) else n
 
     @property
     def max_workers(self) -> int:
-        return self.num_workers
+        n = self.num_workers
+        return n[1] if isinstance(n, tuple) else n
 
     @property
     def elasticity_enabled(self) -> bool:
-        """Always False: phalanx runs a fixed number of workers."""
-        return False
+        """``num_workers=(min, max)``: the group size is decided per attempt (elastic training)."""
+        return isinstance(self.num_workers, tuple)
 
     @property
     def num_tpus_per_worker(self) -> float:
@@ -204,7 +229,8 @@ class ScalingConfig:
 
     @property
     def total_resources(self) -> dict[str, float]:
-        return {k: v * self.num_workers for k, v in self._resources_per_worker_not_none.items()}
+        """What the workers reserve in all (elastic: an upper bound, at max_workers, as in Ray)."""
+        return {k: v * self.max_workers for k, v in self._resources_per_worker_not_none.items()}
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from phalanx._internal.controller.controller import Controller
 from phalanx._internal.controller.interrupt import sigterm_interrupts
 from phalanx._internal.controller.resume import log_resume
 from phalanx._internal.controller.spec import RunSpec
+from phalanx._internal.elastic import resolve_locally
 from phalanx._internal.engines.choose import resolve_engine
 from phalanx._internal.logs import console_logging
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
@@ -183,7 +184,10 @@ class DataParallelTrainer(BaseTrainer):
         run_config = self.run_config
         name = run_config.name or default_run_name()
         engine = resolve_engine(self.scaling_config)
-        engine.check(self.scaling_config)
+        scaling = self.scaling_config
+        if not engine.sizes_elastic_groups:  # (min, max): this machine's size, decided once
+            scaling = resolve_locally(scaling)
+        engine.check(scaling)
         if engine.applies_runtime_env:
             check_runtime_env_locally(run_config.worker_runtime_env)
         checkpoint_files = self._checkpoint_files()
@@ -194,7 +198,7 @@ class DataParallelTrainer(BaseTrainer):
         )
         lock = RunLock.acquire(storage)  # before anything in the run directory is touched
         try:
-            return self._fit_locked(engine, storage, name, checkpoint_files)
+            return self._fit_locked(engine, scaling, storage, name, checkpoint_files)
         finally:
             lock.release()
 
@@ -209,7 +213,12 @@ class DataParallelTrainer(BaseTrainer):
         return {PREPROCESSOR_FILENAME: serialize(self.preprocessor)}
 
     def _fit_locked(
-        self, engine: Any, storage: RunStorage, name: str, checkpoint_files: dict[str, bytes]
+        self,
+        engine: Any,
+        scaling: ScalingConfig,
+        storage: RunStorage,
+        name: str,
+        checkpoint_files: dict[str, bytes],
     ) -> Result:
         run_config = self.run_config
         storage.prepare()
@@ -221,7 +230,7 @@ class DataParallelTrainer(BaseTrainer):
             train_fn_payload=self._payload,
             train_loop_config=self.train_loop_config,
             backend_config=self.backend_config,
-            scaling_config=self.scaling_config,
+            scaling_config=scaling,
             run_config=run_config,
             run_name=name,
             metadata=self.metadata,

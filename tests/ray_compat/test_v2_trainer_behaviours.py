@@ -248,8 +248,8 @@ def test_user_callbacks_see_every_round_and_the_failure(storage):
 
 
 def test_errors_are_clear_and_early():
-    with pytest.raises(ConfigError, match="elastic"):
-        ScalingConfig(num_workers=(1, 4))
+    with pytest.raises(ConfigError, match="min_workers <= max_workers"):
+        ScalingConfig(num_workers=(4, 1))
     with pytest.raises(ConfigError, match="topology"):
         ScalingConfig(num_workers=2, use_tpu=True, topology="2x2")
     with pytest.raises(ConfigError, match="label_selector"):
@@ -281,6 +281,8 @@ def test_ray_v2_configs_are_accepted(storage):
     assert run_config.logging_config.log_level == "DEBUG"
     scaling = ScalingConfig(num_workers=1, elastic_resize_monitor_interval_s=5.0)
     assert (scaling.min_workers, scaling.max_workers, scaling.elasticity_enabled) == (1, 1, False)
+    elastic = ScalingConfig(num_workers=(1, 4))
+    assert (elastic.min_workers, elastic.max_workers, elastic.elasticity_enabled) == (1, 4, True)
     assert train.CheckpointUploadMode.ASYNC.default_delete_local_checkpoint_after_upload()
     assert train.TRAIN_DATASET_KEY == "train"
 

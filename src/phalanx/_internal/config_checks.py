@@ -26,11 +26,11 @@ def validate_placement_fields(scaling: Any) -> None:
         if isinstance(selector, list):
             if not all(_is_selector(s) for s in selector):
                 raise _fail("label_selector", selector, "a dict of str to str, or a list of them")
-            if len(selector) != scaling.num_workers:
+            if len(selector) != scaling.max_workers:  # elastic: one per possible worker
                 raise _fail(
                     "label_selector",
                     selector,
-                    f"one dict per worker ({scaling.num_workers}) when given as a list",
+                    f"one dict per worker ({scaling.max_workers}) when given as a list",
                     "pass a single dict to apply it to every worker.",
                 )
         elif not _is_selector(selector):

@@ -143,7 +143,7 @@ class LightGBMLibrary:
                 "per worker).\nHINT: remove them; use LightGBMConfig(time_out=...) for the "
                 "time-out."
             )
-        distributed = scaling.num_workers > 1
+        distributed = scaling.max_workers > 1
         learner = next((params[p] for p in TREE_LEARNER_PARAMS if p in params), None)
         if distributed and learner in ("serial",):
             raise ConfigError(

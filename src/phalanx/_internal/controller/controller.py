@@ -98,7 +98,7 @@ class Controller:
         self._validation_requests: dict[int, Any] = {}  # round -> report(validation=...)
         self.watcher = RunWatcher(
             spec.run_name,
-            max(1, spec.scaling_config.num_workers),
+            max(1, spec.scaling_config.max_workers),
             spec.run_config.verbose,
             spec.total_rounds,
         )
@@ -155,6 +155,8 @@ class Controller:
         group = attempt.group
         try:
             group.start()
+            if len(group) != group.spec.num_workers:  # elastic: fewer than max_workers placed
+                self._resize_attempt(attempt, len(group))
             checkpoint = self.manager.latest_checkpoint or self.spec.resume_from_checkpoint
             specs = session_specs(
                 self.spec, self.storage, group, checkpoint, self.manager.next_round, attempt.index
@@ -188,6 +190,12 @@ class Controller:
         )
         self.watcher.on_attempt(self.attempt)
         return self.attempt
+
+    def _resize_attempt(self, attempt: Attempt, size: int) -> None:
+        """The attempt's round and progress bookkeeping for the group the engine started."""
+        attempt.rounds = ReportRounds(size, self.manager.next_round)
+        attempt.watchdog = ProgressWatchdog(self.failure_config.hang_timeout_s, size)
+        self.watcher.num_workers = size
 
     def _pump_events(self) -> None:
         """Handle reports as they are made, from inside report() (num_workers=0)."""

@@ -22,9 +22,10 @@ from phalanx.context import TrainContext
 
 def group_spec(spec: RunSpec, storage: RunStorage, attempt_index: int) -> WorkerGroupSpec:
     runtime_env = spec.run_config.worker_runtime_env or {}
+    scaling = spec.scaling_config
     return WorkerGroupSpec(
-        max(1, spec.scaling_config.num_workers),  # 0: one worker in the driver's thread
-        spec.scaling_config,
+        max(1, scaling.max_workers),  # 0: one worker in the driver's thread
+        scaling,
         spec.run_name,
         storage.local_log_dir(),
         start_timeout_s=spec.start_timeout_s,
@@ -33,6 +34,7 @@ def group_spec(spec: RunSpec, storage: RunStorage, attempt_index: int) -> Worker
         storage=storage,
         env=dict(runtime_env.get("env_vars") or {}),
         runtime_env=dict(runtime_env),
+        min_workers=scaling.min_workers if scaling.elasticity_enabled else None,
     )
 
 

@@ -36,6 +36,9 @@ class WorkerGroupSpec:
     preload_modules: tuple[str, ...] = ()
     storage: Any = None  # the run's RunStorage: workers on other nodes check they can reach it
     runtime_env: dict[str, Any] = field(default_factory=dict)  # RunConfig.worker_runtime_env
+    # Elastic training (ScalingConfig(num_workers=(min, max))): the engine may start fewer than
+    # num_workers, as many as it can place but at least this many. None: exactly num_workers.
+    min_workers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,9 @@ class Engine(ABC):
     # each worker into its working_dir); False where the substrate does it (Ray's runtime_env)
     # or cannot (threads share one working directory).
     applies_runtime_env: ClassVar[bool] = False
+    # Elastic num_workers=(min, max): the engine decides each attempt's size from what it can
+    # place (WorkerGroupSpec.min_workers); False: the trainer fixes the size once at fit().
+    sizes_elastic_groups: ClassVar[bool] = False
 
     def check(self, scaling_config: ScalingConfig) -> None:
         """Raise ConfigError now if this engine can never satisfy ``scaling_config``."""

@@ -101,7 +101,7 @@ def check_score_attribute(trainer: str, run_config: RunConfig, names: tuple[str,
 
 
 def check_engine(trainer: str, library: str, scaling_config: ScalingConfig) -> None:
-    if scaling_config.engine == "thread" and scaling_config.num_workers > 1:
+    if scaling_config.engine == "thread" and scaling_config.max_workers > 1:
         raise ConfigError(
             f"ScalingConfig(engine='thread', num_workers={scaling_config.num_workers}) cannot "
             f"run {trainer}: {library}'s distributed state is one per process.\nHINT: leave "

@@ -40,7 +40,7 @@ def check_local_resources(scaling: ScalingConfig) -> None:
     from phalanx._internal.config_checks import check_no_labels_locally
 
     check_no_labels_locally(scaling)
-    n = scaling.num_workers
+    n = scaling.max_workers  # elastic (min, max) is resolved to one size before this
     extra = set(scaling.additional_resources_per_worker) - set(LOCAL_RESOURCES)
     if extra:
         raise ConfigError(
@@ -85,7 +85,7 @@ def _total_memory() -> int:
 
 def local_gpu_ids(scaling: ScalingConfig) -> list[tuple[int, ...]]:
     """The GPU ids of each worker, in launch order (empty tuples without GPUs)."""
-    n = scaling.num_workers
+    n = scaling.max_workers  # elastic (min, max) is resolved to one size before this
     if not scaling.use_gpu:
         return [() for _ in range(n)]
     per_worker = max(1, math.ceil(scaling.num_gpus_per_worker))

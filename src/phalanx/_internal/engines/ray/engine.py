@@ -15,7 +15,8 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import ray
@@ -27,6 +28,7 @@ from phalanx._internal import env
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.messages import Events
 from phalanx._internal.engines.ray.actor import PhalanxWorker
+from phalanx._internal.engines.ray.elastic import place_elastic
 from phalanx._internal.engines.ray.handle import DrainPoller, RayWorkerHandle
 from phalanx._internal.engines.ray.placement import (
     _fmt,
@@ -91,6 +93,7 @@ class RayEngine(Engine):
 
     name = "ray"
     process_per_worker = True
+    sizes_elastic_groups = True
 
     def __init__(self) -> None:
         self._poller: DrainPoller | None = None
@@ -102,12 +105,12 @@ class RayEngine(Engine):
         ensure_ray()
         bundle = worker_bundle(scaling_config)
         nodes = alive_node_resources()
-        why = infeasibility(
-            bundle, scaling_config.num_workers, scaling_config.placement_strategy, nodes
+        why = infeasibility(  # elastic: the run can start once min_workers fit
+            bundle, scaling_config.min_workers, scaling_config.placement_strategy, nodes
         )
         if why is not None:
             raise ConfigError(
-                f"ScalingConfig(num_workers={scaling_config.num_workers}, resources_per_worker="
+                f"ScalingConfig(num_workers={scaling_config.num_workers!r}, resources_per_worker="
                 f"{scaling_config.resources_per_worker!r}, use_gpu={scaling_config.use_gpu}, "
                 f"placement_strategy={scaling_config.placement_strategy!r}) can never be placed on "
                 f"this Ray cluster: {why}.\nHINT: lower num_workers or resources_per_worker, "
@@ -117,16 +120,18 @@ class RayEngine(Engine):
     # -- launch ---------------------------------------------------------------------------------
 
     def launch(self, spec: WorkerGroupSpec, events: Events) -> list[WorkerHandle]:
-        self.check(spec.scaling_config)
+        if spec.min_workers is None:  # elastic: checked at fit(); a lost node may come back
+            self.check(spec.scaling_config)
         if self._poller is None:
             self._poller = DrainPoller()
         bundle = worker_bundle(spec.scaling_config)
-        group = placement_group(
-            [dict(bundle) for _ in range(spec.num_workers)],
-            strategy=spec.scaling_config.placement_strategy,
-            name=f"phalanx:{spec.run_name}",
-            **label_options(spec.scaling_config),
-        )
+        if spec.min_workers is not None:
+            group, size = place_elastic(
+                spec, bundle, partial(_placement_group, spec, bundle), WAIT_LOG_EVERY_S
+            )
+            spec = replace(spec, num_workers=size)
+        else:
+            group = _placement_group(spec, bundle, spec.num_workers)
         attempt = _Attempt(group, [])
         self._attempts.append(attempt)
         try:
@@ -274,6 +279,15 @@ class RayEngine(Engine):
         for handle in handles:
             if isinstance(handle, RayWorkerHandle) and handle.is_alive():
                 handle.actor.preemption_notice.remote(notice)
+
+
+def _placement_group(spec: WorkerGroupSpec, bundle: dict[str, float], size: int) -> PlacementGroup:
+    return placement_group(
+        [dict(bundle) for _ in range(size)],
+        strategy=spec.scaling_config.placement_strategy,
+        name=f"phalanx:{spec.run_name}",
+        **label_options(spec.scaling_config, size),
+    )
 
 
 def _wait_gone(handles: list[RayWorkerHandle], timeout_s: float) -> None:

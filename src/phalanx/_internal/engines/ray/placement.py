@@ -25,12 +25,13 @@ def worker_bundle(scaling: ScalingConfig) -> dict[str, float]:
     return bundle
 
 
-def label_options(scaling: ScalingConfig) -> dict[str, object]:
-    """``placement_group`` options for ``label_selector``: one selector per worker's bundle."""
+def label_options(scaling: ScalingConfig, size: int) -> dict[str, object]:
+    """``placement_group`` options for ``label_selector``: one selector per worker's bundle of a
+    group of ``size`` (elastic: a list's first ``size`` selectors, as Ray Train does)."""
     selector = scaling.label_selector
     if selector is None:
         return {}
-    per_worker = selector if isinstance(selector, list) else [selector] * scaling.num_workers
+    per_worker = selector[:size] if isinstance(selector, list) else [selector] * size
     return {"bundle_label_selector": [dict(s) for s in per_worker]}
 
 

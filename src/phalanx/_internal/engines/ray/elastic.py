@@ -1,0 +1,106 @@
+"""Elastic placement (``ScalingConfig(num_workers=(min, max))``): the largest group between min
+and max that the Ray cluster can place now.
+
+As Ray Train does, every attempt asks for ``max_workers`` first and starts with fewer when that
+is all the cluster has, as soon as ``min_workers`` fit. The number that fits is estimated from
+the cluster's free resources, then confirmed by placing a group of that size (a node's free
+resources are not public, and Ray's scheduler has the last word): if it does not become ready
+at once, one worker fewer is tried, down to ``min_workers``. Below that the attempt waits,
+saying so every few seconds, up to the start timeout; then it fails as a worker-start failure,
+which ``FailureConfig(max_failures=...)`` retries like any other.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+import ray
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+from phalanx._internal.engines.base import WorkerGroupSpec
+from phalanx._internal.engines.ray.placement import _capacity, _fmt, visible_resources
+from phalanx.errors import WorkerStartupError
+
+logger = logging.getLogger(__name__)
+
+PROBE_S = 1.0  # how long a trial group gets to become ready before one worker fewer is tried
+RECHECK_S = 1.0  # how often a wait below min_workers looks at the cluster again
+
+MakeGroup = Callable[[int], PlacementGroup]
+
+
+def placeable_now(bundle: Mapping[str, float], low: int, high: int) -> int:
+    """An upper bound, clamped to ``high``, of how many bundles the free resources hold."""
+    free = visible_resources(ray.available_resources())
+    return max(0, min(high, _capacity(bundle, free)))
+
+
+def place_elastic(
+    spec: WorkerGroupSpec, bundle: Mapping[str, float], make_group: MakeGroup, log_every_s: float
+) -> tuple[PlacementGroup, int]:
+    """A ready placement group of n bundles, min_workers <= n <= num_workers, and n."""
+    assert spec.min_workers is not None
+    low, high = spec.min_workers, spec.num_workers
+    started = last_log = time.monotonic()
+    while True:
+        placed = _try_sizes(bundle, low, high, make_group)
+        if placed is not None:
+            group, size = placed
+            if size < high:
+                logger.warning(
+                    "Elastic num_workers=(%d, %d): the Ray cluster can place %d workers of %s "
+                    "now; starting with %d.",
+                    low,
+                    high,
+                    size,
+                    _fmt(bundle),
+                    size,
+                )
+            return group, size
+        now = time.monotonic()
+        if now - started > spec.start_timeout_s:
+            raise WorkerStartupError.of(list(range(low)), _below_min(spec, bundle), _HINT)
+        if now - last_log >= log_every_s:
+            last_log = now
+            logger.warning(
+                "Waiting %.0f s for the Ray cluster to place at least %d workers of %s "
+                "(min_workers of num_workers=(%d, %d), strategy %s); available now: %s.",
+                now - started,
+                low,
+                _fmt(bundle),
+                low,
+                high,
+                spec.scaling_config.placement_strategy,
+                _fmt(visible_resources(ray.available_resources())),
+            )
+        time.sleep(RECHECK_S)
+
+
+def _try_sizes(
+    bundle: Mapping[str, float], low: int, high: int, make_group: MakeGroup
+) -> tuple[PlacementGroup, int] | None:
+    """The largest size from the estimate down to ``low`` whose group becomes ready."""
+    for size in range(placeable_now(bundle, low, high), low - 1, -1):
+        group = make_group(size)
+        if ray.wait([group.ready()], timeout=PROBE_S)[0]:
+            return group, size
+        remove_placement_group(group)
+    return None
+
+
+def _below_min(spec: WorkerGroupSpec, bundle: Mapping[str, float]) -> str:
+    return (
+        f"the Ray cluster could not place min_workers={spec.min_workers} workers of "
+        f"{_fmt(bundle)} within {spec.start_timeout_s:g} s (ScalingConfig(num_workers="
+        f"({spec.min_workers}, {spec.num_workers}))); available now: "
+        f"{_fmt(visible_resources(ray.available_resources()))}"
+    )
+
+
+_HINT = (
+    "add nodes (or wait for the ones that left to come back), lower min_workers, or raise "
+    "PHALANX_WORKER_START_TIMEOUT_S to wait longer. The attempt is retried under "
+    "FailureConfig(max_failures=...)."
+)
