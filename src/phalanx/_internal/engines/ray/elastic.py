@@ -43,7 +43,8 @@ def place_elastic(
     """A ready placement group of n bundles, min_workers <= n <= num_workers, and n."""
     assert spec.min_workers is not None
     low, high = spec.min_workers, spec.num_workers
-    started = last_log = time.monotonic()
+    started = time.monotonic()
+    last_log = started - log_every_s  # the first wait is said at once, then every log_every_s
     while True:
         placed = _try_sizes(bundle, low, high, make_group)
         if placed is not None:

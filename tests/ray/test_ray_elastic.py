@@ -1,0 +1,177 @@
+"""Elastic training (``ScalingConfig(num_workers=(min, max))``) on a fake multi-node Ray cluster.
+
+Workers ask for the custom resource ``elastic`` only, which the nodes added here hold, so how many
+workers fit is exactly what the test gives: a node with ``elastic: 2`` holds two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import tempfile
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("ray")
+
+import phalanx as train
+from phalanx import (
+    Checkpoint,
+    DataParallelTrainer,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TrainingFailedError,
+)
+
+pytestmark = pytest.mark.slow
+
+ELASTIC = {"elastic": 1}
+
+
+def elastic_loop(config):
+    """Rounds from the checkpoint on; every rank reports the world size it sees. Attempt 0 stops
+    after round ``hold_after`` and waits to be torn down (a node is removed under it)."""
+    ctx = train.get_context()
+    start = 0
+    checkpoint = train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
+            start = json.load(f)["round"] + 1
+    for step in range(start, config["rounds"]):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "state.json"), "w") as f:
+                json.dump({"round": step}, f)
+            train.report(
+                {"step": step, "world_size": ctx.get_world_size(), "try": ctx.get_attempt()},
+                checkpoint=Checkpoint.from_directory(d) if ctx.get_world_rank() == 0 else None,
+            )
+        if ctx.get_attempt() == 0 and step == config["hold_after"]:
+            while True:
+                time.sleep(0.1)
+
+
+def start_fit(scaling, storage, config, max_failures=1):
+    """fit() in a thread; the queue gets its Result or its exception."""
+    outcome: queue.Queue = queue.Queue()
+    trainer = DataParallelTrainer(
+        elastic_loop,
+        train_loop_config=config,
+        scaling_config=scaling,
+        run_config=RunConfig(
+            name="elastic",
+            storage_path=storage,
+            failure_config=FailureConfig(max_failures=max_failures),
+        ),
+    )
+
+    def run():
+        try:
+            outcome.put(trainer.fit())
+        except BaseException as exc:
+            outcome.put(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    return runner, outcome
+
+
+def wait_for(condition, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def committed(storage):
+    run = os.path.join(storage, "elastic")
+    if not os.path.isdir(run):
+        return []
+    return sorted(n for n in os.listdir(run) if n.startswith("checkpoint_0"))
+
+
+@pytest.mark.timeout(300)
+def test_starts_below_max_then_continues_smaller_after_a_node_loss(cluster, storage):
+    ray_cluster, _ = cluster
+    keeper = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
+    doomed = ray_cluster.add_node(num_cpus=1, resources={"elastic": 1})
+    ray_cluster.wait_for_nodes()
+    try:
+        scaling = ScalingConfig(num_workers=(2, 4), resources_per_worker=ELASTIC)
+        runner, outcome = start_fit(scaling, storage, {"rounds": 6, "hold_after": 2})
+        # Attempt 0: 3 of max 4 fit; it commits rounds 0..2, then holds.
+        wait_for(lambda: len(committed(storage)) == 3, 90, "attempt 0's three checkpoints")
+        ray_cluster.remove_node(doomed, allow_graceful=False)
+        runner.join(120)
+        assert not runner.is_alive()
+        result = outcome.get_nowait()
+        assert not isinstance(result, BaseException), result
+    finally:
+        ray_cluster.remove_node(keeper)
+
+    rows = result.all_ranks_metrics_dataframe
+    per_step = rows.groupby("step").agg(
+        ranks=("rank", lambda r: sorted(r)), size=("world_size", "max"), attempt=("try", "max")
+    )
+    # Attempt 0 ran at 3 workers (every rank saw 3), attempt 1 at 2, from the round-2 checkpoint:
+    # every round has exactly one row per rank of the size that ran it, none lost or repeated.
+    assert list(per_step.index) == [0, 1, 2, 3, 4, 5]
+    assert list(per_step["size"]) == [3, 3, 3, 2, 2, 2]
+    assert list(per_step["attempt"]) == [0, 0, 0, 1, 1, 1]
+    assert [sum(r) for r in per_step["ranks"]] == [3, 3, 3, 1, 1, 1]  # 0+1+2, then 0+1
+    assert (rows["world_size"] == rows.groupby("step")["rank"].transform("count")).all()
+    assert committed(storage) == [f"checkpoint_{i:06d}" for i in range(6)]
+    assert result.metrics["world_size"] == 2 and result.metrics["step"] == 5
+
+
+def test_below_min_waits_then_fails_with_a_clear_error(cluster, storage, monkeypatch, caplog):
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    ray_cluster, _ = cluster
+    node = ray_cluster.add_node(num_cpus=1, resources={"elastic": 3})
+    ray_cluster.wait_for_nodes()
+    hog = placement_group([{"elastic": 2}])  # another job holds 2 of the 3
+    ray.get(hog.ready(), timeout=30)
+    monkeypatch.setenv("PHALANX_WORKER_START_TIMEOUT_S", "3")
+    try:
+        scaling = ScalingConfig(num_workers=(2, 3), resources_per_worker=ELASTIC)
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger="phalanx"):
+            runner, outcome = start_fit(scaling, storage, {"rounds": 1, "hold_after": -1}, 0)
+            runner.join(60)
+        error = outcome.get_nowait()
+    finally:
+        remove_placement_group(hog)
+        ray_cluster.remove_node(node)
+    assert isinstance(error, TrainingFailedError), error
+    assert time.monotonic() - started >= 3
+    assert "could not place min_workers=2 workers of {elastic=1} within 3 s" in str(error)
+    assert "HINT:" in str(error)
+    assert any("Waiting" in r.message and "at least 2 workers" in r.message for r in caplog.records)
+
+
+def test_below_min_waits_and_starts_when_capacity_frees(cluster, storage, tmp_path):
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    ray_cluster, _ = cluster
+    node = ray_cluster.add_node(num_cpus=1, resources={"elastic": 3})
+    ray_cluster.wait_for_nodes()
+    hog = placement_group([{"elastic": 2}])
+    ray.get(hog.ready(), timeout=30)
+    try:
+        scaling = ScalingConfig(num_workers=(2, 3), resources_per_worker=ELASTIC)
+        runner, outcome = start_fit(scaling, storage, {"rounds": 1, "hold_after": -1}, 0)
+        time.sleep(2.0)  # fit() is waiting: 1 of min 2 fits
+        assert runner.is_alive() and not committed(storage)
+        remove_placement_group(hog)
+        runner.join(90)
+        result = outcome.get_nowait()
+    finally:
+        ray_cluster.remove_node(node)
+    assert not isinstance(result, BaseException), result
+    assert result.metrics["world_size"] == 3  # everything freed: max_workers
