@@ -119,10 +119,10 @@ class ScalingConfig:
 
     ``num_workers=(min_workers, max_workers)`` is elastic training, as in Ray: on Ray each attempt
     starts with as many workers as the cluster can place (at most ``max_workers``, waiting while
-    fewer than ``min_workers`` fit), a node loss restarts the group at the size that still fits,
-    and every ``elastic_resize_monitor_interval_s`` a healthy group restarts larger when more
-    fits. Locally the size is decided once at ``fit()`` from this machine's CPUs (GPUs with
-    ``use_gpu=True``).
+    fewer than ``min_workers`` fit), and a node loss restarts the group, from the latest
+    checkpoint, at the size that still fits. Locally the size is decided once at ``fit()`` from
+    this machine's CPUs (GPUs with ``use_gpu=True``). ``elastic_resize_monitor_interval_s`` is
+    validated but not acted on yet: a healthy group is not grown when nodes join.
     """
 
     num_workers: int | tuple[int, int] = 1
