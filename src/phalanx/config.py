@@ -121,8 +121,9 @@ class ScalingConfig:
     starts with as many workers as the cluster can place (at most ``max_workers``, waiting while
     fewer than ``min_workers`` fit), and a node loss restarts the group, from the latest
     checkpoint, at the size that still fits. Locally the size is decided once at ``fit()`` from
-    this machine's CPUs (GPUs with ``use_gpu=True``). ``elastic_resize_monitor_interval_s`` is
-    validated but not acted on yet: a healthy group is not grown when nodes join.
+    this machine's CPUs (GPUs with ``use_gpu=True``). Every ``elastic_resize_monitor_interval_s``
+    a healthy group below ``max_workers`` restarts larger from the latest checkpoint when more
+    workers fit (not a failure).
     """
 
     num_workers: int | tuple[int, int] = 1

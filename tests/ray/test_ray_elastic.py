@@ -175,3 +175,36 @@ def test_below_min_waits_and_starts_when_capacity_frees(cluster, storage, tmp_pa
         ray_cluster.remove_node(node)
     assert not isinstance(result, BaseException), result
     assert result.metrics["world_size"] == 3  # everything freed: max_workers
+
+
+@pytest.mark.timeout(300)
+def test_a_healthy_group_grows_when_capacity_frees_without_using_the_failure_budget(
+    cluster, storage
+):
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    ray_cluster, _ = cluster
+    node = ray_cluster.add_node(num_cpus=1, resources={"elastic": 3})
+    ray_cluster.wait_for_nodes()
+    hog = placement_group([{"elastic": 1}])  # another job holds 1 of the 3
+    ray.get(hog.ready(), timeout=30)
+    try:
+        scaling = ScalingConfig(
+            num_workers=(2, 3), resources_per_worker=ELASTIC, elastic_resize_monitor_interval_s=1
+        )
+        # max_failures=0: the growth restart must not count as a failure.
+        runner, outcome = start_fit(scaling, storage, {"rounds": 4, "hold_after": 1}, 0)
+        wait_for(lambda: len(committed(storage)) == 2, 90, "attempt 0's two checkpoints")
+        remove_placement_group(hog)
+        runner.join(120)
+        assert not runner.is_alive()
+        result = outcome.get_nowait()
+    finally:
+        ray_cluster.remove_node(node)
+    assert not isinstance(result, BaseException), result
+    rows = result.all_ranks_metrics_dataframe
+    per_step = rows.groupby("step").agg(size=("world_size", "max"), attempt=("try", "max"))
+    assert list(per_step["size"]) == [2, 2, 3, 3]  # grown from the round-1 checkpoint
+    assert list(per_step["attempt"]) == [0, 0, 1, 1]
+    assert committed(storage) == [f"checkpoint_{i:06d}" for i in range(4)]

@@ -38,6 +38,7 @@ class Attempt:
     preempted_ranks: set[int] = field(default_factory=set)
     preemption_deadline: float | None = None  # time.monotonic()
     failure_grace_deadline: float | None = None  # time.monotonic()
+    started: float = field(default_factory=time.monotonic)  # elastic growth is checked from here
 
     @property
     def index(self) -> int:

@@ -104,6 +104,7 @@ class Controller:
         )
         self.poll_timeout_s = POLL_TIMEOUT_S
         self.sleep: Callable[[float], None] = time.sleep  # the wait before a retry
+        self._last_resize_check = 0.0  # time.monotonic() of the last elastic growth check
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -233,12 +234,47 @@ class Controller:
         hung = attempt.watchdog.hung_ranks(finished)
         if hung:
             return self._declare_hang(attempt, hung)
+        if not finished and self._can_grow(attempt):
+            return self._grow(attempt)
         if len(finished) == len(attempt.train_futures):
             self.return_value = attempt.train_futures[0].result()
             self._shutdown_backend()
             self._teardown(graceful=True)
             return State.FINISHED
         return State.RUNNING
+
+    def _can_grow(self, attempt: Attempt) -> bool:
+        """Elastic, below max_workers, and every elastic_resize_monitor_interval_s since the
+        attempt started: can the engine now place more workers (Ray Train's resize check)?"""
+        scaling = self.spec.scaling_config
+        size = len(attempt.group)
+        if not scaling.elasticity_enabled or size >= scaling.max_workers:
+            return False
+        now = time.monotonic()
+        if now - max(attempt.started, self._last_resize_check) < (
+            scaling.elastic_resize_monitor_interval_s
+        ):
+            return False
+        self._last_resize_check = now
+        return self.engine.free_worker_slots(scaling) > 0
+
+    def _grow(self, attempt: Attempt) -> Step:
+        """Restart the group larger from the latest checkpoint, as Ray Train does; not a
+        failure, so it does not count against max_failures."""
+        size = len(attempt.group)
+        logger.warning(
+            "Elastic: the cluster can place more than the %d running workers (max_workers=%d): "
+            "restarting the group larger from the latest checkpoint (not counted as a failure).",
+            size,
+            self.spec.scaling_config.max_workers,
+        )
+        self._shutdown_backend()
+        self._teardown(graceful=True)
+        self._drain_failed_attempt(attempt)  # complete rounds are committed, never lost
+        quietly("remove uncommitted checkpoint parts", self.storage.remove_staging)
+        quietly("remove uncommitted checkpoints", self.manager.remove_orphans)
+        self.manager.end_attempt("resized", f"grown from {size} workers")
+        return State.START
 
     def _on_event(self, attempt: Attempt, rank: int, event: messages.Event) -> None:
         match event:

@@ -91,6 +91,11 @@ class Engine(ABC):
     def check(self, scaling_config: ScalingConfig) -> None:
         """Raise ConfigError now if this engine can never satisfy ``scaling_config``."""
 
+    def free_worker_slots(self, scaling_config: ScalingConfig) -> int:
+        """How many more workers of ``scaling_config``'s size could be placed now (elastic
+        growth; engines that do not size groups never grow them)."""
+        return 0
+
     @abstractmethod
     def launch(self, spec: WorkerGroupSpec, events: Events) -> list[WorkerHandle]:
         """Start ``spec.num_workers`` workers and wait until each has said hello."""

@@ -28,7 +28,7 @@ from phalanx._internal import env
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.messages import Events
 from phalanx._internal.engines.ray.actor import PhalanxWorker
-from phalanx._internal.engines.ray.elastic import place_elastic
+from phalanx._internal.engines.ray.elastic import place_elastic, placeable_now
 from phalanx._internal.engines.ray.handle import DrainPoller, RayWorkerHandle
 from phalanx._internal.engines.ray.placement import (
     _fmt,
@@ -116,6 +116,9 @@ class RayEngine(Engine):
                 f"this Ray cluster: {why}.\nHINT: lower num_workers or resources_per_worker, "
                 "or add nodes with these resources to the cluster."
             )
+
+    def free_worker_slots(self, scaling_config: ScalingConfig) -> int:
+        return placeable_now(worker_bundle(scaling_config), 0, scaling_config.max_workers)
 
     # -- launch ---------------------------------------------------------------------------------
 
