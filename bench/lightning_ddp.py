@@ -49,12 +49,9 @@ Record = dict[str, Any]
 # --------------------------------------------------------------------------- worker side
 
 
-def _module_and_data(cfg: dict[str, Any]) -> tuple[Any, Any, Any]:
+def _timer(cfg: dict[str, Any]) -> Any:
+    """A Lightning callback recording rank 0's timings (defined here: Lightning is imported late)."""
     import lightning.pytorch as pl
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
 
     class Timer(pl.Callback):
         """Rank 0's timings: the training loop and every step."""
@@ -92,6 +89,16 @@ def _module_and_data(cfg: dict[str, Any]) -> tuple[Any, Any, Any]:
             }
             Path(cfg["out"]).write_text(json.dumps(record))
 
+    return Timer()
+
+
+def _module_and_data(cfg: dict[str, Any]) -> tuple[Any, Any, Any]:
+    import lightning.pytorch as pl
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
     class Classifier(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
@@ -112,7 +119,7 @@ def _module_and_data(cfg: dict[str, Any]) -> tuple[Any, Any, Any]:
     y = (x @ torch.randn(784, 10, generator=g)).argmax(dim=1)
     torch.manual_seed(0)
     loader = DataLoader(TensorDataset(x, y), batch_size=cfg["batch_size"], shuffle=True)
-    return Classifier(), loader, Timer()
+    return Classifier(), loader, _timer(cfg)
 
 
 def _quiet() -> dict[str, Any]:

@@ -223,6 +223,11 @@ def _params(obj: Any) -> list[inspect.Parameter]:
     return [p for p in params if p.name not in ("self", "cls")]
 
 
+def _lacks_var(actual: list[inspect.Parameter], name: str, kind: str) -> list[str]:
+    wanted = inspect.Parameter.VAR_KEYWORD if kind == VAR_KW else inspect.Parameter.VAR_POSITIONAL
+    return [] if any(p.kind == wanted for p in actual) else [f"takes no {kind}{name}"]
+
+
 def compatible(expected: list[tuple[Any, ...]], obj: Any) -> list[str]:
     """What makes ``obj``'s signature incompatible with ``expected`` (empty: compatible)."""
     actual = _params(obj)
@@ -231,13 +236,7 @@ def compatible(expected: list[tuple[Any, ...]], obj: Any) -> list[str]:
     for entry in expected:
         name, default, kind = (*entry, None)[:3]
         if kind in (VAR_KW, VAR_POS):
-            wanted = (
-                inspect.Parameter.VAR_KEYWORD
-                if kind == VAR_KW
-                else inspect.Parameter.VAR_POSITIONAL
-            )
-            if not any(p.kind == wanted for p in actual):
-                problems.append(f"takes no {kind}{name}")
+            problems += _lacks_var(actual, name, kind)
             continue
         if name not in by_name:
             problems.append(f"lacks parameter {name!r}")

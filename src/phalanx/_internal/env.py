@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 
 def cuda_visible_devices() -> str | None:
@@ -65,3 +66,30 @@ def progress_interval_s() -> float:
 def jax_platforms() -> str | None:
     """``JAX_PLATFORMS`` as the worker sees it now (set by the user, e.g. in a runtime env)."""
     return os.environ.get("JAX_PLATFORMS") or None
+
+
+# Writes into the worker's environment. Frameworks (torch.distributed, Accelerate, NCCL, TF, Keras)
+# read their configuration only from environment variables, so a worker's setup must set them;
+# it does so through these helpers, so every read and write of os.environ stays in this module.
+
+
+def get(name: str) -> str | None:
+    """An environment variable a framework reads (phalanx's own have named functions above)."""
+    return os.environ.get(name)
+
+
+def is_set(name: str) -> bool:
+    return name in os.environ
+
+
+def set_var(name: str, value: str) -> None:
+    os.environ[name] = value
+
+
+def set_default(name: str, value: str) -> str:
+    """Set ``name`` unless the user already did; returns the value in effect."""
+    return os.environ.setdefault(name, value)
+
+
+def update(values: Mapping[str, str]) -> None:
+    os.environ.update(values)

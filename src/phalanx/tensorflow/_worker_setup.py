@@ -9,12 +9,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 import socket
 import sys
 from types import TracebackType
 
 import phalanx
+from phalanx._internal import env
 from phalanx._internal.gbdt.addresses import reserve_port
 from phalanx.errors import ConfigError
 
@@ -46,9 +46,8 @@ def set_tf_config(workers: list[str]) -> None:
     """``TF_CONFIG`` naming every worker, this one by its world rank; Keras 2 by default."""
     rank = phalanx.get_context().get_world_rank()
     tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
-    os.environ["TF_CONFIG"] = json.dumps(tf_config)
-    os.environ.setdefault(LEGACY_KERAS_VAR, "1")
-    legacy = os.environ[LEGACY_KERAS_VAR] in ("1", "true", "True")
+    env.set_var("TF_CONFIG", json.dumps(tf_config))
+    legacy = env.set_default(LEGACY_KERAS_VAR, "1") in ("1", "true", "True")
     if legacy and not _missing("tf_keras"):
         _route_tf_keras_to_keras_2()
     if legacy and _missing("tf_keras"):

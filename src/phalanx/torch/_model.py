@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 from typing import Any
 
@@ -12,6 +11,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import phalanx
+from phalanx._internal import env
 from phalanx.errors import ConfigError
 from phalanx.torch import _amp as amp
 from phalanx.torch._devices import get_device
@@ -94,7 +94,7 @@ def enable_reproducibility(seed: int = 0) -> None:
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     # Deterministic cuBLAS needs a fixed workspace; without it torch raises on CUDA.
-    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    env.set_var("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def reproducibility_seed() -> int | None:

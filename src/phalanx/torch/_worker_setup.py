@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import phalanx
+from phalanx._internal import env
 from phalanx.torch._devices import get_device
 from phalanx.torch._environment import cpu_share
 
@@ -50,19 +51,19 @@ def setup_worker(specs: list[TorchWorkerSpec]) -> int | None:
     """Apply this rank's spec; rank 0 also starts the store and returns its port."""
     ctx = phalanx.get_context()
     spec = specs[ctx.get_world_rank()]
-    os.environ.update(spec.env)
+    env.update(spec.env)
     for key, value in spec.env_defaults.items():
-        os.environ.setdefault(key, value)
-    if spec.nccl and not any(k in os.environ for k in _NCCL_ERROR_HANDLING):
+        env.set_default(key, value)
+    if spec.nccl and not any(env.is_set(k) for k in _NCCL_ERROR_HANDLING):
         # A failed or stuck NCCL collective then raises instead of hanging the worker forever.
-        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        env.set_var("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     _set_thread_default(spec.cpus_per_worker, ctx.get_local_world_size())
     device = get_device()
-    os.environ["ACCELERATE_TORCH_DEVICE"] = str(device)
+    env.set_var("ACCELERATE_TORCH_DEVICE", str(device))
     if device.type == "cpu":
         # What `accelerate launch --cpu` sets: without it Accelerate takes CPU ranks for
         # separate single-process runs (no gradient sync) and HF's Trainer looks for a GPU.
-        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+        env.set_default("ACCELERATE_USE_CPU", "true")
     _forget_inherited_accelerate_state()
     if spec.open_store_on is None:
         return None
@@ -90,11 +91,11 @@ def _set_thread_default(cpus_per_worker: float | None, local_world_size: int) ->
     torch may already be imported (workers are forked from the driver), so setting the variable
     alone would not reach it: set torch's thread count too.
     """
-    if "OMP_NUM_THREADS" in os.environ:
+    if env.is_set("OMP_NUM_THREADS"):
         return
     resources = {"CPU": cpus_per_worker} if cpus_per_worker else None
     threads = cpu_share(resources, _usable_cpus(), local_world_size)
-    os.environ["OMP_NUM_THREADS"] = str(threads)
+    env.set_var("OMP_NUM_THREADS", str(threads))
     torch.set_num_threads(threads)
 
 
@@ -136,8 +137,8 @@ def init_process_group(
 ) -> None:
     """Join the default process group (called on every rank at once)."""
     ctx = phalanx.get_context()
-    os.environ["MASTER_ADDR"] = master_addr
-    os.environ["MASTER_PORT"] = str(master_port)
+    env.set_var("MASTER_ADDR", master_addr)
+    env.set_var("MASTER_PORT", str(master_port))
     host = f"[{master_addr}]" if ":" in master_addr else master_addr
     url = "env://" if init_method == "env" else f"tcp://{host}:{master_port}"
     dist.init_process_group(

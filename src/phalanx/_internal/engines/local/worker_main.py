@@ -130,7 +130,7 @@ def worker_main(fds: list[int], environ: dict[str, str]) -> int:
     """``fds``: control socket, stdout pipe, stderr pipe, stack-dump file."""
     conn_fd, stdout_fd, stderr_fd, stack_fd = fds
     _redirect_output(stdout_fd, stderr_fd)
-    os.environ.update(environ)
+    env.update(environ)
     conn = Connection(conn_fd)
     outbox = ProcessOutbox(conn)
     set_outbox(outbox)

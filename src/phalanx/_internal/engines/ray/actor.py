@@ -24,6 +24,7 @@ import time
 import traceback
 from typing import Any
 
+from phalanx._internal import env as env_vars
 from phalanx._internal.engines.process_tree import become_subreaper, kill_descendants
 from phalanx._internal.worker.runtime import capture_exception, dumps, run_call, set_outbox
 
@@ -214,7 +215,7 @@ class PhalanxWorker:
     def __init__(
         self, env: dict[str, str], sys_path: list[str], capture_output: bool = True
     ) -> None:
-        os.environ.update(env)
+        env_vars.update(env)
         # What the training function starts stays our descendant, even after its parent died or
         # it left for a new session: stop() kills it all before the actor is killed.
         become_subreaper()
