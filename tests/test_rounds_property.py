@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 import time
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -122,7 +123,7 @@ def check_run(run_path: str, model: Model, scripts: dict[int, list[dict]]) -> No
         files = {f for f in os.listdir(directory) if not f.startswith(".")}
         assert files == set(parts), f"{name} has parts {files}, expected {set(parts)}"
         for file, content in parts.items():
-            assert open(os.path.join(directory, file)).read() == content
+            assert Path(os.path.join(directory, file)).read_text() == content
     on_disk = {d for d in os.listdir(run_path) if d.startswith("checkpoint_0")}
     assert on_disk == committed
     rows = read_jsonl(os.path.join(run_path, "metrics.jsonl"))

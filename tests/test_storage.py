@@ -8,6 +8,7 @@ import os
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import fsspec
 import pytest
@@ -125,7 +126,7 @@ def test_s3_run_with_multi_rank_checkpoints_retention_and_resume(s3, mode):
     assert reloaded.metrics == {"step": 5, "loss": 0.5}
     assert [m["step"] for _, m in reloaded.best_checkpoints] == [1, 5]
     with reloaded.checkpoint.as_directory() as d:
-        assert open(os.path.join(d, "step_0")).read() == "5"
+        assert Path(os.path.join(d, "step_0")).read_text() == "5"
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import pickle
 import stat
 import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -97,6 +98,6 @@ def test_remote_storage_logs_go_to_a_private_directory_not_a_planted_symlink(tmp
     assert os.listdir(target) == []  # before: rank_0.log was appended there
     logs = glob.glob(str(tmp_path / "cache" / "phalanx" / "logs" / f"{name}-*" / "rank_0.log"))
     assert len(logs) == 1
-    assert "hello from the worker" in open(logs[0]).read()
+    assert "hello from the worker" in Path(logs[0]).read_text()
     mode = stat.S_IMODE(os.stat(os.path.dirname(logs[0])).st_mode)
     assert mode == 0o700

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from pathlib import Path
 
 import fsspec
 import pytest
@@ -39,7 +40,7 @@ def test_checkpoint_from_directory_round_trips_files_and_metadata(tmp_path):
     with checkpoint.as_directory() as d:
         assert d == str(src)  # local: no copy
     out = checkpoint.to_directory(tmp_path / "out")
-    assert open(os.path.join(out, "model.pt"), "rb").read() == b"weights"
+    assert Path(os.path.join(out, "model.pt")).read_bytes() == b"weights"
     assert pickle.loads(pickle.dumps(checkpoint)) == checkpoint
     with pytest.raises(TypeError, match="as_directory"):
         os.fspath(checkpoint)
@@ -50,7 +51,7 @@ def test_a_remote_checkpoint_is_downloaded_for_as_directory():
     fs.pipe("/ckpts/c1/model.pt", b"remote weights")
     checkpoint = Checkpoint("memory://ckpts/c1")
     with checkpoint.as_directory() as d:
-        assert open(os.path.join(d, "model.pt"), "rb").read() == b"remote weights"
+        assert Path(os.path.join(d, "model.pt")).read_bytes() == b"remote weights"
     assert not os.path.exists(d)
     assert repr(checkpoint) == "Checkpoint(path='memory:///ckpts/c1')"
 

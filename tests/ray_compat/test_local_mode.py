@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +31,7 @@ def test_the_function_runs_in_the_calling_thread_and_its_reports_are_stored(stor
         assert (context.get_local_rank(), context.get_node_rank()) == (0, 0)
         for step in range(config["steps"]):
             with tempfile.TemporaryDirectory() as d:
-                open(os.path.join(d, "step"), "w").write(str(step))
+                Path(os.path.join(d, "step")).write_text(str(step))
                 train.report({"step": step}, checkpoint=Checkpoint.from_directory(d))
             # committed as it is reported: visible right away
             assert len(train.get_all_reported_checkpoints()) == min(step + 1, 2)
@@ -98,10 +99,10 @@ def test_failures_and_retries_as_with_workers(storage):
         start = 0
         if checkpoint:
             with checkpoint.as_directory() as d:
-                start = int(open(os.path.join(d, "step")).read()) + 1
+                start = int(Path(os.path.join(d, "step")).read_text()) + 1
         for step in range(start, 3):
             with tempfile.TemporaryDirectory() as d:
-                open(os.path.join(d, "step"), "w").write(str(step))
+                Path(os.path.join(d, "step")).write_text(str(step))
                 train.report({"step": step}, checkpoint=Checkpoint.from_directory(d))
             if step == 1 and len(attempts) == 1:
                 raise ValueError("flaky")

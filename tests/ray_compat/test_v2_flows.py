@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,7 +77,7 @@ def test_result_inspection(storage):
     def train_func():
         for step, loss in enumerate([0.9, 0.2, 0.5]):
             with tempfile.TemporaryDirectory() as d:
-                open(os.path.join(d, "step"), "w").write(str(step))
+                Path(os.path.join(d, "step")).write_text(str(step))
                 train.report({"loss": loss}, checkpoint=Checkpoint.from_directory(d))
 
     result = train.DataParallelTrainer(
@@ -89,7 +90,7 @@ def test_result_inspection(storage):
     assert info.type == pyarrow.fs.FileType.Directory
     best = result.get_best_checkpoint(metric="loss", mode="min")
     with best.as_directory() as d:
-        assert open(os.path.join(d, "step")).read() == "1"
+        assert Path(os.path.join(d, "step")).read_text() == "1"
     with pytest.raises(RuntimeError, match="no_such_metric"):
         result.get_best_checkpoint(metric="no_such_metric", mode="min")
     assert [m["loss"] for _, m in result.best_checkpoints] == [0.9, 0.2, 0.5]
@@ -121,7 +122,7 @@ def test_no_upload_checkpoint_written_into_the_run_directory(storage):
     ).fit()
     assert result.checkpoint.path.endswith("epoch_1")
     with result.checkpoint.as_directory() as d:
-        assert open(os.path.join(d, "weights.txt")).read() == "1"
+        assert Path(os.path.join(d, "weights.txt")).read_text() == "1"
 
 
 def test_checkpoint_upload_fn_persists_the_checkpoint_itself(storage, tmp_path):
@@ -143,7 +144,7 @@ def test_checkpoint_upload_fn_persists_the_checkpoint_itself(storage, tmp_path):
     def train_func():
         for i, upload in enumerate([upload_into_run, upload_elsewhere]):
             with tempfile.TemporaryDirectory() as d:
-                open(os.path.join(d, "i"), "w").write(str(i))
+                Path(os.path.join(d, "i")).write_text(str(i))
                 train.report(
                     {"i": i}, checkpoint=Checkpoint.from_directory(d), checkpoint_upload_fn=upload
                 )
@@ -155,7 +156,7 @@ def test_checkpoint_upload_fn_persists_the_checkpoint_itself(storage, tmp_path):
     assert all(p.startswith(result.path) for p in paths)
     for i, (checkpoint, _) in enumerate(result.best_checkpoints):
         with checkpoint.as_directory() as d:
-            assert open(os.path.join(d, "i")).read() == str(i)
+            assert Path(os.path.join(d, "i")).read_text() == str(i)
     assert (elsewhere / "checkpoint_000001" / "i").read_text() == "1"  # the user's copy stays
 
 
@@ -168,7 +169,7 @@ def test_get_all_reported_checkpoints_during_training(storage):
         for i in range(3):
             with tempfile.TemporaryDirectory() as d:
                 rank = train.get_context().get_world_rank()
-                open(os.path.join(d, f"part_{rank}"), "w").write(str(i))
+                Path(os.path.join(d, f"part_{rank}")).write_text(str(i))
                 train.report({"i": i, "rank": rank}, checkpoint=Checkpoint.from_directory(d))
             reported = train.get_all_reported_checkpoints()
             seen.append([r.metrics["i"] for r in reported])
@@ -191,14 +192,14 @@ def test_validation_runs_in_the_background_and_ranks_checkpoints(storage):
 
     def validate(checkpoint, scale=1.0):
         with checkpoint.as_directory() as d:
-            step = int(open(os.path.join(d, "step")).read())
+            step = int(Path(os.path.join(d, "step")).read_text())
         calls.append(step)
         return {"val_loss": round(abs(step - 1.6) * scale, 6)}
 
     def train_func():
         for step in range(5):
             with tempfile.TemporaryDirectory() as d:
-                open(os.path.join(d, "step"), "w").write(str(step))
+                Path(os.path.join(d, "step")).write_text(str(step))
                 train.report(
                     {"step": step},
                     checkpoint=Checkpoint.from_directory(d),
@@ -251,10 +252,10 @@ def test_restore_and_can_restore_resume_a_run(storage):
         start = 0
         if checkpoint:
             with checkpoint.as_directory() as d:
-                start = int(open(os.path.join(d, "epoch")).read()) + 1
+                start = int(Path(os.path.join(d, "epoch")).read_text()) + 1
         for epoch in range(start, config["epochs"]):
             with tempfile.TemporaryDirectory() as d:
-                open(os.path.join(d, "epoch"), "w").write(str(epoch))
+                Path(os.path.join(d, "epoch")).write_text(str(epoch))
                 train.report(
                     {"epoch": epoch, "start": start}, checkpoint=Checkpoint.from_directory(d)
                 )
@@ -299,7 +300,7 @@ def test_async_checkpoint_upload_fn_deletes_the_local_copy_as_ray_does(storage, 
         )
         in_band = train.get_context().get_storage().build_checkpoint_path_from_name("in_band")
         os.makedirs(in_band)
-        open(os.path.join(in_band, "w"), "w").write("2")
+        Path(os.path.join(in_band, "w")).write_text("2")
         train.report(
             {"a": 2},
             checkpoint=Checkpoint(in_band),
@@ -315,7 +316,7 @@ def test_async_checkpoint_upload_fn_deletes_the_local_copy_as_ray_does(storage, 
     assert not local.exists()
     first, latest = (c for c, _ in result.best_checkpoints)
     with first.as_directory() as d:
-        assert open(os.path.join(d, "w")).read() == "1"
+        assert Path(os.path.join(d, "w")).read_text() == "1"
     assert latest.path.endswith("in_band")
     with latest.as_directory() as d:
-        assert open(os.path.join(d, "w")).read() == "2"
+        assert Path(os.path.join(d, "w")).read_text() == "2"

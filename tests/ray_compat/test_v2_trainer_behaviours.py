@@ -8,6 +8,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -69,7 +70,9 @@ def test_worker_runtime_env_env_vars_and_working_dir_on_local_workers(storage, t
     (workdir / "settings.txt").write_text("from the working dir")
 
     def train_func():
-        train.report({"flag": os.environ.get("MY_FLAG"), "settings": open("settings.txt").read()})
+        train.report(
+            {"flag": os.environ.get("MY_FLAG"), "settings": Path("settings.txt").read_text()}
+        )
 
     result = DataParallelTrainer(
         train_func,
@@ -101,7 +104,7 @@ def test_fault_tolerance_resumes_from_the_latest_checkpoint(storage, tmp_path):
         checkpoint = train.get_checkpoint()
         if checkpoint:
             with checkpoint.as_directory() as d:
-                start = int(open(os.path.join(d, "epoch")).read()) + 1
+                start = int(Path(os.path.join(d, "epoch")).read_text()) + 1
         for epoch in range(start, config["epochs"]):
             with tempfile.TemporaryDirectory() as d:
                 train.report({"epoch": epoch, "start": start}, checkpoint=_save(d, "epoch", epoch))
@@ -126,7 +129,7 @@ def test_rerun_with_the_same_name_resumes(storage):
         start = 0
         if train.get_checkpoint():
             with train.get_checkpoint().as_directory() as d:
-                start = int(open(os.path.join(d, "epoch")).read()) + 1
+                start = int(Path(os.path.join(d, "epoch")).read_text()) + 1
         for epoch in range(start, start + config["epochs"]):
             with tempfile.TemporaryDirectory() as d:
                 train.report({"epoch": epoch}, checkpoint=_save(d, "epoch", epoch))
@@ -155,7 +158,7 @@ def test_only_a_non_zero_rank_saves_the_checkpoint(storage):
     assert result.metrics == {"rank": 0}
     with result.checkpoint.as_directory() as d:
         assert "shard" in os.listdir(d)
-        assert open(os.path.join(d, "shard")).read() == "1"
+        assert Path(os.path.join(d, "shard")).read_text() == "1"
 
 
 def test_retention_by_score_keeps_the_best(storage):
@@ -360,7 +363,7 @@ def test_upload_modes_mixed_across_ranks(storage):
         with checkpoint.as_directory() as d:
             files = {f for f in os.listdir(d) if f.startswith("rank_")}
             assert files == expected, (i, files)
-            assert all(open(os.path.join(d, f)).read() == str(i) for f in files)
+            assert all(Path(os.path.join(d, f)).read_text() == str(i) for f in files)
 
 
 def test_only_rank_zero_reports(storage):

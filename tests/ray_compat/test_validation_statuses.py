@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+from pathlib import Path
 
 import phalanx as train
 from phalanx import Checkpoint, RunConfig, ScalingConfig, ValidationConfig, ValidationTaskConfig
@@ -24,7 +25,7 @@ def test_failed_and_timed_out_validations_do_not_fail_training(storage):
     def train_func():
         for behaviour in ("ok", "raise", "slow"):
             with tempfile.TemporaryDirectory() as d:
-                open(os.path.join(d, "b"), "w").write(behaviour)
+                Path(os.path.join(d, "b")).write_text(behaviour)
                 task = ValidationTaskConfig(
                     fn_kwargs={"behaviour": behaviour},
                     timeout_s=0.3 if behaviour == "slow" else None,
@@ -63,7 +64,7 @@ def test_committed_mode_does_not_wait_for_validation(storage):
 
     def train_func():
         with tempfile.TemporaryDirectory() as d:
-            open(os.path.join(d, "w"), "w").write("1")
+            Path(os.path.join(d, "w")).write_text("1")
             train.report({}, checkpoint=Checkpoint.from_directory(d), validation=True)
         try:
             committed = train.get_all_reported_checkpoints(
@@ -100,7 +101,7 @@ def test_a_validation_cut_off_by_the_driver_runs_again_on_resume(storage):
 
     def interrupted():
         with tempfile.TemporaryDirectory() as d:
-            open(os.path.join(d, "w"), "w").write("1")
+            Path(os.path.join(d, "w")).write_text("1")
             train.report({"step": 0}, checkpoint=Checkpoint.from_directory(d), validation=True)
         raise KeyboardInterrupt  # Ctrl-C while the validation runs
 

@@ -51,6 +51,7 @@ class OutputPump:
         self._pending: list[Callable[[], None]] = []
         self._open: dict[int, set[int]] = {}  # worker index -> fds still open
         self._conns: dict[int, tuple[Connection, int]] = {}  # worker index -> (conn, its fd)
+        self._outputs: dict[int, RankOutput] = {}  # worker index -> its output (and log files)
         self._inbox: dict[int, bytearray] = {}  # control socket fd -> bytes not yet a message
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -81,6 +82,7 @@ class OutputPump:
         conn_fd = conn.fileno()
         self._open[index] = {conn_fd, out_fd, err_fd}
         self._conns[index] = (conn, conn_fd)
+        self._outputs[index] = output
 
         def register() -> None:
             self._selector.register(conn_fd, selectors.EVENT_READ, ("conn", worker, None))
@@ -97,6 +99,7 @@ class OutputPump:
             time.sleep(0.002)
         leftover = self._open.pop(index, set())
         conn, conn_fd = self._conns.pop(index, (None, -1))
+        output = self._outputs.pop(index, None)
 
         def unregister() -> None:
             for fd in leftover:
@@ -106,6 +109,8 @@ class OutputPump:
                     self._inbox.pop(fd, None)
                     self._selector.unregister(fd)
                     conn.close()
+            if output is not None:  # its pipes may never have reached EOF: close its log files
+                output.close()
 
         self._call_soon(unregister)
 
