@@ -1,4 +1,4 @@
-"""fit() never waits forever and leaves nothing behind, on both engines (local processes, Ray).
+"""fit() never waits forever and leaves nothing behind, on every engine whose workers are processes.
 
 The same tests run on each engine: values the driver cannot unpickle fail the attempt naming the
 rank and the type; workers that cannot be started are a WorkerStartupError that goes through the
@@ -28,22 +28,12 @@ from phalanx import (
 
 pytestmark = pytest.mark.slow
 
-ENGINES = ["local", "ray"]
-
-
-@pytest.fixture(scope="module", params=ENGINES)
-def engine(request):
-    # Module-scoped: Ray starts before the autouse leak check takes its snapshot.
-    if request.param == "ray":
-        request.getfixturevalue("local_ray")
-    return request.param
-
 
 def fit(fn, storage, engine, workers=2, config=None, max_failures=0, callbacks=()):
     return DataParallelTrainer(
         fn,
         train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=workers, engine=engine),
+        scaling_config=ScalingConfig(num_workers=workers, engine=engine.engine),
         run_config=RunConfig(
             name="run",
             storage_path=storage,
@@ -100,13 +90,15 @@ def send_what_the_driver_cannot_load(config):
     ],
 )
 def test_a_value_the_driver_cannot_unpickle_fails_the_attempt_naming_rank_and_type(
-    storage, engine, tmp_path, what, rank, type_name
+    storage, process_engine, tmp_path, what, rank, type_name
 ):
     (tmp_path / "worker_only.py").write_text(WORKER_ONLY_MODULE)
     config = {"what": what, "rank": rank, "module_dir": str(tmp_path)}
     start = time.monotonic()
     with pytest.raises(TrainingFailedError) as info:
-        fit(send_what_the_driver_cannot_load, storage, engine, config=config, max_failures=1)
+        fit(
+            send_what_the_driver_cannot_load, storage, process_engine, config=config, max_failures=1
+        )
     assert time.monotonic() - start < 120
     message = str(info.value)
     assert f"[rank {rank}]" in message and type_name in message, message
@@ -124,12 +116,12 @@ class Recorder(Callback):
 
 @pytest.mark.timeout(240)
 def test_workers_that_never_start_are_a_startup_error_through_the_failure_policy(
-    storage, engine, monkeypatch
+    storage, process_engine, monkeypatch
 ):
     monkeypatch.setenv("PHALANX_WORKER_START_TIMEOUT_S", "0.001")
     recorder = Recorder()
     with pytest.raises(WorkerStartupError) as info:
-        fit(lambda: None, storage, engine, max_failures=1, callbacks=[recorder])
+        fit(lambda: None, storage, process_engine, max_failures=1, callbacks=[recorder])
     assert "could not be started" in str(info.value) and "HINT:" in str(info.value)
     assert info.value.worker_failures and all(
         f.kind == "startup" for f in info.value.worker_failures.values()
@@ -184,22 +176,24 @@ def alive(pid):
 
 
 def started_pids(directory):
-    return [int(p) for name in os.listdir(directory) for p in open(directory / name).read().split()]
+    return [
+        int(p) for name in os.listdir(directory) for p in (directory / name).read_text().split()
+    ]
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("fail", [False, True], ids=["succeeded", "failed"])
 def test_processes_the_training_function_started_are_gone_after_fit(
-    storage, engine, tmp_path, fail
+    storage, process_engine, tmp_path, fail
 ):
     kinds = ["popen", "session", "orphan", "mp"]
     (tmp_path / "pids").mkdir()
     config = {"kinds": kinds, "dir": str(tmp_path / "pids"), "fail": fail}
     if fail:
         with pytest.raises(TrainingFailedError):
-            fit(start_processes, storage, engine, config=config)
+            fit(start_processes, storage, process_engine, config=config)
     else:
-        fit(start_processes, storage, engine, config=config)
+        fit(start_processes, storage, process_engine, config=config)
     returned = time.monotonic()
     pids = started_pids(tmp_path / "pids")
     assert len(pids) == 2 * len(kinds)

@@ -1,4 +1,5 @@
-"""The Ray engine end to end, on a local Ray instance: the local engine's behaviours, on actors."""
+"""The Ray engine end to end, on a local Ray instance: what only Ray has (actors, placement,
+Ray Data, cluster resources). What every engine does: tests/engines/test_contract.py."""
 
 from __future__ import annotations
 
@@ -6,27 +7,20 @@ import logging
 import os
 import queue
 import sys
-import tempfile
 import threading
 import time
 
-import psutil
 import pytest
 
 pytest.importorskip("ray")
 
 import phalanx as train
 from phalanx import (
-    Callback,
-    Checkpoint,
     ConfigError,
     DataParallelTrainer,
-    FailureConfig,
-    HangError,
     RunConfig,
     ScalingConfig,
     StorageError,
-    TrainingFailedError,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
@@ -49,150 +43,21 @@ def wait_for(condition, timeout_s=20.0, what="condition"):
         time.sleep(0.01)
 
 
-def test_workers_are_ray_actors_with_ranks_reports_and_history(storage):
-    def loop(config):
+def test_each_rank_is_its_own_ray_actor(storage):
+    """Ranks, reports and history on Ray: tests/engines/test_contract.py; the actors: here."""
+
+    def loop():
         import ray
 
         ctx = train.get_context()
-        for step in range(config["steps"]):
-            train.report(
-                {
-                    "step": step,
-                    "rank": ctx.get_world_rank(),
-                    "local": ctx.get_local_rank(),
-                    "node": ctx.get_node_rank(),
-                    "local_size": ctx.get_local_world_size(),
-                    "pid": os.getpid(),
-                    "actor": ray.get_runtime_context().get_actor_id(),
-                }
-            )
-        return f"rank {ctx.get_world_rank()} done"
+        train.report(
+            {"rank": ctx.get_world_rank(), "actor": ray.get_runtime_context().get_actor_id()}
+        )
 
-    result = fit(loop, storage, config={"steps": 300})  # engine=None: Ray is initialised
-    assert list(result.metrics_dataframe["step"]) == list(range(300))
-    ranks = result.all_ranks_metrics_dataframe
-    assert len(ranks) == 600
-    last = ranks[ranks["step"] == 299].sort_values("rank")
-    assert list(last["local"]) == [0, 1] and set(last["node"]) == {0}
-    assert set(last["local_size"]) == {2}
-    assert all(last["actor"]) and len(set(last["actor"])) == 2
-    assert len(set(last["pid"]) | {os.getpid()}) == 3
-    assert result.return_value == "rank 0 done"
-
-
-def test_report_does_not_wait_for_a_slow_driver(storage):
-    class SlowDriver(Callback):
-        def after_report(self, run_context, metrics, checkpoint):
-            time.sleep(0.1)
-
-    def loop():
-        start = time.perf_counter()
-        for step in range(20):
-            train.report({"step": step})
-        return time.perf_counter() - start
-
-    result = fit(loop, storage, callbacks=[SlowDriver()])
-    assert result.return_value < 0.5  # the driver needs >= 2 s to take these 20 rounds
-    assert len(result.metrics_dataframe) == 20
-
-
-def test_every_rank_s_checkpoint_part_is_merged_into_one_checkpoint(storage):
-    def loop():
-        rank = train.get_context().get_world_rank()
-        for step in range(2):
-            with tempfile.TemporaryDirectory() as d:
-                with open(os.path.join(d, f"part_{rank}"), "w") as f:
-                    f.write(f"{step}")
-                train.report({"step": step}, checkpoint=Checkpoint.from_directory(d))
-        assert train.get_checkpoint() is not None
-
-    result = fit(loop, storage)
-    assert os.path.basename(result.checkpoint.path) == "checkpoint_000001"
-    assert sorted(os.listdir(result.checkpoint.path)) == ["part_0", "part_1"]
-    with open(os.path.join(result.checkpoint.path, "part_1")) as f:
-        assert f.read() == "1"
-
-
-def test_an_exception_in_one_rank_names_it_and_stops_the_others(storage, tmp_path):
-    pid_file = tmp_path / "rank0.pid"
-
-    def loop(config):
-        if train.get_context().get_world_rank() == 0:
-            with open(config["pid_file"] + ".tmp", "w") as f:
-                f.write(str(os.getpid()))
-            os.rename(config["pid_file"] + ".tmp", config["pid_file"])
-            time.sleep(60)
-        while not os.path.exists(config["pid_file"]):
-            time.sleep(0.005)
-        raise ValueError("bad batch on rank 1")
-
-    with pytest.raises(TrainingFailedError) as info:
-        fit(loop, storage, config={"pid_file": str(pid_file)})
-    failure = info.value.worker_failures[1]
-    assert (failure.type_name, failure.message) == ("ValueError", "bad batch on rank 1")
-    assert "raise ValueError" in failure.traceback
-    assert list(info.value.worker_failures) == [1]
-    assert "[rank 1] ValueError: bad batch on rank 1" in str(info.value)
-    rank0_pid = int(pid_file.read_text())
-    wait_for(lambda: not psutil.pid_exists(rank0_pid), 5, "rank 0's actor to be killed")
-
-
-def test_a_dead_actor_is_a_failure_naming_the_rank_and_node(storage):
-    def loop():
-        if train.get_context().get_world_rank() == 1:
-            os._exit(3)
-        time.sleep(60)
-
-    start = time.monotonic()
-    with pytest.raises(TrainingFailedError) as info:
-        fit(loop, storage)
-    assert time.monotonic() - start < 30
-    assert list(info.value.worker_failures) == [1]
-    failure = info.value.worker_failures[1]
-    assert failure.type_name == "RayWorkerDied"
-    assert "the Ray actor of rank 1" in failure.message and "on node" in failure.message
-    assert failure.pid is not None and failure.host
-
-
-def test_a_hung_rank_is_named_with_every_rank_s_stack(storage):
-    def stuck_in_user_code():
-        time.sleep(1000)
-
-    def loop():
-        if train.get_context().get_world_rank() == 1:
-            stuck_in_user_code()
-        for step in range(1000):
-            train.report({"step": step})
-            time.sleep(0.05)
-
-    with pytest.raises(HangError) as info:
-        fit(loop, storage, failure_config=FailureConfig(hang_timeout_s=2))
-    message = str(info.value)
-    assert list(info.value.worker_failures) == [1]
-    assert "in stuck_in_user_code" in message and f'File "{__file__}"' in message
-    assert "--- rank 1 ---" in message
-
-
-def test_output_is_prefixed_with_the_rank_and_written_to_per_rank_logs(storage, capfd):
-    def loop():
-        rank = train.get_context().get_world_rank()
-        print(f"hello from python {rank}")
-        print(f"warning on stderr {rank}", file=sys.stderr)
-        os.write(1, f"raw fd write {rank}\n".encode())
-        os.write(1, f"no newline at the end {rank}".encode())
-
-    result = fit(loop, storage)
-    out, err = capfd.readouterr()
-    for rank in (0, 1):
-        assert f"[rank{rank}]: hello from python {rank}" in out
-        assert f"[rank{rank}]: raw fd write {rank}" in out
-        assert f"[rank{rank}]: no newline at the end {rank}" in out
-        assert f"[rank{rank}]: warning on stderr {rank}" in err
-        with open(os.path.join(result.path, "logs", f"rank_{rank}.log")) as f:
-            log = f.read()
-        assert f"hello from python {rank}\n" in log and f"warning on stderr {rank}\n" in log
-    assert "pid=" not in out + err  # not Ray's own "(PhalanxWorker pid=...)" form
-    assert ":actor_name:" not in out + err
+    result = fit(loop, storage)  # engine=None: Ray is initialised, so the Ray engine
+    assert result.metrics["rank"] == 0
+    actors = result.all_ranks_metrics_dataframe.sort_values("rank")["actor"]
+    assert all(actors) and len(set(actors)) == 2
 
 
 def test_bars_and_prompts_reach_the_driver_while_the_actor_waits(storage, tmp_path, capfd):
