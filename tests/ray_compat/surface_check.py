@@ -9,9 +9,10 @@ Face, TensorFlow, JAX) and for the AIR-era names::
 
 A name *matches* when the phalanx object exists and, for functions and classes, its signature is
 compatible: Ray's positional parameters come first, in Ray's order, with the same names; every
-Ray keyword-only parameter exists (its position cannot matter to a caller); defaults are equal;
-every extra phalanx parameter has a default (an extra keyword a Ray script never passes). Public
-methods, properties and enum members a Ray class defines are compared the same way.
+Ray keyword-only parameter exists (its position cannot matter to a caller); defaults are equal
+(a parameter Ray requires is required in phalanx too, or the difference is documented); the
+``*args`` and ``**kwargs`` Ray takes, phalanx takes too; every extra phalanx parameter has a
+default (an extra keyword a Ray script never passes). Public methods, properties and enum members a Ray class defines are compared the same way.
 
 Not compared, because a Ray user cannot rely on them: parameters whose Ray default is the string
 ``"DEPRECATED"`` and members Ray marks ``@Deprecated`` (Ray raises when they are used), and signatures Ray leaves open
@@ -178,12 +179,13 @@ def _compare_signatures(key: str, ray_obj: Any, phx_obj: Any, drop: int = 0) -> 
     phx_params = list(phx_sig.parameters.values())[drop:]
     if all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in ray_params):
         return []  # Ray leaves it open
-    return _compare_params(key, ray_params, phx_params)
+    return compare_params(key, ray_params, phx_params)
 
 
-def _compare_params(
+def compare_params(
     key: str, ray_params: list[inspect.Parameter], phx_params: list[inspect.Parameter]
 ) -> list[str]:
+    """The problems of ``phx_params`` against Ray's ``ray_params`` (the rules: module doc)."""
     problems = []
     phx_by_name = {p.name: p for p in phx_params}
     ray_positional = [p.name for p in ray_params if p.kind in _POSITIONAL]
@@ -194,14 +196,17 @@ def _compare_params(
         )
     accepts_any_keyword = any(p.kind is p.VAR_KEYWORD for p in phx_params)
     for ray_p in ray_params:
-        if ray_p.kind in (ray_p.VAR_POSITIONAL, ray_p.VAR_KEYWORD):
+        if ray_p.kind in _VARIADIC:
+            if not any(p.kind is ray_p.kind for p in phx_params):
+                star = "**" if ray_p.kind is ray_p.VAR_KEYWORD else "*"
+                problems.append(f"{key}({star}{ray_p.name}): Ray takes it, phalanx does not")
             continue
         phx_p = phx_by_name.get(ray_p.name)
         if phx_p is None:
             if not accepts_any_keyword:
                 problems.append(f"{key}({ray_p.name}): parameter missing")
             continue
-        if not _same_default(ray_p.default, phx_p.default):
+        if not _same_default(ray_p.default, phx_p.default, ray_p.name):
             problems.append(
                 f"{key}({ray_p.name}): default differs: Ray {_show(ray_p.default)}, "
                 f"phalanx {_show(phx_p.default)}"
@@ -217,8 +222,14 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
-def _same_default(ray_default: Any, phx_default: Any) -> bool:
+# (parameter, Ray's default) -> a phalanx default that means the same.
+EQUIVALENT_DEFAULTS = {("num_boost_round", 10): None}  # None means 10, as in Ray 2.60
+
+
+def _same_default(ray_default: Any, phx_default: Any, name: str = "") -> bool:
     empty = inspect.Parameter.empty
+    if (name, ray_default) in EQUIVALENT_DEFAULTS:
+        return phx_default in (ray_default, EQUIVALENT_DEFAULTS[(name, ray_default)])
     if ray_default is empty or phx_default is empty:
         return ray_default is phx_default
     if ray_default is None and repr(phx_default) == "<factory>":
