@@ -10,8 +10,8 @@ Each system trains exactly the same way (same data, seeds, sampler, batch size, 
 uses what its users use: raw = `torch.multiprocessing.spawn` + `DistributedDataParallel` +
 `DistributedSampler`; phalanx = `phalanx.torch.TorchTrainer` + `prepare_model` +
 `prepare_data_loader` + `phalanx.report` per epoch; raytrain = `ray.train.torch.TorchTrainer`
-+ its `prepare_*` + `ray.train.report` per epoch. Every run is a fresh subprocess (this script
-with ``--one SYSTEM``), interleaved (raw phalanx raytrain, raw phalanx raytrain, ...), with
++ its `prepare_*` + `ray.train.report` per epoch. Every run is a fresh subprocess
+(bench/harness.py), interleaved (raw phalanx raytrain, raw phalanx raytrain, ...), with
 OMP_NUM_THREADS=MKL_NUM_THREADS=1 and torch.set_num_threads(1) in every worker.
 
 Measured: in-loop (rank 0, start of epoch 0 to end of the last epoch, reports included), the
@@ -26,24 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import machine, median, versions
+import harness
+from harness import Record
 
-REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("raw", "phalanx", "raytrain")
 WORLD_SIZE = 2
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-Record = dict[str, Any]
 
 
 # --------------------------------------------------------------------------- worker side
@@ -209,20 +202,17 @@ def run_one(args: argparse.Namespace) -> Record:
 
     torch.set_num_threads(1)
     import_s = time.perf_counter() - t0
-    tmp = Path(tempfile.mkdtemp(prefix=f"phxb2-{args.one}-"))
-    try:
-        cfg = {
-            "system": args.one,
-            "rows": args.rows,
-            "epochs": args.epochs,
-            "batch_size": args.batch_size,
-            "threads": 1,
-            "out": str(tmp / "rank0.json"),
-        }
-        rec = FIT[args.one](cfg, tmp)
-        rec.update(json.loads(Path(cfg["out"]).read_text()))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    tmp = Path(args.work_dir)  # the harness removes it after the run
+    cfg = {
+        "system": args.one,
+        "rows": args.rows,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "threads": 1,
+        "out": str(tmp / "rank0.json"),
+    }
+    rec = FIT[args.one](cfg, tmp)
+    rec.update(json.loads(Path(cfg["out"]).read_text()))
     rec.update(
         import_s=import_s,
         fit_s=rec["t_end"] - rec["t_fit"],
@@ -231,47 +221,7 @@ def run_one(args: argparse.Namespace) -> Record:
     return rec
 
 
-# --------------------------------------------------------------------------- orchestration
-
-
-def launch(system: str, rep: int, args: argparse.Namespace, logs: Path) -> Record:
-    json_out, log = logs / f"{system}-{rep}.json", logs / f"{system}-{rep}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", system, "--json-out",
-           str(json_out), "--rows", str(args.rows), "--epochs", str(args.epochs),
-           "--batch-size", str(args.batch_size)]  # fmt: skip
-    env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
-    t0 = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-    rec: Record = {"system": system, "rep": rep, "e2e_s": time.perf_counter() - t0, "ok": False}
-    if rc == 0 and json_out.exists():
-        rec.update(json.loads(json_out.read_text()), ok=True)
-    else:
-        rec["error"] = f"rc={rc}: " + log.read_text(errors="replace")[-2000:]
-    return rec
-
-
-def _vals(runs: list[Record], system: str, key: str) -> dict[int, float]:
-    return {r["rep"]: r[key] for r in runs if r["system"] == system and r["ok"] and key in r}
-
-
-def _cell(runs: list[Record], system: str, key: str) -> str:
-    v = list(_vals(runs, system, key).values())
-    if not v:
-        return "-"
-    return f"{median(v):.2f} ({min(v):.2f}..{max(v):.2f})"
-
-
-def _ratio(runs: list[Record], key: str, a: str, b: str) -> str:
-    va, vb = _vals(runs, a, key), _vals(runs, b, key)
-    ratios = [va[k] / vb[k] for k in va.keys() & vb.keys() if vb[k] > 0]
-    return f"{median(ratios):.3f}x" if ratios else "-"
-
+# --------------------------------------------------------------------------- report
 
 COLUMNS = [
     ("loop_s", "in-loop (s)"),
@@ -283,109 +233,43 @@ COLUMNS = [
 ]
 
 
-def write_report(runs: list[Record], meta: Record, out: Path) -> None:
-    for r in runs:
-        if r["ok"]:
-            r["epoch_med_s"] = statistics.median(r["epoch_s"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
-    m, v = meta["machine"], meta["versions"]
-    lines = [
-        "# B2 DDP parity: phalanx vs raw torch vs Ray Train",
-        "",
-        f"- date: {meta['date']}; command: `{meta['command']}`",
-        f"- machine: {m['nproc']} CPUs, {m['memory_gib']} GiB, {m['cpu_model']}; load avg "
-        f"{m['load_start']:.2f} at start, {m['load_end']:.2f} at end",
-        f"- versions: Python {v['python']}, torch {v['torch']}, ray {v['ray']}, phalanx "
-        f"{v['phalanx']}",
-        f"- workload: MLP 784-512-512-10, {meta['rows']:,} synthetic rows, {WORLD_SIZE} workers "
-        f"(gloo), {meta['epochs']} epochs, batch {meta['batch_size']} per worker, SGD momentum, "
-        "report() per epoch (raw: none); 1 thread per worker in every system",
-        f"- {meta['reps']} reps, interleaved ({' '.join(meta['systems'])}), each run in its own "
-        "subprocess. Median (min..max).",
-        "",
-        "| system | ok | " + " | ".join(c[1] for c in COLUMNS) + " |",
-        "| --- " * (len(COLUMNS) + 2) + "|",
-    ]
-    for s in meta["systems"]:
-        ok = sum(1 for r in runs if r["system"] == s and r["ok"])
-        total = sum(1 for r in runs if r["system"] == s)
-        cells = " | ".join(_cell(runs, s, key) for key, _ in COLUMNS)
-        lines.append(f"| {s} | {ok}/{total} | {cells} |")
-    pairs = [(a, b) for a, b in (("phalanx", "raw"), ("phalanx", "raytrain"), ("raytrain", "raw"))
-             if a in meta["systems"] and b in meta["systems"]]  # fmt: skip
-    lines += ["", "Ratios: median over reps of (rep i of one / rep i of the other).", ""]
-    lines.append("| metric | " + " | ".join(f"{a} / {b}" for a, b in pairs) + " |")
-    lines.append("| --- " * (len(pairs) + 1) + "|")
-    for key, label in COLUMNS:
-        lines.append(f"| {label} | " + " | ".join(_ratio(runs, key, a, b) for a, b in pairs) + " |")
-    finals = {s: sorted({round(r["losses"][-1], 5) for r in runs if r["system"] == s and r["ok"]})
-              for s in meta["systems"]}  # fmt: skip
-    lines += ["", f"- final mean training loss per system (identical training): {finals}"]
-    failed = [r for r in runs if not r["ok"]]
-    lines += [f"- FAILED {r['system']} rep {r['rep']}: {r['error'][-300:]!r}" for r in failed]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-
-
-def run_all(args: argparse.Namespace) -> None:
-    systems = [s for s in args.systems.split(",") if s]
-    meta: Record = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "machine": machine(),
-        "versions": versions(),
-        "rows": args.rows,
-        "epochs": args.epochs,
-        "batch_size": args.batch_size,
-        "reps": args.reps,
-        "systems": systems,
-    }
-    logs = Path(tempfile.mkdtemp(prefix="phxb2-logs-"))
-    runs: list[Record] = []
-    try:
-        for rep in range(args.reps):
-            for system in systems:
-                rec = launch(system, rep, args, logs)
-                runs.append(rec)
-                keys = ("loop_s", "setup_s", "fit_s", "e2e_s")
-                summary = " ".join(f"{k}={rec[k]:.2f}" for k in keys if k in rec)
-                print(f"[rep {rep}] {system:8} {'ok' if rec['ok'] else 'FAILED'} {summary}",
-                      flush=True)  # fmt: skip
-                if not rec["ok"]:
-                    print(rec["error"][-1500:], flush=True)
-    finally:
-        meta["machine"]["load_end"] = os.getloadavg()[0]
-        write_report(runs, meta, Path(args.out))
-        shutil.rmtree(logs, ignore_errors=True)
-    print(Path(args.out).with_suffix(".md").read_text())
-
-
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--reps", type=int, default=3)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=60_000)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=128, help="per worker")
-    p.add_argument("--timeout", type=float, default=900.0, help="per run, seconds")
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "ddp_parity"))
-    p.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
-    p.add_argument("--json-out", help=argparse.SUPPRESS)
-    return p.parse_args()
 
 
-def main() -> None:
-    args = parse_args()
-    if args.one:
-        for key, value in THREAD_ENV.items():
-            os.environ.setdefault(key, value)
-        rec = run_one(args)
-        Path(args.json_out).write_text(json.dumps(rec))
-    else:
-        run_all(args)
+def workload(meta: Record) -> list[str]:
+    return [
+        f"- workload: MLP 784-512-512-10, {meta['rows']:,} synthetic rows, {WORLD_SIZE} workers "
+        f"(gloo), {meta['epochs']} epochs, batch {meta['batch_size']} per worker, SGD momentum, "
+        "report() per epoch (raw: none); 1 thread per worker in every system",
+    ]
 
+
+def report(runs: list[Record], meta: Record) -> list[str]:
+    for r in runs:
+        if r["ok"]:
+            r["epoch_med_s"] = statistics.median(r["epoch_s"])
+    systems = meta["systems"]
+    wanted = [("phalanx", "raw"), ("phalanx", "raytrain"), ("raytrain", "raw")]
+    lines = [*harness.table(runs, systems, COLUMNS), ""]
+    lines += harness.ratio_table(runs, harness.pairs_of(systems, wanted), COLUMNS)
+    finals = {s: sorted({round(r["losses"][-1], 5) for r in runs if r["system"] == s and r["ok"]})
+              for s in systems}  # fmt: skip
+    return [*lines, "", f"- final mean training loss per system (identical training): {finals}"]
+
+
+BENCH = harness.Bench(
+    name="ddp_parity",
+    title="B2 DDP parity: phalanx vs raw torch vs Ray Train",
+    systems=SYSTEMS,
+    run_one=run_one,
+    add_arguments=add_arguments,
+    workload=workload,
+    report=report,
+    summary_keys=("loop_s", "setup_s", "fit_s", "e2e_s"),
+)
 
 if __name__ == "__main__":
-    main()
+    harness.main(BENCH)

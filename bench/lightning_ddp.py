@@ -14,7 +14,7 @@ gloo, one checkpoint per epoch, trained three ways, as each system's users write
     python bench/lightning_ddp.py                                  # 16k rows, 3 epochs, 3 reps
     python bench/lightning_ddp.py --reps 1 --rows 1024 --epochs 1  # smoke run
 
-Every run is a fresh subprocess (this script with ``--one SYSTEM``), interleaved, with
+Every run is a fresh subprocess (bench/harness.py: interleaved reps), with
 OMP_NUM_THREADS=MKL_NUM_THREADS=1 and torch.set_num_threads(1) in every worker. Measured on rank
 0: fit() (the outer trainer's fit(), or Lightning's ``trainer.fit`` with its launcher), setup
 (first line of the training code to Lightning's ``on_train_start``), in-loop (``on_train_start``
@@ -26,24 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import machine, median, package_version, versions
+import harness
+from harness import Record
 
-REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("phalanx", "lightning", "raytrain")
 WORLD_SIZE = 2
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-Record = dict[str, Any]
 
 
 # --------------------------------------------------------------------------- worker side
@@ -240,47 +232,7 @@ def run_one(args: argparse.Namespace) -> Record | None:
     return rec
 
 
-# --------------------------------------------------------------------------- orchestration
-
-
-def launch(system: str, rep: int, args: argparse.Namespace, logs: Path) -> Record:
-    json_out, log = logs / f"{system}-{rep}.json", logs / f"{system}-{rep}.log"
-    work = Path(tempfile.mkdtemp(prefix=f"phxbl-{system}-"))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", system, "--json-out",
-           str(json_out), "--work-dir", str(work), "--rows", str(args.rows), "--epochs",
-           str(args.epochs), "--batch-size", str(args.batch_size)]  # fmt: skip
-    env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
-    t0 = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-    shutil.rmtree(work, ignore_errors=True)
-    rec: Record = {"system": system, "rep": rep, "e2e_s": time.perf_counter() - t0, "ok": False}
-    if rc == 0 and json_out.exists():
-        rec.update(json.loads(json_out.read_text()), ok=True)
-    else:
-        rec["error"] = f"rc={rc}: " + log.read_text(errors="replace")[-2000:]
-    return rec
-
-
-def _vals(runs: list[Record], system: str, key: str) -> dict[int, float]:
-    return {r["rep"]: r[key] for r in runs if r["system"] == system and r["ok"] and key in r}
-
-
-def _cell(runs: list[Record], system: str, key: str) -> str:
-    v = list(_vals(runs, system, key).values())
-    return f"{median(v):.2f} ({min(v):.2f}..{max(v):.2f})" if v else "-"
-
-
-def _ratio(runs: list[Record], key: str, a: str, b: str) -> str:
-    va, vb = _vals(runs, a, key), _vals(runs, b, key)
-    ratios = [va[k] / vb[k] for k in va.keys() & vb.keys() if vb[k] > 0]
-    return f"{median(ratios):.3f}x" if ratios else "-"
-
+# --------------------------------------------------------------------------- report
 
 COLUMNS = [
     ("fit_s", "fit() (s)"),
@@ -291,109 +243,41 @@ COLUMNS = [
 ]
 
 
-def write_report(runs: list[Record], meta: Record, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
-    m, v = meta["machine"], meta["versions"]
-    lines = [
-        "# Lightning DDP: phalanx.lightning vs Lightning's launcher vs Ray Train",
-        "",
-        f"- date: {meta['date']}; command: `{meta['command']}`",
-        f"- machine: {m['nproc']} CPUs, {m['memory_gib']} GiB, {m['cpu_model']}; load avg "
-        f"{m['load_start']:.2f} at start, {m['load_end']:.2f} at end",
-        f"- versions: Python {v['python']}, torch {v['torch']}, ray {v['ray']}, lightning "
-        f"{meta['lightning']}, phalanx {v['phalanx']}",
-        f"- workload: LightningModule MLP 784-256-10, {meta['rows']:,} synthetic rows, "
-        f"{WORLD_SIZE} workers (gloo), {meta['epochs']} epochs, batch {meta['batch_size']} per "
-        "worker, one checkpoint per epoch; 1 thread per worker in every system",
-        f"- {meta['reps']} reps, interleaved ({' '.join(meta['systems'])}), each run in its own "
-        "subprocess. Median (min..max).",
-        "",
-        "| system | ok | " + " | ".join(c[1] for c in COLUMNS) + " |",
-        "| --- " * (len(COLUMNS) + 2) + "|",
-    ]
-    for s in meta["systems"]:
-        ok = sum(1 for r in runs if r["system"] == s and r["ok"])
-        total = sum(1 for r in runs if r["system"] == s)
-        cells = " | ".join(_cell(runs, s, key) for key, _ in COLUMNS)
-        lines.append(f"| {s} | {ok}/{total} | {cells} |")
-    pairs = [(a, b) for a, b in (("phalanx", "lightning"), ("phalanx", "raytrain"))
-             if a in meta["systems"] and b in meta["systems"]]  # fmt: skip
-    lines += ["", "Ratios: median over reps of (rep i of one / rep i of the other).", ""]
-    lines.append("| metric | " + " | ".join(f"{a} / {b}" for a, b in pairs) + " |")
-    lines.append("| --- " * (len(pairs) + 1) + "|")
-    for key, label in COLUMNS:
-        lines.append(f"| {label} | " + " | ".join(_ratio(runs, key, a, b) for a, b in pairs) + " |")
-    finals = {s: sorted({round(r["loss"], 4) for r in runs if r["system"] == s and r["ok"]})
-              for s in meta["systems"]}  # fmt: skip
-    lines += ["", f"- last epoch's mean training loss on rank 0 per system: {finals}"]
-    lines += [f"- FAILED {r['system']} rep {r['rep']}: {r['error'][-300:]!r}"
-              for r in runs if not r["ok"]]  # fmt: skip
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-
-
-def run_all(args: argparse.Namespace) -> None:
-    systems = [s for s in args.systems.split(",") if s]
-    meta: Record = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "machine": machine(),
-        "versions": versions(),
-        "lightning": package_version("lightning"),
-        "rows": args.rows,
-        "epochs": args.epochs,
-        "batch_size": args.batch_size,
-        "reps": args.reps,
-        "systems": systems,
-    }
-    logs = Path(tempfile.mkdtemp(prefix="phxbl-logs-"))
-    runs: list[Record] = []
-    try:
-        for rep in range(args.reps):
-            for system in systems:
-                rec = launch(system, rep, args, logs)
-                runs.append(rec)
-                keys = ("fit_s", "setup_s", "loop_s", "step_med_ms", "e2e_s")
-                summary = " ".join(f"{k}={rec[k]:.2f}" for k in keys if k in rec)
-                print(f"[rep {rep}] {system:9} {'ok' if rec['ok'] else 'FAILED'} {summary}",
-                      flush=True)  # fmt: skip
-                if not rec["ok"]:
-                    print(rec["error"][-1500:], flush=True)
-    finally:
-        meta["machine"]["load_end"] = os.getloadavg()[0]
-        write_report(runs, meta, Path(args.out))
-        shutil.rmtree(logs, ignore_errors=True)
-    print(Path(args.out).with_suffix(".md").read_text())
-
-
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--reps", type=int, default=3)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=16_384)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64, help="per worker")
-    p.add_argument("--timeout", type=float, default=900.0, help="per run, seconds")
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "lightning_ddp"))
-    p.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
-    p.add_argument("--json-out", help=argparse.SUPPRESS)
-    p.add_argument("--work-dir", help=argparse.SUPPRESS)
-    return p.parse_args()
 
 
-def main() -> None:
-    args = parse_args()
-    if args.one:
-        for key, value in THREAD_ENV.items():
-            os.environ.setdefault(key, value)
-        rec = run_one(args)
-        if rec is not None:  # rank 1 of Lightning's launcher writes nothing
-            Path(args.json_out).write_text(json.dumps(rec))
-    else:
-        run_all(args)
+def workload(meta: Record) -> list[str]:
+    return [
+        f"- workload: LightningModule MLP 784-256-10, {meta['rows']:,} synthetic rows, "
+        f"{WORLD_SIZE} workers (gloo), {meta['epochs']} epochs, batch {meta['batch_size']} per "
+        "worker, one checkpoint per epoch; 1 thread per worker in every system",
+    ]
 
+
+def report(runs: list[Record], meta: Record) -> list[str]:
+    systems = meta["systems"]
+    lines = [*harness.table(runs, systems, COLUMNS), ""]
+    pairs = harness.pairs_of(systems, [("phalanx", "lightning"), ("phalanx", "raytrain")])
+    lines += harness.ratio_table(runs, pairs, COLUMNS)
+    finals = {s: sorted({round(r["loss"], 4) for r in runs if r["system"] == s and r["ok"]})
+              for s in systems}  # fmt: skip
+    return [*lines, "", f"- last epoch's mean training loss on rank 0 per system: {finals}"]
+
+
+BENCH = harness.Bench(
+    name="lightning_ddp",
+    title="Lightning DDP: phalanx.lightning vs Lightning's launcher vs Ray Train",
+    systems=SYSTEMS,
+    run_one=run_one,
+    add_arguments=add_arguments,
+    workload=workload,
+    report=report,
+    summary_keys=("fit_s", "setup_s", "loop_s", "step_med_ms", "e2e_s"),
+    extra_versions=("lightning",),
+)
 
 if __name__ == "__main__":
-    main()
+    harness.main(BENCH)

@@ -38,7 +38,7 @@ Measured (wall clock ``time.time()``, one machine):
 - ``fit_total_s``: the trainer's ``fit()`` (torchrun: the ``torchrun`` command, which also pays
   Python start-up and ``import torch`` for its agent and 2x2 workers).
 
-Every run is a fresh subprocess (this script with ``--one SYSTEM``), interleaved, with
+Every run is a fresh subprocess (bench/harness.py: interleaved reps), with
 OMP_NUM_THREADS=MKL_NUM_THREADS=1 and torch.set_num_threads(1) in every worker; the driver of
 every run imports torch first, as a user's script would. Each run is its own session; after it
 exits, the processes left in that session are counted and killed. Results go to
@@ -52,7 +52,6 @@ import itertools
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import statistics
@@ -61,18 +60,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from common import machine, median, reap_session, versions
+import harness
+from common import median
+from harness import Record
 
-REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("phalanx", "phalanx-preload", "raytrain", "torchrun")
 WORLD_SIZE = 2
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 STATE_FILE = "state.pt"
-Record = dict[str, Any]
 # report(metrics, directory holding STATE_FILE or None)
 ReportFn = Callable[[dict[str, Any], str | None], None]
 
@@ -397,7 +395,7 @@ def run_one(args: argparse.Namespace) -> Record:
 
     torch.set_num_threads(1)
     import_s = time.perf_counter() - t0
-    tmp = Path(tempfile.mkdtemp(prefix=f"phxb5-{args.one}-"))
+    tmp = Path(args.work_dir)  # the harness removes it after the run
     out = tmp / "marks"
     out.mkdir()
     cfg = {
@@ -411,67 +409,18 @@ def run_one(args: argparse.Namespace) -> Record:
         "out_dir": str(out),
         "detect_file": str(out / "detect.json"),
     }
-    try:
-        if args.one == "raytrain":
-            rec = _fit_raytrain(cfg, tmp)
-        elif args.one == "torchrun":
-            rec = _fit_torchrun(cfg, tmp)
-        else:
-            rec = _fit_phalanx(cfg, tmp, preload=args.one == "phalanx-preload")
-        rec = _derive(rec, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if args.one == "raytrain":
+        rec = _fit_raytrain(cfg, tmp)
+    elif args.one == "torchrun":
+        rec = _fit_torchrun(cfg, tmp)
+    else:
+        rec = _fit_phalanx(cfg, tmp, preload=args.one == "phalanx-preload")
+    rec = _derive(rec, out)
     rec.update(import_s=import_s, fit_total_s=rec["t_end"] - rec["t_fit"])
     return rec
 
 
-# --------------------------------------------------------------------------- orchestration
-
-
-def launch(system: str, rep: int, args: argparse.Namespace, logs: Path) -> Record:
-    json_out, log = logs / f"{system}-{rep}.json", logs / f"{system}-{rep}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", system, "--json-out",
-           str(json_out), "--rows", str(args.rows), "--epochs", str(args.epochs),
-           "--batch-size", str(args.batch_size), "--ckpt-every", str(args.ckpt_every),
-           "--kill-step", str(args.kill_step)]  # fmt: skip
-    env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
-    t0 = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True)  # fmt: skip
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-    e2e_s = time.perf_counter() - t0
-    time.sleep(1.0)  # let what exits on its own do so
-    left = reap_session(proc.pid)
-    rec: Record = {"system": system, "rep": rep, "e2e_s": e2e_s, "ok": False, "leftover": left}
-    if rc == 0 and json_out.exists():
-        rec.update(json.loads(json_out.read_text()))
-        rec["ok"] = rec.get("error") is None and "restore_s" in rec
-    if not rec["ok"]:
-        rec["log_tail"] = f"rc={rc}: " + log.read_text(errors="replace")[-3000:]
-    return rec
-
-
-def _vals(runs: list[Record], system: str, key: str) -> dict[int, float]:
-    return {r["rep"]: r[key] for r in runs if r["system"] == system and r["ok"] and key in r}
-
-
-def _cell(runs: list[Record], system: str, key: str) -> str:
-    v = list(_vals(runs, system, key).values())
-    if not v:
-        return "n/a"
-    return f"{median(v):.3f} ({min(v):.3f}..{max(v):.3f})"
-
-
-def _ratio(runs: list[Record], key: str, a: str, b: str) -> str:
-    va, vb = _vals(runs, a, key), _vals(runs, b, key)
-    ratios = [va[k] / vb[k] for k in va.keys() & vb.keys() if vb[k] > 0]
-    return f"{median(ratios):.3f}x" if ratios else "n/a"
-
+# --------------------------------------------------------------------------- report
 
 COLUMNS = [
     ("detect_s", "detect_s"),
@@ -490,80 +439,56 @@ BREAKDOWN = [
 ]
 
 
-def _header(meta: Record) -> list[str]:
-    m, v = meta["machine"], meta["versions"]
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, default=20_000)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=128, help="per worker")
+    p.add_argument("--ckpt-every", type=int, default=20, help="steps between checkpoints")
+    p.add_argument("--kill-step", type=int, default=50, help="rank 1 dies after this step")
+    p.add_argument("--torchrun-worker", help=argparse.SUPPRESS)
+
+
+def workload(meta: Record) -> list[str]:
     steps = -(-meta["rows"] // WORLD_SIZE // meta["batch_size"]) * meta["epochs"]
     return [
-        "# B5 recovery: kill -9 of rank 1 mid-run, phalanx vs Ray Train vs torchrun",
-        "",
-        f"- date: {meta['date']}; command: `{meta['command']}`",
-        f"- machine: {m['nproc']} CPUs, {m['memory_gib']} GiB, {m['cpu_model']}; load avg "
-        f"{m['load_start']:.2f} at start, {m['load_end']:.2f} at end (shared, noisy)",
-        f"- versions: Python {v['python']}, torch {v['torch']}, ray {v['ray']}, phalanx "
-        f"{v['phalanx']}",
         f"- workload (B2 loop, shrunk): MLP 784-512-512-10, {meta['rows']:,} synthetic rows, "
         f"{WORLD_SIZE} workers (gloo DDP), {meta['epochs']} epochs = {steps} steps per worker, "
         f"batch {meta['batch_size']} per worker; every {meta['ckpt_every']} steps all ranks "
         "report, rank 0 with a checkpoint (model + optimizer, ~10 MB); rank 1 SIGKILLs itself "
         f"after step {meta['kill_step']} of the first attempt; max_failures=1; 1 thread per "
         "worker everywhere",
-        f"- {meta['reps']} reps, interleaved ({' '.join(meta['systems'])}), each run in its own "
-        "subprocess. Median (min..max) of the ok runs, seconds.",
         "- detect_s: kill → phalanx `Callback.after_exception` (after teardown) / Ray "
         "`UserCallback.after_exception` (before teardown) / torchrun agent log line "
         "`Worker group FAILED ... will restart` (after teardown). restore_s: kill → first "
         "optimizer step done by the restarted rank 0 (includes load ckpt and the skip to the "
-        "checkpoint's step). fit_total_s: fit() (torchrun: the whole torchrun command).",
-        "",
+        "checkpoint's step). fit_total_s: fit() (torchrun: the whole torchrun command). Seconds.",
     ]
 
 
-def _table(runs: list[Record], systems: list[str], columns: list[tuple[str, str]]) -> list[str]:
-    lines = [
-        "| system | ok | " + " | ".join(c[1] for c in columns) + " |",
-        "| --- " * (len(columns) + 2) + "|",
-    ]
-    for s in systems:
-        ok = sum(1 for r in runs if r["system"] == s and r["ok"])
-        total = sum(1 for r in runs if r["system"] == s)
-        cells = " | ".join(_cell(runs, s, key) for key, _ in columns)
-        lines.append(f"| {s} | {ok}/{total} | {cells} |")
-    return lines
-
-
-def write_report(runs: list[Record], meta: Record, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
+def report(runs: list[Record], meta: Record) -> list[str]:
     systems = meta["systems"]
-    lines = _header(meta) + _table(runs, systems, COLUMNS)
+    lines = harness.table(runs, systems, COLUMNS, digits=3)
     lines += ["", "Restarted rank 0, first line of the training fn → first step:", ""]
-    lines += _table(runs, systems, BREAKDOWN)
-    pairs = [(a, b) for a in ("phalanx", "phalanx-preload") for b in ("raytrain", "torchrun")
-             if a in systems and b in systems]  # fmt: skip
-    if "phalanx" in systems and "phalanx-preload" in systems:
-        pairs.append(("phalanx-preload", "phalanx"))
-    lines += ["", "Ratios: median over reps of (rep i of one / rep i of the other).", ""]
-    lines.append("| metric | " + " | ".join(f"{a} / {b}" for a, b in pairs) + " |")
-    lines.append("| --- " * (len(pairs) + 1) + "|")
-    for key, label in COLUMNS:
-        lines.append(f"| {label} | " + " | ".join(_ratio(runs, key, a, b) for a, b in pairs) + " |")
-    lines += ["", *_targets(runs, systems), *_notes(runs, systems)]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    lines += harness.table(runs, systems, BREAKDOWN, digits=3)
+    wanted = [(a, b) for a in ("phalanx", "phalanx-preload") for b in ("raytrain", "torchrun")]
+    pairs = harness.pairs_of(systems, [*wanted, ("phalanx-preload", "phalanx")])
+    lines += ["", *harness.ratio_table(runs, pairs, COLUMNS)]
+    return [*lines, "", *_targets(runs, systems), *_notes(runs, systems)]
 
 
 def _targets(runs: list[Record], systems: list[str]) -> list[str]:
     """B5: detection <= 0.2 s; back to training <= 1.5 s + load; <= 0.1x Ray Train."""
     lines = []
     for s in (s for s in systems if s.startswith("phalanx")):
-        detect = median(list(_vals(runs, s, "detect_s").values()))
+        detect = median(list(harness.vals(runs, s, "detect_s").values()))
         back = [r["restore_s"] - r["load_s"] for r in runs if r["system"] == s and r["ok"]]
         if detect is None or not back:
             continue
         lines.append(
             f"- B5 targets, {s}: detection {detect:.3f} s (target <= 0.2); kill → first step "
             f"minus checkpoint load {statistics.median(back):.3f} s (target <= 1.5); "
-            f"restore_s / raytrain {_ratio(runs, 'restore_s', s, 'raytrain')}, detect_s / "
-            f"raytrain {_ratio(runs, 'detect_s', s, 'raytrain')} (target <= 0.1x)"
+            f"restore_s / raytrain {harness.ratio(runs, 'restore_s', s, 'raytrain')}, detect_s / "
+            f"raytrain {harness.ratio(runs, 'detect_s', s, 'raytrain')} (target <= 0.1x)"
         )
     return lines
 
@@ -590,85 +515,39 @@ def _notes(runs: list[Record], systems: list[str]) -> list[str]:
         "process: in workers restarted from phalanx's fork server without a preload, in every "
         "new Ray Train and torchrun worker. `phalanx-preload` names it in `preload_modules`.",
     ]
-    for r in runs:
-        if not r["ok"]:
-            notes.append(f"- FAILED {r['system']} rep {r['rep']}: {r.get('log_tail', '')[-400:]!r}")
     return notes
 
 
-def _summary(rec: Record) -> str:
-    keys = ("detect_s", "restart_s", "restore_s", "prepare_s", "step1_s", "fit_total_s", "e2e_s")
-    text = " ".join(f"{k}={rec[k]:.3f}" for k in keys if k in rec)
-    return f"{text} leftover={len(rec['leftover'])}"
-
-
-def run_all(args: argparse.Namespace) -> None:
-    systems = [s for s in args.systems.split(",") if s]
-    meta: Record = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "machine": machine(),
-        "versions": versions(),
-        "rows": args.rows,
-        "epochs": args.epochs,
-        "batch_size": args.batch_size,
-        "ckpt_every": args.ckpt_every,
-        "kill_step": args.kill_step,
-        "reps": args.reps,
-        "systems": systems,
-    }
-    logs = Path(tempfile.mkdtemp(prefix="phxb5-logs-"))
-    runs: list[Record] = []
-    try:
-        for rep in range(args.reps):
-            for system in systems:
-                rec = launch(system, rep, args, logs)
-                runs.append(rec)
-                status = "ok" if rec["ok"] else "FAILED"
-                print(f"[rep {rep}] {system:15} {status} {_summary(rec)}", flush=True)
-                if not rec["ok"]:
-                    print(rec.get("log_tail", "")[-1500:], flush=True)
-    finally:
-        meta["machine"]["load_end"] = os.getloadavg()[0]
-        write_report(runs, meta, Path(args.out))
-        shutil.rmtree(logs, ignore_errors=True)
-    print(Path(args.out).with_suffix(".md").read_text())
-
-
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--rows", type=int, default=20_000)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=128, help="per worker")
-    p.add_argument("--ckpt-every", type=int, default=20, help="steps between checkpoints")
-    p.add_argument("--kill-step", type=int, default=50, help="rank 1 dies after this step")
-    p.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "recovery"))
-    p.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
-    p.add_argument("--json-out", help=argparse.SUPPRESS)
-    p.add_argument("--torchrun-worker", help=argparse.SUPPRESS)
-    p.add_argument("--render", metavar="JSON", help="rewrite the markdown from a results JSON")
-    return p.parse_args()
+BENCH = harness.Bench(
+    name="recovery",
+    title="B5 recovery: kill -9 of rank 1 mid-run, phalanx vs Ray Train vs torchrun",
+    systems=SYSTEMS,
+    run_one=run_one,
+    add_arguments=add_arguments,
+    workload=workload,
+    report=report,
+    summary_keys=(
+        "detect_s",
+        "restart_s",
+        "restore_s",
+        "prepare_s",
+        "step1_s",
+        "fit_total_s",
+        "e2e_s",
+    ),
+    ok=lambda rec: rec.get("error") is None and "restore_s" in rec,
+    timeout_s=600.0,
+    own_session=True,
+    digits=3,
+)
 
 
 def main() -> None:
-    args = parse_args()
-    if args.render:
-        data = json.loads(Path(args.render).read_text())
-        write_report(data["runs"], data["meta"], Path(args.render).with_suffix(""))
-    elif args.torchrun_worker:
+    args = harness.parse_args(BENCH)
+    if args.torchrun_worker:  # a worker torchrun started (see _fit_torchrun)
         _torchrun_worker(args.torchrun_worker)
-    elif args.one:
-        for key, value in THREAD_ENV.items():
-            os.environ.setdefault(key, value)
-        rec = run_one(args)
-        Path(args.json_out).write_text(json.dumps(rec))
     else:
-        run_all(args)
+        harness.main(BENCH, args)
 
 
 if __name__ == "__main__":
