@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -280,7 +281,9 @@ def test_result_from_path_matches_the_result(storage):
     assert reloaded.checkpoint == result.checkpoint
     assert reloaded.best_checkpoints == result.best_checkpoints
     assert reloaded.metrics_dataframe.equals(result.metrics_dataframe)
-    snapshot = json.load(open(os.path.join(result.path, "checkpoint_manager_snapshot.json")))
+    snapshot = json.loads(
+        Path(os.path.join(result.path, "checkpoint_manager_snapshot.json")).read_text()
+    )
     assert snapshot["latest"] == "checkpoint_000002"
 
 

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -161,7 +162,9 @@ def test_sigterm_saves_a_just_in_time_checkpoint_and_uses_the_preemption_budget(
     # the second attempt continues right after the just-in-time checkpoint
     assert steps == sorted(steps) and steps == list(range(30))
     assert stop_step >= 5
-    snapshot = json.load(open(os.path.join(result.path, "checkpoint_manager_snapshot.json")))
+    snapshot = json.loads(
+        Path(os.path.join(result.path, "checkpoint_manager_snapshot.json")).read_text()
+    )
     assert [a["outcome"] for a in snapshot["attempts"]] == ["preempted", "finished"]
     assert result.attempts == 2
 
@@ -318,21 +321,23 @@ def test_a_crashed_driver_is_resumed_by_running_it_again(driver_script, tmp_path
     try:
         wait_for(lambda: (run_dir / "checkpoint_000005").exists(), 30, "a few checkpoints")
         driver.kill()
-        driver.wait()
+        driver.communicate()  # closes its pipes too
     finally:
         if driver.poll() is None:
             driver.kill()
-            driver.wait()
+            driver.communicate()  # closes its pipes too
     wait_for(lambda: not any(psutil.pid_exists(p) for p in worker_pids(tmp_path)), 2, "workers")
     os.makedirs(run_dir / "checkpoint_000099")  # as if committed right before the crash
     again = start_driver(driver_script, tmp_path, 0.0)
     out, err = again.communicate(timeout=60)
     assert again.returncode == 0, err
     assert "FINAL 19" in out
-    history = [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")]
+    history = [
+        json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
     assert history[-1] == 19 and set(history) == set(range(20))  # continued, not overwritten
     assert not (run_dir / "checkpoint_000099").exists()
-    snapshot = json.load(open(run_dir / "checkpoint_manager_snapshot.json"))
+    snapshot = json.loads(Path(run_dir / "checkpoint_manager_snapshot.json").read_text())
     assert len(snapshot["attempts"]) == 2 and snapshot["attempts"][1]["outcome"] == "finished"
 
 
@@ -349,10 +354,10 @@ def test_ctrl_c_stops_every_worker_and_keeps_committed_checkpoints(driver_script
     finally:
         if driver.poll() is None:
             driver.kill()
-            driver.wait()
+            driver.communicate()  # closes its pipes too
     assert "KeyboardInterrupt" in err and driver.returncode != 0
     assert not any(psutil.pid_exists(p) for p in pids)
-    snapshot = json.load(open(run_dir / "checkpoint_manager_snapshot.json"))
+    snapshot = json.loads(Path(run_dir / "checkpoint_manager_snapshot.json").read_text())
     assert snapshot["latest"] is not None
     assert (run_dir / snapshot["latest"] / "step").exists()
     assert snapshot["attempts"][-1]["outcome"] == "interrupted"

@@ -274,7 +274,7 @@ def test_ctrl_c_and_sigterm_stop_every_worker_and_say_how_to_resume(tmp_path, si
     finally:
         if driver.poll() is None:
             driver.kill()
-            driver.wait()
+            driver.communicate()  # closes its pipes too
     assert driver.returncode != 0
     # phalanx's console handler (no logging configured) prefixes its lines with "[phalanx] "
     resume = [line for line in err.splitlines() if line.startswith("[phalanx] Interrupted:")]

@@ -115,7 +115,9 @@ def read_jsonl(path):
 
 
 def check_run(run_path: str, model: Model, scripts: dict[int, list[dict]]) -> None:
-    snapshot = json.load(open(os.path.join(run_path, "checkpoint_manager_snapshot.json")))
+    snapshot = json.loads(
+        Path(os.path.join(run_path, "checkpoint_manager_snapshot.json")).read_text()
+    )
     committed = {c["dir_name"] for c in snapshot["checkpoints"]}
     assert committed == set(model.checkpoints), "a complete round was lost or a partial committed"
     for name, parts in model.checkpoints.items():

@@ -117,7 +117,7 @@ def copy_tree(src: str, dst: str, exclude: str | None = None) -> int:
     os.makedirs(dst, exist_ok=True)
     copied = 0
     skipped: list[str] = []
-    for entry in os.scandir(src):
+    for entry in list(os.scandir(src)):  # list(): closed at once, even if the loop raises
         if exclude is not None and os.path.abspath(entry.path) == exclude:
             continue
         target = os.path.join(dst, entry.name)

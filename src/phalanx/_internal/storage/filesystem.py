@@ -77,7 +77,7 @@ def move_tree_contents(src: str, dst: str) -> None:
     Same filesystem: each entry is one rename, no data is copied.
     """
     os.makedirs(dst, exist_ok=True)
-    for entry in os.scandir(src):
+    for entry in list(os.scandir(src)):  # list(): closed at once, even if the loop raises
         target = os.path.join(dst, entry.name)
         if entry.is_dir(follow_symlinks=False) and os.path.isdir(target):
             move_tree_contents(entry.path, target)
