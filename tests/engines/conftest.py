@@ -2,9 +2,7 @@
 
 To prove a new engine, or a new way for an engine to start its workers, add one ``EngineCase``
 to ``CASES``: every test in tests/engines/ then runs on it too. ``env`` is set for the module's
-tests on that case (before any test's leak snapshot) and restored after; e.g. the local engine's
-portable start path would be ``EngineCase("local-spawn", "local", True,
-{"PHALANX_START_METHOD": "spawn"})``.
+tests on that case (before any test's leak snapshot) and restored after, as ``local-spawn`` does.
 """
 
 from __future__ import annotations
@@ -31,6 +29,8 @@ class EngineCase:
 CASES = [
     EngineCase("thread", "thread", processes=False),
     EngineCase("local", "local", processes=True),
+    # The local engine's portable start path (a spawn server; chosen off Linux, or after CUDA).
+    EngineCase("local-spawn", "local", processes=True, env={"PHALANX_START_METHOD": "spawn"}),
     EngineCase("ray", "ray", processes=True),
 ]
 

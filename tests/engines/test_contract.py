@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 # How long the failure of one rank may take to end fit(), start-up included (Ray's actors take
 # seconds to start on a loaded machine; the failure path itself is milliseconds on every engine).
-FAIL_FAST_S = {"thread": 3.0, "local": 3.0, "ray": 45.0}
+FAIL_FAST_S = {"thread": 3.0, "local": 3.0, "local-spawn": 10.0, "ray": 45.0}
 
 
 def fit(fn, storage, engine, workers=2, config=None, name="run", **run_kwargs):
