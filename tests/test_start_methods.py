@@ -44,29 +44,14 @@ def spawn(monkeypatch):
 
 # -- the same scenarios as the fork path, on the spawn path -------------------------------------
 
-test_workers_are_separate_processes_with_torchrun_ranks = (
-    local.test_workers_are_separate_processes_with_torchrun_ranks
-)
-test_output_is_prefixed_with_the_rank_and_written_to_per_rank_logs = (
-    local.test_output_is_prefixed_with_the_rank_and_written_to_per_rank_logs
-)
-test_many_reports_arrive_in_order = local.test_many_reports_arrive_in_order
+# Ranks, output, reports in order, checkpoints, an exception, a killed worker and nothing left
+# running: tests/engines/ runs them on the "local-spawn" EngineCase. The rest, here:
 test_reports_larger_than_the_socket_buffer_keep_their_order_and_never_block = (
     local.test_reports_larger_than_the_socket_buffer_keep_their_order_and_never_block
-)
-test_a_checkpoint_is_visible_only_when_every_part_is_saved = (
-    local.test_a_checkpoint_is_visible_only_when_every_part_is_saved
-)
-test_an_exception_ends_fit_quickly_and_kills_the_other_ranks = (
-    local.test_an_exception_ends_fit_quickly_and_kills_the_other_ranks
-)
-test_a_worker_killed_by_a_signal_is_reported_with_rank_pid_and_signal = (
-    local.test_a_worker_killed_by_a_signal_is_reported_with_rank_pid_and_signal
 )
 test_killing_the_driver_leaves_no_worker_alive = (
     local.test_killing_the_driver_leaves_no_worker_alive
 )
-test_fit_leaves_no_child_process = local.test_fit_leaves_no_child_process
 test_each_failed_attempt_logs_one_warning_and_every_attempt_error_is_kept = (
     never_hang.test_each_failed_attempt_logs_one_warning_and_every_attempt_error_is_kept
 )
