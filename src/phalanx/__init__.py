@@ -3,6 +3,7 @@
 ``import phalanx as train`` gives what ``from ray import train`` gave.
 """
 
+from phalanx._version import __version__
 from phalanx.backend import Backend, BackendConfig
 from phalanx.callbacks import Callback, TrainRunContext, UserCallback
 from phalanx.checkpoint import Checkpoint
@@ -48,8 +49,6 @@ from phalanx.session import (
 )
 from phalanx.trainer import BaseTrainer, DataParallelTrainer
 from phalanx.validation import ValidationConfig, ValidationFn, ValidationTaskConfig
-
-__version__ = "0.1.0"
 
 __all__ = [
     "TRAIN_DATASET_KEY",

@@ -7,6 +7,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from phalanx._internal.optional import require
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.filesystem import is_local
 from phalanx._internal.storage.history import final_trajectory, read_history, user_metrics
@@ -55,12 +56,11 @@ class Result:
     @property
     def filesystem(self) -> pyarrow.fs.FileSystem:
         """A ``pyarrow.fs.FileSystem`` that reads ``path`` (as Ray's ``Result.filesystem``)."""
-        import pyarrow.fs
-
+        pafs = require("pyarrow.fs", "Result.filesystem")
         fs = self._storage.filesystem if self._storage else None
         if fs is None or is_local(fs):
-            return pyarrow.fs.LocalFileSystem()
-        return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs))
+            return pafs.LocalFileSystem()
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
 
     @property
     def metrics_dataframe(self) -> pd.DataFrame:
@@ -71,8 +71,7 @@ class Result:
         the latest checkpoint; the rounds an abandoned attempt reported after that checkpoint are
         superseded by the retry's. ``all_ranks_metrics_dataframe`` keeps them all.
         """
-        import pandas as pd
-
+        pd = require("pandas", "Result.metrics_dataframe")
         rows = final_trajectory(read_history(self._storage)) if self._storage else []
         return pd.DataFrame(rows)
 
@@ -80,8 +79,7 @@ class Result:
     def all_ranks_metrics_dataframe(self) -> pd.DataFrame:
         """Every report of every rank, in arrival order, with ``rank`` and ``attempt`` columns:
         also rounds that never completed (the reports of a rank that failed, superseded rows)."""
-        import pandas as pd
-
+        pd = require("pandas", "Result.all_ranks_metrics_dataframe")
         rows = read_history(self._storage, all_ranks=True) if self._storage else []
         return pd.DataFrame(rows)
 

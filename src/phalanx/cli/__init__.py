@@ -18,7 +18,8 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from phalanx import __version__
+from phalanx._internal.optional import MissingDependencyError
+from phalanx._version import __version__
 from phalanx.cli import commands, serve
 from phalanx.cli.runs import CLIError, RunView, find_runs, open_run
 from phalanx.errors import StorageError
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         _run(args, _print)
-    except (CLIError, StorageError) as exc:
+    except (CLIError, StorageError, MissingDependencyError) as exc:
         print(f"phalanx: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C ends `logs --follow`: not an error

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from phalanx._internal.optional import require
 from phalanx.cli import text
 from phalanx.cli.runs import CLIError, RunView, flatten, is_number
 
@@ -148,7 +149,7 @@ def _show_config(record: dict[str, Any], out: Out) -> None:
 
 
 def metrics(run: RunView, all_ranks: bool, out: Out) -> None:
-    import pandas as pd
+    pd = require("pandas", "`phalanx metrics`")
 
     from phalanx._internal.storage.history import read_history
 

@@ -18,6 +18,11 @@ only its own Parquet row groups or files.
 
 from __future__ import annotations
 
+from phalanx._internal.optional import missing as _missing_extra
+
+if _missing := _missing_extra("phalanx.data", "numpy", "pyarrow", "pandas"):
+    raise _missing
+
 from phalanx.data._dataset import (
     Dataset,
     from_arrow,

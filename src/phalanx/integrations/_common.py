@@ -2,34 +2,21 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import shutil
 import tempfile
 from numbers import Number
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from phalanx._internal import env
+from phalanx._internal.optional import require as require  # the trackers import it here
 from phalanx._internal.storage.run_storage import RunStorage
 
 if TYPE_CHECKING:
     from phalanx.callbacks import TrainRunContext
 
 logger = logging.getLogger(__name__)
-
-
-def require(module: str, extra: str, package: str) -> ModuleType:
-    """Import a tracker's package, or say which phalanx extra installs it."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError(
-            f"This phalanx integration needs the {package!r} package, which is not installed "
-            f"({exc}).\nHINT: pip install 'phalanx[{extra}]' (or pip install {package}).",
-            name=exc.name,
-        ) from exc
 
 
 def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:

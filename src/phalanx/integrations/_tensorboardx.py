@@ -28,14 +28,14 @@ class TBXLoggerCallback(Callback):
     """
 
     def __init__(self, logdir: str | None = None, flush_secs: float = 10.0) -> None:
-        require("tensorboardX", "tensorboard", "tensorboardX")
+        require("tensorboardX", "TBXLoggerCallback")
         self.logdir = logdir
         self.flush_secs = flush_secs
         self._writer: Any = None
         self._out: OutputDir | None = None
 
     def before_run(self, run_context: TrainRunContext) -> None:
-        tensorboardx = require("tensorboardX", "tensorboard", "tensorboardX")
+        tensorboardx = require("tensorboardX", "TBXLoggerCallback")
         if self.logdir is None:
             self._out = OutputDir(run_context, TB_DIR)
         path = self._out.path if self._out is not None else self.logdir

@@ -31,7 +31,7 @@ MAX_PARAM_CHARS = 500  # the smallest limit of the MLflow versions in use
 
 
 def _mlflow() -> Any:
-    return require("mlflow", "mlflow", "mlflow-skinny")
+    return require("mlflow", "MLflowLoggerCallback")
 
 
 class MLflowLoggerCallback(Callback):

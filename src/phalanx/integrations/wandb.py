@@ -25,7 +25,7 @@ WANDB_DIR = "wandb"
 
 
 def _wandb() -> Any:
-    return require("wandb", "wandb", "wandb")
+    return require("wandb", "WandbLoggerCallback")
 
 
 def _api_key(api_key: str | None, api_key_file: str | None) -> str | None:

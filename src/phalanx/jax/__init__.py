@@ -15,13 +15,10 @@ Example::
 
 from __future__ import annotations
 
-try:
-    import jax as _jax  # noqa: F401
-except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
-    raise ModuleNotFoundError(
-        "phalanx.jax needs JAX, which is not installed.\n"
-        'HINT: pip install "phalanx[jax]" (or pip install jax; jax[cuda12] for GPUs).'
-    ) from exc
+from phalanx._internal.optional import missing as _missing_extra
+
+if _missing := _missing_extra("phalanx.jax", "jax"):
+    raise _missing
 
 from phalanx.jax._config import JaxConfig
 from phalanx.jax._trainer import JaxTrainer

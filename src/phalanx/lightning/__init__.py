@@ -22,13 +22,10 @@ Example::
 
 from __future__ import annotations
 
-try:
-    import torch as _torch  # noqa: F401
-except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
-    raise ModuleNotFoundError(
-        "phalanx.lightning needs PyTorch, which is not installed.\n"
-        'HINT: pip install "phalanx[lightning]".'
-    ) from exc
+from phalanx._internal.optional import missing as _missing_extra
+
+if _missing := _missing_extra("phalanx.lightning", "torch", "numpy", extra="lightning"):
+    raise _missing
 
 from phalanx.lightning._flavour import import_lightning as _import_lightning
 

@@ -17,6 +17,11 @@ xgboost or lightgbm.
 
 from __future__ import annotations
 
+from phalanx._internal.optional import missing as _missing_extra
+
+if _missing := _missing_extra("phalanx.predict", "numpy", "pyarrow", "pandas"):
+    raise _missing
+
 import typing as _typing
 
 from phalanx.predict._base import Predictor, PredictorNotSerializableError, checkpoint_framework

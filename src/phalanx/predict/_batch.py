@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from phalanx._internal.terminal import TERMINAL
 from phalanx.callbacks import Callback
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig
@@ -278,33 +280,48 @@ class _ProgressTicks:
 
 
 class ProgressBar(Callback):
-    """A rich progress bar on the driver, fed by the scoring workers' progress reports."""
+    """A progress line under the driver's output, fed by the scoring workers' progress reports.
+
+    Drawn by phalanx's own terminal view (the one ``fit()`` shows), so no progress-bar package
+    is needed and worker output printed meanwhile goes above the line, not through it.
+    """
+
+    WIDTH = 30
 
     def __init__(self, total: int) -> None:
         self.total = total
-        self._progress: Any = None
+        self.done = 0
+        self._started = time.monotonic()
+        self._attached = False
+
+    def line(self) -> str:
+        share = min(self.done / self.total, 1.0) if self.total else 1.0
+        filled = int(share * self.WIDTH)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        text = f"scoring [{bar}] {self.done}/{self.total} rows"
+        elapsed = time.monotonic() - self._started
+        if 0 < share < 1:
+            text += f", {elapsed * (1 - share) / share:.0f}s left"
+        return text
 
     def before_run(self, run_context: Any) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-        self._progress = Progress(
-            "scoring",
-            BarColumn(),
-            MofNCompleteColumn(),
-            "rows",
-            TimeRemainingColumn(),
-            transient=False,
-        )
-        self._task = self._progress.add_task("scoring", total=self.total)
-        self._progress.start()
+        self._started = time.monotonic()
+        self._attached = TERMINAL.attach_status(self.line)
 
     def after_report(
         self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any
     ) -> None:
-        self._progress.update(self._task, completed=sum(m.get("rows", 0) for m in metrics))
+        self.done = sum(m.get("rows", 0) for m in metrics)
+        if self._attached:
+            TERMINAL.refresh()
 
     def after_run(self, run_context: Any, result: Any) -> None:
-        self._progress.stop()
+        if self._attached:
+            TERMINAL.detach_status()
+            self._attached = False
+            err = TERMINAL.stream("stderr")
+            err.write(self.line() + "\n")  # the final state stays on screen
+            err.flush()
 
 
 def to_arrow(out: Any) -> pa.Table:

@@ -27,14 +27,12 @@ Example::
 
 from __future__ import annotations
 
-import importlib.util as _importlib_util
 import typing as _typing
 
-if _importlib_util.find_spec("tensorflow") is None:  # pragma: no cover - depends on the install
-    raise ModuleNotFoundError(
-        "phalanx.tensorflow needs TensorFlow, which is not installed.\n"
-        'HINT: pip install "phalanx[tensorflow]" (tensorflow-cpu and tf-keras).'
-    )
+from phalanx._internal.optional import missing as _missing_extra
+
+if _missing := _missing_extra("phalanx.tensorflow", "tensorflow", "numpy", "pyarrow", extra="tensorflow"):
+    raise _missing
 
 from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths
 from phalanx.tensorflow._checkpoint import TensorflowCheckpoint

@@ -19,13 +19,12 @@ Example::
 
 from __future__ import annotations
 
-try:
-    import torch as _torch  # noqa: F401
-except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
-    raise ModuleNotFoundError(
-        "phalanx.torch needs PyTorch, which is not installed.\n"
-        "HINT: pip install 'phalanx[torch]' (or pip install torch)."
-    ) from exc
+import typing as _typing
+
+from phalanx._internal.optional import missing as _missing_extra
+
+if _missing := _missing_extra("phalanx.torch", "torch", "numpy", extra="torch"):
+    raise _missing
 
 from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths
 from phalanx.torch._amp import accelerate, backward, prepare_optimizer
@@ -34,11 +33,23 @@ from phalanx.torch._config import TorchConfig
 from phalanx.torch._data_loader import prepare_data_loader
 from phalanx.torch._devices import get_device, get_devices
 from phalanx.torch._model import enable_reproducibility, prepare_model
-from phalanx.torch._predictor import TorchPredictor
 from phalanx.torch._trainer import TorchTrainer
 
 # A TorchCheckpoint pickled before the module was renamed names this path.
 _keep_old_paths(__name__, ["checkpoint"])
+
+if _typing.TYPE_CHECKING:
+    from phalanx.torch._predictor import TorchPredictor
+
+
+def __getattr__(name: str) -> _typing.Any:
+    # Imported on first use: predictors need pandas and pyarrow, which training does not.
+    if name == "TorchPredictor":
+        from phalanx.torch._predictor import TorchPredictor
+
+        return TorchPredictor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "TorchCheckpoint",

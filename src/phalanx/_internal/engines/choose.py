@@ -61,7 +61,7 @@ def _ray_engine() -> Engine:
         raise ConfigError(
             "The Ray engine was chosen (ScalingConfig(engine='ray'), PHALANX_ENGINE=ray or "
             f"RAY_ADDRESS={env.ray_address()!r}) but Ray is not installed.\n"
-            'HINT: pip install "ray[data]", or unset RAY_ADDRESS / use engine="local".'
+            'HINT: pip install "phalanx[ray]", or unset RAY_ADDRESS / use engine="local".'
         ) from exc
     from phalanx._internal.engines.ray.engine import RayEngine
 

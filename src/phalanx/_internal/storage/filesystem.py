@@ -52,15 +52,13 @@ def resolve_filesystem(path: str | os.PathLike[str], filesystem: Any = None) -> 
 def _as_fsspec(filesystem: Any) -> Any:
     if isinstance(filesystem, fsspec.AbstractFileSystem):
         return filesystem
-    try:
+    if type(filesystem).__module__.startswith("pyarrow"):  # pyarrow itself is optional
         import pyarrow.fs as pafs
 
         if isinstance(filesystem, pafs.FileSystem):
             from fsspec.implementations.arrow import ArrowFSWrapper
 
             return ArrowFSWrapper(filesystem)
-    except ImportError:  # pragma: no cover - pyarrow is a core dependency
-        pass
     raise TypeError(
         f"storage_filesystem must be an fsspec or pyarrow filesystem, got {type(filesystem)!r}"
     )
@@ -122,6 +120,16 @@ def copy_tree(src_fs: Any, src: str, dst_fs: Any, dst: str) -> None:
 
 # -- errors -------------------------------------------------------------------------------------
 
+# The phalanx extra that installs fsspec's filesystem for a storage_path protocol.
+_PROTOCOL_EXTRAS = {
+    "s3": "s3",
+    "s3a": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "abfs": "azure",
+    "abfss": "azure",
+    "az": "azure",
+}
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _CREDENTIAL_WORDS = (
     "Credential",
@@ -176,6 +184,9 @@ def _hint(exc: BaseException, path: str) -> str:
             "another RunConfig(storage_path=...)."
         )
     if isinstance(exc, ImportError):
+        extra = _PROTOCOL_EXTRAS.get(path.split("://", 1)[0] if "://" in path else "")
+        if extra is not None:
+            return f'pip install "phalanx[{extra}]" (the filesystem package for this protocol).'
         return "install the package this protocol needs (named above), e.g. pip install s3fs."
     if isinstance(exc, ConnectionError | TimeoutError) or "Connect" in names:
         return "the storage service cannot be reached: check its endpoint URL and the network."

@@ -22,15 +22,10 @@
 
 from __future__ import annotations
 
-try:
-    import torch as _torch  # noqa: F401
-    import transformers as _transformers  # noqa: F401
-except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
-    raise ModuleNotFoundError(
-        f"phalanx.huggingface.transformers needs the {exc.name!r} package, which is not "
-        'installed.\nHINT: pip install "phalanx[transformers]" (it installs transformers, '
-        "accelerate and torch)."
-    ) from exc
+from phalanx._internal.optional import missing as _missing_extra
+
+if _missing := _missing_extra("phalanx.huggingface.transformers", "torch", "numpy", "transformers", "accelerate", extra="transformers"):
+    raise _missing
 
 from phalanx.huggingface.transformers._callback import RayTrainReportCallback
 from phalanx.huggingface.transformers._data import prepare_trainer
