@@ -18,7 +18,7 @@ class Size(enum.IntEnum):
     BIG = 10
 
 
-class Colour(str, enum.Enum):  # noqa: UP042 - the mixin, whose str() is "Colour.RED"
+class Colour(str, enum.Enum):  # the mixin, whose str() is "Colour.RED"
     RED = "red"
 
 

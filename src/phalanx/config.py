@@ -412,7 +412,8 @@ class LoggingConfig:
         import logging
 
         level = self.log_level
-        if not isinstance(level, str) or level.upper() not in logging.getLevelNamesMapping():
+        # getLevelName: a name's number, else the text "Level X" (getLevelNamesMapping is 3.11+)
+        if not isinstance(level, str) or not isinstance(logging.getLevelName(level.upper()), int):
             raise _fail("LoggingConfig", "log_level", level, "a logging level name such as 'INFO'")
         object.__setattr__(self, "log_level", level.upper())
 

@@ -71,4 +71,5 @@ def test_a_progress_bar_counts_every_row(parquet_folder, capsys):
     bp = BatchPredictor.from_checkpoint(checkpoint, TorchPredictor, model=torch.nn.Linear(2, 1))
     out = bp.predict(folder, num_workers=2, batch_size=64, feature_columns=["x"], progress=True)
     assert out.count() == 1003
-    assert "1003/1003" in capsys.readouterr().out
+    # Drawn on stderr (phalanx's status line, like tqdm), ending with the final count.
+    assert capsys.readouterr().err.endswith("scoring [" + "#" * 30 + "] 1003/1003 rows\n")

@@ -151,6 +151,6 @@ def test_a_missing_tracker_names_the_extra(monkeypatch, module, make, extra):
     import phalanx.integrations as integrations
 
     monkeypatch.setitem(sys.modules, module, None)  # what an uninstalled package looks like
-    with pytest.raises(ModuleNotFoundError, match=rf"pip install 'phalanx\[{extra}\]'") as info:
+    with pytest.raises(ModuleNotFoundError, match=rf'pip install "phalanx\[{extra}\]"') as info:
         make(integrations)
     assert "HINT:" in str(info.value)

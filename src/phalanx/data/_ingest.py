@@ -216,7 +216,8 @@ def _call_factory(name: str, factory: Any) -> Any:
     try:
         value = factory()
     except Exception as exc:
-        exc.add_note(f"(raised by the function given as datasets[{name!r}])")
+        if hasattr(exc, "add_note"):  # Python 3.11+; on 3.10 the traceback still points here
+            exc.add_note(f"(raised by the function given as datasets[{name!r}])")
         raise
     if _is_factory(value):
         raise ConfigError(

@@ -28,11 +28,15 @@ class PreprocessorNotFittedError(RuntimeError):
     """A fittable preprocessor was used to transform data before ``fit``."""
 
 
-class FitStatus(enum.StrEnum):
+class FitStatus(str, enum.Enum):  # enum.StrEnum from Python 3.11 on; Ray's is (str, Enum) too
     NOT_FITTABLE = "NOT_FITTABLE"
     NOT_FITTED = "NOT_FITTED"
     PARTIALLY_FITTED = "PARTIALLY_FITTED"
     FITTED = "FITTED"
+
+    # Print as the value, as enum.StrEnum (3.11+) does: "FITTED", not "FitStatus.FITTED".
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
 
 
 class Preprocessor:
