@@ -157,7 +157,9 @@ def _bind(config: ServeConfig) -> socket.socket:
 
 
 def uvicorn_server(spec: ModelSpec, config: ServeConfig) -> Any:
-    import uvicorn
+    from phalanx._internal.optional import require
+
+    uvicorn = require("uvicorn", "phalanx serve")
 
     api = ServeAPI(spec, config)
 
