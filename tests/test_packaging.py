@@ -125,6 +125,8 @@ CASES = [
         "",
         "tensorboard",
     ),
+    ("uvicorn", "from phalanx.serve.server import uvicorn_server as u; u(None, None)", "", "serve"),
+    ("starlette", "from phalanx.serve.app import build_app; build_app(None)", "", "serve"),
 ]
 
 
