@@ -159,7 +159,8 @@ def _bind(config: ServeConfig) -> socket.socket:
 def uvicorn_server(spec: ModelSpec, config: ServeConfig) -> Any:
     from phalanx._internal.optional import require
 
-    uvicorn = require("uvicorn", "phalanx serve")
+    require("uvicorn", "phalanx serve")  # a clear error naming phalanx[serve] if missing
+    import uvicorn
 
     api = ServeAPI(spec, config)
 
