@@ -10,7 +10,9 @@ batches with one, as ``ray.train.lightgbm`` did in AIR.
 
 from phalanx._internal.optional import missing as _missing_extra
 
-if _missing := _missing_extra("phalanx.lightgbm", "lightgbm", "numpy", "pandas", "pyarrow", extra="lightgbm"):
+if _missing := _missing_extra(
+    "phalanx.lightgbm", "lightgbm", "numpy", "pandas", "pyarrow", extra="lightgbm"
+):
     raise _missing
 
 from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths

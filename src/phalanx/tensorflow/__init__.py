@@ -31,7 +31,9 @@ import typing as _typing
 
 from phalanx._internal.optional import missing as _missing_extra
 
-if _missing := _missing_extra("phalanx.tensorflow", "tensorflow", "numpy", "pyarrow", extra="tensorflow"):
+if _missing := _missing_extra(
+    "phalanx.tensorflow", "tensorflow", "numpy", "pyarrow", extra="tensorflow"
+):
     raise _missing
 
 from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths

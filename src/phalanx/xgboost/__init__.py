@@ -9,7 +9,9 @@ batches with one, as ``ray.train.xgboost`` did in AIR.
 
 from phalanx._internal.optional import missing as _missing_extra
 
-if _missing := _missing_extra("phalanx.xgboost", "xgboost", "numpy", "pandas", "pyarrow", extra="xgboost"):
+if _missing := _missing_extra(
+    "phalanx.xgboost", "xgboost", "numpy", "pandas", "pyarrow", extra="xgboost"
+):
     raise _missing
 
 from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths

@@ -24,7 +24,14 @@ from __future__ import annotations
 
 from phalanx._internal.optional import missing as _missing_extra
 
-if _missing := _missing_extra("phalanx.huggingface.transformers", "torch", "numpy", "transformers", "accelerate", extra="transformers"):
+if _missing := _missing_extra(
+    "phalanx.huggingface.transformers",
+    "torch",
+    "numpy",
+    "transformers",
+    "accelerate",
+    extra="transformers",
+):
     raise _missing
 
 from phalanx.huggingface.transformers._callback import RayTrainReportCallback
