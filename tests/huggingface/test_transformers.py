@@ -56,7 +56,8 @@ def test_missing_transformers_names_the_extra():
         "import sys; sys.modules['transformers'] = None\nimport phalanx.huggingface.transformers"
     )
     assert done.returncode != 0
-    assert "ModuleNotFoundError" in done.stderr
+    # MissingDependencyError, a ModuleNotFoundError: `except ImportError` still catches it.
+    assert "MissingDependencyError" in done.stderr
     assert 'pip install "phalanx[transformers]"' in done.stderr
 
 

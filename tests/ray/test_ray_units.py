@@ -54,7 +54,7 @@ def test_the_config_then_phalanx_engine_override_the_default(no_ray_env, monkeyp
 
 def test_ray_wanted_but_not_installed_says_how_to_install_it(no_ray_env, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    with pytest.raises(ConfigError, match=r'HINT: pip install "ray\[data\]"'):
+    with pytest.raises(ConfigError, match=r'HINT: pip install "phalanx\[ray\]"'):
         resolve_engine(ScalingConfig(engine="ray"))
 
 
