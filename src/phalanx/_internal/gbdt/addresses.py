@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from typing import Any
 
@@ -19,9 +20,27 @@ def group_addresses(worker_group: Any) -> list[str]:
     return [w.metadata.host for w in workers]
 
 
+# Below Linux's ephemeral range (32768-60999 by default): the port is released just before the
+# library binds it, and a port from the ephemeral range can be taken in that moment as the source
+# port of any outgoing connection (another rank's, connecting to its peers). Seen in CI:
+# LightGBMError "Binding port 43691 failed".
+_PORTS = range(20000, 32768)
+_TRIES = 50
+_RANDOM = random.SystemRandom()  # never the user's seeded global generator
+
+
 def reserve_port(host: str) -> socket.socket:
     """A bound, not listening, socket on a free port of ``host``: the port stays taken (the
-    kernel hands it to no one else) until the socket is closed, right before it is used."""
+    kernel hands it to no one else) until the socket is closed, right before it is used. The
+    port comes from outside the ephemeral range when one is free there (see ``_PORTS``)."""
+    for port in _RANDOM.sample(_PORTS, _TRIES):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            continue
+        return sock
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.bind((host, 0))
