@@ -70,10 +70,15 @@ def wait_for(condition, timeout_s, what):
 
 
 @pytest.mark.timeout(120)
-def test_a_fork_server_that_died_is_a_startup_failure_that_is_retried(storage):
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_start_server_that_died_is_a_startup_failure_that_is_retried(
+    storage, method, monkeypatch
+):
+    monkeypatch.setenv("PHALANX_START_METHOD", method)
+
     def loop():
         if train.get_context().get_attempt() == 0:
-            os.kill(os.getppid(), signal.SIGKILL)  # the fork server; its workers die with it
+            os.kill(os.getppid(), signal.SIGKILL)  # the fork/spawn server; its workers die with it
             time.sleep(60)
         train.report({"ok": 1})
 
@@ -83,7 +88,7 @@ def test_a_fork_server_that_died_is_a_startup_failure_that_is_retried(storage):
     assert result.metrics == {"ok": 1} and result.attempts == 3
     first, startup, last = result.attempt_errors
     assert "killed by signal 9" in (first or "")
-    assert "could not be started" in (startup or "") and "fork server" in (startup or "")
+    assert "could not be started" in (startup or "") and f"{method} server" in (startup or "")
     assert last is None
 
 

@@ -110,24 +110,6 @@ def test_a_hang_names_the_sleeping_rank_with_every_rank_s_stack(storage):
 
 
 @pytest.mark.timeout(120)
-def test_a_spawn_server_that_died_is_a_startup_failure_that_is_retried(storage):
-    def loop():
-        if train.get_context().get_attempt() == 0:
-            os.kill(os.getppid(), signal.SIGKILL)  # the spawn server; its workers die with it
-            time.sleep(60)
-        train.report({"ok": 1})
-
-    start = time.monotonic()
-    result = fit(loop, storage, max_failures=2)
-    assert time.monotonic() - start < 60
-    assert result.metrics == {"ok": 1} and result.attempts == 3
-    first, startup, last = result.attempt_errors
-    assert "killed by signal 9" in (first or "")
-    assert "could not be started" in (startup or "") and "spawn server" in (startup or "")
-    assert last is None
-
-
-@pytest.mark.timeout(120)
 def test_workers_die_with_their_spawn_server_while_the_driver_cannot_act(tmp_path):
     """The lifeline: with the driver stopped (SIGSTOP) and the spawn server SIGKILLed, nothing
     but the workers themselves can end them."""
