@@ -9,29 +9,21 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from phalanx._internal import env
-from phalanx._internal.config_checks import check_runtime_env_locally
-from phalanx._internal.controller.controller import Controller
-from phalanx._internal.controller.interrupt import sigterm_interrupts
-from phalanx._internal.controller.resume import log_resume
-from phalanx._internal.controller.spec import RunSpec
-from phalanx._internal.elastic import resolve_locally
-from phalanx._internal.engines.choose import resolve_engine
-from phalanx._internal.logs import console_logging
-from phalanx._internal.storage.checkpoint_manager import CheckpointManager
-from phalanx._internal.storage.run_lock import RunLock
-from phalanx._internal.storage.run_record import describe_run, recorded_run
-from phalanx._internal.storage.run_storage import RunStorage
 from phalanx.backend import BackendConfig
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
-from phalanx.result import Result
 from phalanx.validation import ValidationConfig
+
+if TYPE_CHECKING:
+    # What fit() runs is imported by fit(): `import phalanx.torch` stays light (issue 19).
+    from phalanx._internal.storage.run_storage import RunStorage
+    from phalanx.result import Result
 
 __all__ = ["BaseTrainer", "DataParallelTrainer"]
 
@@ -171,6 +163,9 @@ class DataParallelTrainer(BaseTrainer):
             check_preprocessor(self.preprocessor)
 
     def fit(self) -> Result:
+        from phalanx._internal.controller.interrupt import sigterm_interrupts
+        from phalanx._internal.logs import console_logging
+
         try:
             # sigterm: a `kill` of the driver stops the run like Ctrl-C
             with sigterm_interrupts(), console_logging(self.run_config):
@@ -181,6 +176,12 @@ class DataParallelTrainer(BaseTrainer):
             raise exc.with_traceback(None) from None
 
     def _fit(self) -> Result:
+        from phalanx._internal.config_checks import check_runtime_env_locally
+        from phalanx._internal.elastic import resolve_locally
+        from phalanx._internal.engines.choose import resolve_engine
+        from phalanx._internal.storage.run_lock import RunLock
+        from phalanx._internal.storage.run_storage import RunStorage
+
         run_config = self.run_config
         name = run_config.name or default_run_name()
         engine = resolve_engine(self.scaling_config)
@@ -220,6 +221,12 @@ class DataParallelTrainer(BaseTrainer):
         name: str,
         checkpoint_files: dict[str, bytes],
     ) -> Result:
+        from phalanx._internal.controller.controller import Controller
+        from phalanx._internal.controller.resume import log_resume
+        from phalanx._internal.controller.spec import RunSpec
+        from phalanx._internal.storage.checkpoint_manager import CheckpointManager
+        from phalanx._internal.storage.run_record import describe_run, recorded_run
+
         run_config = self.run_config
         storage.prepare()
         manager = CheckpointManager(storage, run_config.checkpoint_config)

@@ -13,12 +13,10 @@ import hashlib
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
-
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
 from phalanx._internal import env
 from phalanx._internal.storage import copy as local_copy
@@ -38,6 +36,8 @@ __all__ = [
 
 def resolve_filesystem(path: str | os.PathLike[str], filesystem: Any = None) -> tuple[Any, str]:
     """Return ``(fsspec filesystem, path within it)`` for a local path or a URI."""
+    import fsspec  # imported on first use: `import phalanx` stays light (issue 19)
+
     path = os.fspath(path)
     if filesystem is not None:
         fs = _as_fsspec(filesystem)
@@ -50,6 +50,8 @@ def resolve_filesystem(path: str | os.PathLike[str], filesystem: Any = None) -> 
 
 
 def _as_fsspec(filesystem: Any) -> Any:
+    import fsspec
+
     if isinstance(filesystem, fsspec.AbstractFileSystem):
         return filesystem
     if type(filesystem).__module__.startswith("pyarrow"):  # pyarrow itself is optional
@@ -65,7 +67,9 @@ def _as_fsspec(filesystem: Any) -> Any:
 
 
 def is_local(fs: Any) -> bool:
-    return isinstance(fs, LocalFileSystem)
+    # Until fsspec's local filesystem is imported, nothing can be one of its instances.
+    local = sys.modules.get("fsspec.implementations.local")
+    return local is not None and isinstance(fs, local.LocalFileSystem)
 
 
 def move_tree_contents(src: str, dst: str) -> None:
