@@ -63,11 +63,6 @@ PUBLIC_MODULES = {
     "phalanx.integrations.wandb": "ray.air.integrations.wandb",
     "phalanx.tensorflow.keras": "ray.train.tensorflow.keras",
 }
-# Packages whose implementation modules are still public, with what is left to do.
-NOT_YET = {
-    "phalanx.cli": "cli/__init__ holds the parser and main; its modules need underscores too",
-    "phalanx.serve": "new in the serve work; its implementation modules need underscores too",
-}
 
 
 def _public_packages(name: str = "phalanx") -> list[str]:
@@ -90,19 +85,16 @@ def test_all_is_exact(package):
         info.name for info in pkgutil.iter_modules(module.__path__) if not info.name.startswith("_")
     }
     unlisted = {f"{package}.{name}" for name in submodules} - set(PUBLIC_MODULES)
-    if package in NOT_YET:
-        assert unlisted, f"{package} is done: remove it from NOT_YET"
-    else:
-        assert not unlisted, f"implementation modules without a leading underscore: {unlisted}"
-        public = {
-            name
-            for name, value in vars(module).items()
-            if not name.startswith("_")
-            and not isinstance(value, __future__._Feature)  # from __future__ import annotations
-            and not (name in submodules and isinstance(value, types.ModuleType))
-        }
-        unexported = public - set(module.__all__)
-        assert not unexported, f"public names of {package} missing from its __all__"
+    assert not unlisted, f"implementation modules without a leading underscore: {unlisted}"
+    public = {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and not isinstance(value, __future__._Feature)  # from __future__ import annotations
+        and not (name in submodules and isinstance(value, types.ModuleType))
+    }
+    unexported = public - set(module.__all__)
+    assert not unexported, f"public names of {package} missing from its __all__"
     # Names made on first use (a module __getattr__) are resolved in a fresh process: resolving
     # them imports their framework (TensorFlow sets environment variables when imported).
     lazy = [name for name in module.__all__ if name not in vars(module)]

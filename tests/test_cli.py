@@ -80,7 +80,7 @@ def wait_for(condition, timeout=60.0, what="condition"):
 
 def ls_status(storage: str, name: str) -> str | None:
     """The STATUS column of ``name`` in ``phalanx ls`` (in-process, for polling)."""
-    from phalanx.cli.runs import find_runs
+    from phalanx.cli._runs import find_runs
 
     try:
         runs = find_runs(storage)
@@ -266,8 +266,8 @@ def test_show_lists_kept_checkpoints_best_first_by_the_runs_own_score(tmp_path):
 
 
 def test_plot_writes_png_and_svg_with_one_curve_per_run_and_metric(tmp_path):
-    from phalanx.cli.plot import build_figure, collect_curves
-    from phalanx.cli.runs import open_run
+    from phalanx.cli._plot import build_figure, collect_curves
+    from phalanx.cli._runs import open_run
 
     storage = str(tmp_path / "runs")
     runs = [f"{storage}/{n}" for n in ("a", "b")]
@@ -447,7 +447,7 @@ def test_logs_of_a_run_on_remote_storage_come_from_the_private_cache(tmp_path, m
         run_config=RunConfig(name="remote-logs", storage_path="memory://cli-logs"),
     ).fit()
     from phalanx.cli import main
-    from phalanx.cli.runs import open_run
+    from phalanx.cli._runs import open_run
 
     run = open_run("memory://cli-logs/remote-logs")
     assert run.log_dir().startswith(str(cache / "phalanx" / "logs" / "remote-logs-"))

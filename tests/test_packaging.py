@@ -141,8 +141,13 @@ CASES = [
         "",
         "tensorboard",
     ),
-    ("uvicorn", "from phalanx.serve.server import uvicorn_server as u; u(None, None)", "", "serve"),
-    ("starlette", "from phalanx.serve.app import build_app; build_app(None)", "", "serve"),
+    (
+        "uvicorn",
+        "from phalanx.serve._server import uvicorn_server as u; u(None, None)",
+        "",
+        "serve",
+    ),
+    ("starlette", "from phalanx.serve._app import build_app; build_app(None)", "", "serve"),
 ]
 
 

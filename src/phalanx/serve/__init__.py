@@ -18,18 +18,18 @@ dynamically. Needs the ``serve`` extra: ``pip install 'phalanx[serve]'``.
 
 from __future__ import annotations
 
-from typing import Any
+import typing as _typing
 
-from phalanx.serve.config import ServeConfig
-from phalanx.serve.model import ModelSpec
-from phalanx.serve.server import ServeHandle
+from phalanx.serve._config import ServeConfig
+from phalanx.serve._model import ModelSpec
+from phalanx.serve._server import ServeHandle
 
 __all__ = ["ModelSpec", "ServeConfig", "ServeHandle", "deployment", "serve"]
 
 
 def serve(
-    checkpoint: Any,
-    predictor: Any = None,
+    checkpoint: _typing.Any,
+    predictor: _typing.Any = None,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -39,9 +39,9 @@ def serve(
     max_body_bytes: int = 16 * 1024 * 1024,
     select: str = "best",
     columns: list[str] | None = None,
-    predict_kwargs: dict[str, Any] | None = None,
+    predict_kwargs: dict[str, _typing.Any] | None = None,
     ready_timeout: float = 300.0,
-    **predictor_kwargs: Any,
+    **predictor_kwargs: _typing.Any,
 ) -> ServeHandle:
     """Serve ``checkpoint`` over HTTP in the background; returns once the model is loaded.
 
@@ -57,7 +57,7 @@ def serve(
         with phalanx.serve.serve(result.checkpoint, port=0, model=Net()) as server:
             httpx.post(server.url + "/predict", json={"records": [{"x": 1.0}]}).json()
     """
-    from phalanx.serve.server import start
+    from phalanx.serve._server import start
 
     _require_serve_extra()
     spec = ModelSpec(
@@ -80,21 +80,21 @@ def serve(
 
 
 def deployment(
-    checkpoint: Any,
-    predictor: Any = None,
+    checkpoint: _typing.Any,
+    predictor: _typing.Any = None,
     *,
     name: str = "phalanx",
     num_replicas: int | str = 1,
-    ray_actor_options: dict[str, Any] | None = None,
+    ray_actor_options: dict[str, _typing.Any] | None = None,
     max_ongoing_requests: int = 256,
     max_batch_size: int = 256,
     batch_wait_ms: float = 2.0,
     max_body_bytes: int = 16 * 1024 * 1024,
     select: str = "best",
     columns: list[str] | None = None,
-    predict_kwargs: dict[str, Any] | None = None,
-    **predictor_kwargs: Any,
-) -> Any:
+    predict_kwargs: dict[str, _typing.Any] | None = None,
+    **predictor_kwargs: _typing.Any,
+) -> _typing.Any:
     """A Ray Serve application serving ``checkpoint`` with the same HTTP API as :func:`serve`
     (arguments as there); ``num_replicas`` and ``ray_actor_options`` (e.g. ``{"num_cpus": 1,
     "num_gpus": 1}``) go to ``serve.deployment``. Run it with ``ray.serve.run(app)``.
@@ -104,7 +104,7 @@ def deployment(
         from ray import serve
         serve.run(phalanx.serve.deployment(result.path, num_replicas=2))
     """
-    from phalanx.serve.ray_serve import build_deployment
+    from phalanx.serve._ray_serve import build_deployment
 
     _require_serve_extra()
     spec = ModelSpec(

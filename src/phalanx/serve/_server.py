@@ -24,9 +24,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from phalanx.serve.app import ServeAPI, build_app
-from phalanx.serve.config import ServeConfig
-from phalanx.serve.model import ModelSpec
+from phalanx.serve._app import ServeAPI, build_app
+from phalanx.serve._config import ServeConfig
+from phalanx.serve._model import ModelSpec
 
 __all__ = ["ServeHandle", "run_forever", "start", "uvicorn_server"]
 
@@ -197,7 +197,7 @@ def _start_workers(
     try:
         for _ in range(config.workers):
             process = subprocess.Popen(
-                [sys.executable, "-m", "phalanx.serve.worker"],
+                [sys.executable, "-m", "phalanx.serve._worker"],
                 stdin=subprocess.PIPE,
                 pass_fds=fds,
             )

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phalanx.serve.metrics import ServeMetrics
-from phalanx.serve.model import ServedModel
+from phalanx.serve._metrics import ServeMetrics
+from phalanx.serve._model import ServedModel
 
 __all__ = ["Batcher", "PredictionError"]
 

@@ -1,4 +1,4 @@
-"""A ``--workers N`` server process: ``python -m phalanx.serve.worker``.
+"""A ``--workers N`` server process: ``python -m phalanx.serve._worker``.
 
 It reads the parent's ``sys.path`` and then the pickled (spec, config, socket fd, readiness fd)
 from stdin, serves on the inherited listening socket, and writes one byte to the readiness fd
@@ -22,7 +22,7 @@ def main() -> None:
 
     spec, config, fd, ready_fd = cloudpickle.load(stream)
     logging.basicConfig(level=logging.WARNING, format="phalanx serve worker: %(message)s")
-    from phalanx.serve.server import uvicorn_server
+    from phalanx.serve._server import uvicorn_server
 
     server = uvicorn_server(spec, config)
 

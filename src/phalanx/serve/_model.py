@@ -127,7 +127,7 @@ def resolve_checkpoint(source: Any, choice: str = "best") -> Checkpoint:
             f"Cannot serve {source!r}: it is a {type(source).__name__}.\nHINT: pass a "
             "Checkpoint, a checkpoint directory or a run directory (result.path)."
         )
-    from phalanx.cli.runs import RUN_FILES, CLIError, open_run
+    from phalanx.cli._runs import RUN_FILES, CLIError, open_run
 
     checkpoint = Checkpoint(os.fspath(source))
     names = _listing(checkpoint)

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from phalanx.cli.runs import CLIError, RunView
+from phalanx.cli._runs import CLIError, RunView
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Any
 
-from phalanx.cli.runs import CLIError
+from phalanx.cli._runs import CLIError
 
 __all__ = ["add_parser", "serve"]
 
@@ -69,8 +69,8 @@ def serve(args: argparse.Namespace) -> None:
         if args.ray:
             _serve_on_ray(spec, config, args.num_replicas, args.ray_address)
             return
-        from phalanx.serve.model import predictor_class, resolve_checkpoint
-        from phalanx.serve.server import run_forever
+        from phalanx.serve._model import predictor_class, resolve_checkpoint
+        from phalanx.serve._server import run_forever
 
         # Fail here, with the reason, rather than in a server that never gets ready.
         predictor_class(spec.predictor, resolve_checkpoint(spec.checkpoint, spec.choice))
@@ -80,7 +80,7 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def _model(path: str) -> Any:
-    from phalanx.serve.model import import_object
+    from phalanx.serve._model import import_object
 
     factory = import_object(path, "--model")
     if isinstance(factory, type) or not hasattr(factory, "state_dict"):
@@ -89,7 +89,7 @@ def _model(path: str) -> Any:
 
 
 def _serve_on_ray(spec: Any, config: Any, replicas: int, address: str) -> None:
-    from phalanx.serve.ray_serve import build_deployment, run_on_ray
+    from phalanx.serve._ray_serve import build_deployment, run_on_ray
 
     app = build_deployment(
         spec,

@@ -1,6 +1,6 @@
 """The HTTP API, shared by phalanx's own server and the Ray Serve deployment.
 
-``POST /predict`` (see :mod:`phalanx.serve.requests` for the bodies), ``GET /healthz`` (the
+``POST /predict`` (see :mod:`phalanx.serve._requests` for the bodies), ``GET /healthz`` (the
 process answers), ``GET /readyz`` (the model is loaded and the server is not shutting down),
 ``GET /metadata`` (framework, columns, checkpoint, version, batching) and ``GET /metrics``
 (Prometheus text). Every error is JSON ``{"error": message}`` with a 4xx/5xx status.
@@ -14,11 +14,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from phalanx.serve.batching import Batcher, PredictionError
-from phalanx.serve.config import ServeConfig
-from phalanx.serve.metrics import ServeMetrics
-from phalanx.serve.model import ModelSpec, ServedModel
-from phalanx.serve.requests import RequestError, check_columns, encode_predictions, parse_body
+from phalanx.serve._batching import Batcher, PredictionError
+from phalanx.serve._config import ServeConfig
+from phalanx.serve._metrics import ServeMetrics
+from phalanx.serve._model import ModelSpec, ServedModel
+from phalanx.serve._requests import RequestError, check_columns, encode_predictions, parse_body
 
 __all__ = ["ServeAPI", "build_app"]
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from phalanx._internal.optional import require
-from phalanx.cli import text
-from phalanx.cli.runs import CLIError, RunView, flatten, is_number
+from phalanx.cli import _text as text
+from phalanx.cli._runs import CLIError, RunView, flatten, is_number
 
 Out = Callable[[str], None]
 

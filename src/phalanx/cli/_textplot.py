@@ -7,8 +7,8 @@ in the same cell show the later run's marker.
 
 from __future__ import annotations
 
-from phalanx.cli import text
-from phalanx.cli.plot import Curve
+from phalanx.cli import _text as text
+from phalanx.cli._plot import Curve
 
 MARKERS = "*o+x#@%&"
 

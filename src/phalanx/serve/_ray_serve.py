@@ -12,9 +12,9 @@ import signal
 import threading
 from typing import Any
 
-from phalanx.serve.app import ServeAPI
-from phalanx.serve.config import ServeConfig
-from phalanx.serve.model import ModelSpec
+from phalanx.serve._app import ServeAPI
+from phalanx.serve._config import ServeConfig
+from phalanx.serve._model import ModelSpec
 
 __all__ = ["PhalanxDeployment", "build_deployment", "run_on_ray"]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from phalanx._internal.storage.run_status import run_status
 from phalanx._internal.storage.run_storage import RunStorage
-from phalanx.cli.runs import CLIError, RunView
+from phalanx.cli._runs import CLIError, RunView
 
 FOLLOW_POLL_S = 0.2  # new lines appear this fast
 STATUS_POLL_S = 1.0  # whether the run still runs is asked this often
