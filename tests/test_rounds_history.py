@@ -92,6 +92,72 @@ def test_rank0_only_reporting_commits_every_checkpoint_and_warns_once(storage, t
     assert "rank(s) 1" in warnings[0] and "HINT: call phalanx.report() on every rank" in warnings[0]
 
 
+def rank0_slow_first_checkpoint_loop(config):
+    """Every rank reports; rank 0 checkpoints and its first checkpoint is slow (a big one being
+    written), so rank 1, reporting metrics only, runs ahead: rank 0 is behind, not silent."""
+    rank = train.get_context().get_world_rank()
+    if rank == 1:
+        for step in range(config["steps"]):
+            train.report({"step": step, "rank": 1})
+        return
+    # the slow write: it ends only once the driver has seen rank 1 far ahead (its rows flushed)
+    rows = os.path.join(config["run_path"], "metrics_all_ranks.jsonl")
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        if os.path.exists(rows):
+            with open(rows) as f:
+                if sum('"rank": 1' in line for line in f) >= config["steps"]:
+                    break
+        time.sleep(0.01)
+    for step in range(config["steps"]):
+        report({"step": step}, checkpoint=save(step))
+
+
+def local_fit(fn, storage, config):
+    return DataParallelTrainer(
+        fn,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=2, engine="local"),
+        run_config=RunConfig(name="run", storage_path=storage),
+    ).fit()
+
+
+@pytest.mark.slow
+def test_a_rank_0_slow_on_its_first_checkpoint_is_not_called_silent(storage, caplog):
+    # Before: "Rank 1 has reported 6 rounds but rank(s) 0 have not reported yet ... HINT: call
+    # phalanx.report() on every rank", to a user who does.
+    config = {"steps": 6, "run_path": os.path.join(storage, "run")}
+    with caplog.at_level(logging.WARNING, logger="phalanx"):
+        result = local_fit(rank0_slow_first_checkpoint_loop, storage, config)
+    with open(os.path.join(result.path, "metrics_all_ranks.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert sum(row["rank"] == 1 for row in rows[:6]) == 6  # rank 1 was far ahead indeed
+    assert [c.path.rsplit("/", 1)[-1] for c, _ in result.best_checkpoints] == [
+        f"checkpoint_{i:06d}" for i in range(6)
+    ]
+    assert not [r for r in caplog.records if "have not reported" in r.getMessage()]
+
+
+def rank1_silent_loop(config):
+    rank = train.get_context().get_world_rank()
+    if rank == 1:
+        wait_for(config["rank0_done"], timeout_s=30.0)
+        return
+    for step in range(config["steps"]):
+        report({"step": step}, checkpoint=save(step))
+    open(config["rank0_done"], "w").close()
+
+
+@pytest.mark.slow
+def test_a_truly_silent_rank_is_named_with_local_workers(storage, tmp_path, caplog):
+    config = {"steps": 6, "rank0_done": str(tmp_path / "done")}
+    with caplog.at_level(logging.WARNING, logger="phalanx"):
+        result = local_fit(rank1_silent_loop, storage, config)
+    assert len(result.best_checkpoints) == 6
+    warnings = [r.getMessage() for r in caplog.records if "have not reported" in r.getMessage()]
+    assert len(warnings) == 1 and "rank(s) 1 have not reported" in warnings[0]
+
+
 def test_rounds_after_rank0_returned_carry_the_next_ranks_metrics(storage):
     def loop():
         rank = train.get_context().get_world_rank()

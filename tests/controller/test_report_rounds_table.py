@@ -71,6 +71,11 @@ LAG_ROWS = [
     ("rank 0 only, far ahead", [LAG_WARNING_ROUNDS, 0], {0, 1}, True),
     ("a slow rank that has reported is not silent", [LAG_WARNING_ROUNDS + 5, 1], {0, 1}, False),
     ("a silent rank that returned is not waited for", [LAG_WARNING_ROUNDS, 0], {0}, False),
+    # rank 0 writes its first (big) checkpoint while metrics-only ranks run ahead: behind, not silent
+    ("rank 0 slow on its first report", [0, LAG_WARNING_ROUNDS + 5], {0, 1}, False),
+    ("rank 0 slow, rank 2 silent", [0, LAG_WARNING_ROUNDS, 0], {0, 1, 2}, False),
+    ("rank 0 reported and returned", [LAG_WARNING_ROUNDS, 0], {1}, True),
+    ("rank 0 returned silent: rank 1 leads", [0, LAG_WARNING_ROUNDS, 0], {1, 2}, True),
 ]
 
 
@@ -87,4 +92,4 @@ def test_silent_ranks_are_named_with_a_hint(counts, running, warned):
     warning = rounds.silent_ranks_warning(running)
     assert (warning is not None) == warned
     if warning is not None:
-        assert "rank(s) 1 have not reported" in warning and "HINT:" in warning
+        assert f"rank(s) {len(counts) - 1} have not reported" in warning and "HINT:" in warning

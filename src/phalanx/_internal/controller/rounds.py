@@ -77,9 +77,19 @@ class ReportRounds:
         return self.counts[rank]
 
     def silent_ranks_warning(self, running: set[int]) -> str | None:
-        """A warning when a rank is LAG_WARNING_ROUNDS ahead of running ranks that have reported
-        nothing yet (the rank-0-only pattern), else None."""
-        leader = max(range(len(self.counts)), key=lambda r: self.counts[r])
+        """A warning when the lead rank is LAG_WARNING_ROUNDS ahead of running ranks that have
+        reported nothing yet (the rank-0-only pattern), else None.
+
+        The lead rank is the lowest one still running or that has reported (rank 0, whose
+        metrics the run reports): only it leads this pattern. A running rank 0 that has not
+        reported yet while others have is behind, not silent: its first report is the slow one
+        (a big checkpoint being written) while ranks that report metrics only, and share no
+        collective with it, run ahead. Naming it would tell a user who does call report() on
+        every rank to do so.
+        """
+        leader = next((r for r, n in enumerate(self.counts) if n or r in running), None)
+        if leader is None:
+            return None
         silent = sorted(r for r in running if self.counts[r] == 0)
         if not silent or self.counts[leader] < LAG_WARNING_ROUNDS:
             return None
