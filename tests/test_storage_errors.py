@@ -22,6 +22,8 @@ from phalanx import (
     ScalingConfig,
     StorageError,
 )
+from phalanx._internal.storage.run_storage import RunStorage
+from phalanx._internal.storage.snapshot_journal import read_state
 
 
 def run(storage_path, fn=lambda: None, name="run", filesystem=None, engine="thread"):
@@ -111,7 +113,9 @@ def test_a_disk_that_fills_up_during_the_run_fails_with_the_path_and_no_half_wri
         steps = [json.loads(line)["step"] for line in f]
     assert steps == list(range(len(steps)))
     with open(os.path.join(run_dir, "checkpoint_manager_snapshot.json")) as f:
-        snapshot = json.load(f)  # the last complete snapshot, never a torn one
+        json.load(f)  # the last complete snapshot, never a torn one
+    snapshot = read_state(RunStorage.create(full_disk, "fills"))  # + its journal: what resume reads
+    assert snapshot is not None
     on_disk = sorted(n for n in os.listdir(run_dir) if n.startswith("checkpoint_0"))
     assert on_disk == [c["dir_name"] for c in snapshot["checkpoints"]]  # no uncommitted one
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import time
@@ -15,6 +14,12 @@ from phalanx._internal.storage.filesystem import storage_errors
 from phalanx._internal.storage.history import encode_json
 from phalanx._internal.storage.paths import checkpoint_name_problem
 from phalanx._internal.storage.run_storage import SNAPSHOT_FILE, RunStorage
+from phalanx._internal.storage.snapshot_journal import (
+    COMPACT_MIN_RECORDS,
+    append_record,
+    read_state,
+    remove_journal,
+)
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import CheckpointConfig
 from phalanx.errors import ConfigError, StorageError
@@ -51,6 +56,9 @@ class CheckpointManager:
     _encoded_cache: dict[str, tuple[TrackedCheckpoint, str]] = field(
         default_factory=dict, repr=False
     )
+    _journal_seq: int = field(default=0, repr=False)  # the last journal record written or read
+    _journal_records: int | None = field(default=None, repr=False)  # None: compact next
+    _compacted: int = field(default=0, repr=False)  # checkpoints in the last compaction
 
     @property
     def attempts(self) -> int:
@@ -68,17 +76,17 @@ class CheckpointManager:
 
     def load(self) -> bool:
         """Load an existing snapshot (the run is being resumed). Returns whether one existed."""
-        raw = self.storage.read(SNAPSHOT_FILE)
-        if raw is None:
-            return False
         try:
-            state = json.loads(raw)
+            state = read_state(self.storage)
+            if state is None:
+                return False
             self.checkpoints = [TrackedCheckpoint(**c) for c in state["checkpoints"]]
             latest = state.get("latest")
             self.latest = next((c for c in self.checkpoints if c.dir_name == latest), None)
             self.next_round = int(state["next_round"])
             self.attempt_history = list(state.get("attempts", []))
             self.statuses = dict(state.get("statuses", {}))
+            self._journal_seq = int(state.get("journal_seq", 0))
         except (ValueError, KeyError, TypeError) as exc:
             raise StorageError(
                 f"The snapshot {self.storage.path(SNAPSHOT_FILE)!r} is unreadable: {exc}.\n"
@@ -150,8 +158,9 @@ class CheckpointManager:
         self.checkpoints.append(tracked)
         self.latest = tracked
         evicted = self._apply_retention()
+        statuses = {tracked.dir_name: PENDING_VALIDATION} if pending_validation else {}
         try:
-            self.save()
+            self._record([tracked], evicted, statuses)
         except StorageError:  # the snapshot is the commit: without it the checkpoint is not one
             self.checkpoints, self.latest = before
             with contextlib.suppress(StorageError):
@@ -181,7 +190,8 @@ class CheckpointManager:
                 if self.latest is not None and self.latest.dir_name == dir_name:
                     self.latest = merged
         evicted = self._apply_retention()
-        self.save()
+        merged_entries = [c for c in self.checkpoints if c.dir_name == dir_name]
+        self._record(merged_entries, evicted, {dir_name: status})
         for gone in evicted:
             future = self._deleter().submit(self.storage.delete_checkpoint, gone.dir_name)
             future.add_done_callback(_log_failed_deletion)
@@ -192,26 +202,71 @@ class CheckpointManager:
         return self._deletions
 
     def close(self) -> None:
-        """Wait for background deletions (at the end of fit())."""
+        """Wait for background deletions and compact the journal (at the end of fit()): the
+        snapshot left behind is whole."""
         if self._deletions is not None:
             self._deletions.shutdown(wait=True)
             self._deletions = None
+        if self._journal_records:
+            self.save()
 
     def save(self) -> None:
+        """Write the whole snapshot (a compaction: the journal's records are in it)."""
         state = {
             "version": SNAPSHOT_VERSION,
             "latest": self.latest.dir_name if self.latest else None,
             "next_round": self.next_round,
             "attempts": self.attempt_history,
             "statuses": self.statuses,
+            "journal_seq": self._journal_seq,
         }
-        # Every commit rewrites the snapshot: with every checkpoint kept (num_to_keep=None),
-        # encoding all of them each time made a run of k checkpoints cost O(k^2). Each entry is
-        # encoded once (frozen; replaced, not mutated, when a validation adds metrics).
+        # Each entry is encoded once (frozen; replaced, not mutated, when a validation adds
+        # metrics): re-encoding all of them at every compaction would cost O(k) JSON work.
         self._encoded_cache = {c.dir_name: self._encoded(c) for c in self.checkpoints}
         entries = ", ".join(text for _, text in self._encoded_cache.values())
         text = f'{encode_json(state)[:-1]}, "checkpoints": [{entries}]}}'
         self.storage.write_atomic(SNAPSHOT_FILE, text.encode())
+        if self.storage.local:
+            remove_journal(self.storage)
+        self._journal_records = 0
+        self._compacted = len(self.checkpoints)
+
+    def _record(
+        self,
+        put: list[TrackedCheckpoint],
+        removed: list[TrackedCheckpoint],
+        statuses: dict[str, str],
+    ) -> None:
+        """Make one change durable: a journal record (O(1)), or a compaction when the journal
+        has as many records as the snapshot had checkpoints (so O(1) per change amortised),
+        after a load, or on an object store (no appends there)."""
+        records = self._journal_records
+        if (
+            not self.storage.local
+            or records is None
+            or records + 1 >= max(COMPACT_MIN_RECORDS, self._compacted)
+        ):
+            self.save()
+            return
+        head = {
+            "seq": self._journal_seq + 1,
+            "latest": self.latest.dir_name if self.latest else None,
+            "next_round": self.next_round,
+            "remove": [c.dir_name for c in removed],
+            "statuses": statuses,
+        }
+        entries = ", ".join(self._cache(c) for c in put)
+        try:
+            append_record(self.storage, f'{encode_json(head)[:-1]}, "put": [{entries}]}}')
+        except BaseException:
+            self._journal_records = None  # whatever reached the disk, the next write compacts
+            raise
+        self._journal_seq += 1
+        self._journal_records = records + 1
+
+    def _cache(self, tracked: TrackedCheckpoint) -> str:
+        self._encoded_cache[tracked.dir_name] = cached = self._encoded(tracked)
+        return cached[1]
 
     def _encoded(self, tracked: TrackedCheckpoint) -> tuple[TrackedCheckpoint, str]:
         cached = self._encoded_cache.get(tracked.dir_name)

@@ -1,17 +1,16 @@
 """``get_all_reported_checkpoints()``: read the run's snapshot until this rank's checkpoints
 are in it.
 
-The driver writes the snapshot after every commit and every finished validation, so any rank on
+The driver writes the snapshot (or its journal) after every commit and every finished validation, so any rank on
 any engine can read it from the run's storage, with no extra channel to the driver.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
-from phalanx._internal.storage.run_storage import SNAPSHOT_FILE
+from phalanx._internal.storage.snapshot_journal import read_state
 from phalanx.checkpoint import Checkpoint
 from phalanx.reported_checkpoint import (
     CheckpointConsistencyMode,
@@ -53,12 +52,9 @@ def reported_checkpoints(
 
 
 def _read_snapshot(storage: Any) -> dict[str, Any]:
-    raw = storage.read(SNAPSHOT_FILE)
-    if raw is None:
-        return {}
     try:
-        state = json.loads(raw)
-    except ValueError:  # mid-write on a store without atomic replace: read again
+        state = read_state(storage)  # the snapshot with the journal of recent commits
+    except (ValueError, KeyError, TypeError):  # mid-write on a store without atomic replace
         return {}
     return state if isinstance(state, dict) else {}
 
