@@ -63,6 +63,19 @@ def wait_for(path, timeout_s=10.0):
         time.sleep(0.005)
 
 
+def wait_for_reports(run_path, rank, count, timeout_s=30.0):
+    """Until the driver has written ``count`` reports of ``rank`` to metrics_all_ranks.jsonl: it
+    has then also looked for silent ranks with them in hand (the same poll, before the flush)."""
+    rows = os.path.join(run_path, "metrics_all_ranks.jsonl")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.path.exists(rows):
+            with open(rows) as f:
+                if sum(f'"rank": {rank},' in line for line in f) >= count:
+                    return
+        time.sleep(0.01)
+
+
 # -- report counts ------------------------------------------------------------------------------
 
 
@@ -71,6 +84,7 @@ def rank0_only_loop(config):
     rank = train.get_context().get_world_rank()
     if rank != 0:  # keeps training (in a real job: collectives) while rank 0 reports
         wait_for(config["rank0_done"])
+        wait_for_reports(config["run_path"], 0, config["steps"])
         return
     for step in range(config["steps"]):
         report({"step": step}, checkpoint=save(step))
@@ -78,7 +92,7 @@ def rank0_only_loop(config):
 
 
 def test_rank0_only_reporting_commits_every_checkpoint_and_warns_once(storage, tmp_path, caplog):
-    config = {"steps": 6, "rank0_done": str(tmp_path / "done")}
+    config = {"steps": 6, "rank0_done": str(tmp_path / "done"), "run_path": f"{storage}/run"}
     with caplog.at_level(logging.WARNING, logger="phalanx"):
         result = fit(rank0_only_loop, storage, config=config)
     assert list(result.metrics_dataframe["step"]) == list(range(6))
@@ -98,17 +112,10 @@ def rank0_slow_first_checkpoint_loop(config):
     rank = train.get_context().get_world_rank()
     if rank == 1:
         for step in range(config["steps"]):
-            train.report({"step": step, "rank": 1})
+            train.report({"step": step})
         return
     # the slow write: it ends only once the driver has seen rank 1 far ahead (its rows flushed)
-    rows = os.path.join(config["run_path"], "metrics_all_ranks.jsonl")
-    deadline = time.monotonic() + 30.0
-    while time.monotonic() < deadline:
-        if os.path.exists(rows):
-            with open(rows) as f:
-                if sum('"rank": 1' in line for line in f) >= config["steps"]:
-                    break
-        time.sleep(0.01)
+    wait_for_reports(config["run_path"], 1, config["steps"])
     for step in range(config["steps"]):
         report({"step": step}, checkpoint=save(step))
 
@@ -142,6 +149,7 @@ def rank1_silent_loop(config):
     rank = train.get_context().get_world_rank()
     if rank == 1:
         wait_for(config["rank0_done"], timeout_s=30.0)
+        wait_for_reports(config["run_path"], 0, config["steps"])
         return
     for step in range(config["steps"]):
         report({"step": step}, checkpoint=save(step))
@@ -150,7 +158,7 @@ def rank1_silent_loop(config):
 
 @pytest.mark.slow
 def test_a_truly_silent_rank_is_named_with_local_workers(storage, tmp_path, caplog):
-    config = {"steps": 6, "rank0_done": str(tmp_path / "done")}
+    config = {"steps": 6, "rank0_done": str(tmp_path / "done"), "run_path": f"{storage}/run"}
     with caplog.at_level(logging.WARNING, logger="phalanx"):
         result = local_fit(rank1_silent_loop, storage, config)
     assert len(result.best_checkpoints) == 6
