@@ -71,6 +71,7 @@ def close_storage(
     goes."""
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("write the metrics history", history.flush),
+        ("compact the metrics history", history.compact),
         ("remove uncommitted checkpoint parts", storage.remove_staging),
     ]
     if quiet:

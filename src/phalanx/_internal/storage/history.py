@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from phalanx._internal.storage import history_parts as parts
 from phalanx._internal.storage.filesystem import storage_errors
 from phalanx._internal.storage.run_storage import ALL_RANKS_HISTORY_FILE, HISTORY_FILE, RunStorage
 
@@ -54,8 +55,9 @@ def decode_lines(data: bytes | None) -> list[dict[str, Any]]:
 class MetricsHistory:
     """Appends rows to the history files; flushed at commits, at the end and every second.
 
-    On a local filesystem rows are appended; elsewhere the whole file is rewritten on flush
-    (object stores cannot append). A resumed run continues the existing files.
+    On a local filesystem rows are appended; elsewhere each flush writes one part object
+    (object stores cannot append; see ``history_parts``). A resumed run continues the existing
+    files.
     """
 
     def __init__(self, storage: RunStorage) -> None:
@@ -65,6 +67,9 @@ class MetricsHistory:
         self._remote_text: dict[str, str] = {}
         self._last_flush = time.monotonic()
         self._cut: dict[str, bool] = {}
+        self._seq: dict[str, int] = {}  # object stores: the last part written
+        self._base: dict[str, int] = {}  # object stores: bytes in the base file
+        self._parts: dict[str, tuple[int, int]] = {}  # object stores: (parts, bytes) after it
         for name in self._pending:
             self._repair(name)
 
@@ -82,11 +87,12 @@ class MetricsHistory:
                     f.truncate(keep)
             cut = size - keep
         else:
-            data = self.storage.read(name) or b""
+            data, seq, base = parts.read_whole(self.storage, name)
             keep = data.rfind(b"\n") + 1
             cut = len(data) - keep
-            if cut:
-                self.storage.write_atomic(name, data[:keep])
+            if cut or base != len(data) or parts.read_marker(self.storage, name) is None:
+                parts.compact(self.storage, name, data[:keep], seq)
+            self._seq[name], self._base[name], self._parts[name] = seq, keep, (0, 0)
             self._remote_text[name] = data[:keep].decode()
         self._cut[name] = bool(cut)
         if cut:
@@ -147,11 +153,28 @@ class MetricsHistory:
             if self.storage.local:
                 _append(self.storage.path(name), text)
             else:
-                previous = self._remote_text.get(name)
-                if previous is None:
-                    previous = (self.storage.read(name) or b"").decode()
-                self._remote_text[name] = previous + text
-                self.storage.write_atomic(name, self._remote_text[name].encode())
+                self._write_part(name, text.encode())
+
+    def _write_part(self, name: str, data: bytes) -> None:
+        """One object per flush: O(rows flushed), not O(rows so far). Compacted once the parts
+        hold as much as the base (O(1) per row amortised) or are many."""
+        self._seq[name] += 1
+        parts.write_part(self.storage, name, self._seq[name], data)
+        count, size = self._parts[name]
+        self._parts[name] = count, size = count + 1, size + len(data)
+        if size >= max(self._base[name], 1 << 16) or count >= parts.MAX_PARTS:
+            self.compact(name)
+
+    def compact(self, name: str | None = None) -> None:
+        """Object stores: fold the parts into the base file (at the end of fit(): one whole
+        file, as readers without parts expect)."""
+        if self.storage.local:
+            return
+        for each in [name] if name else list(self._pending):
+            if self._parts[each][0]:
+                data, seq, _ = parts.read_whole(self.storage, each)
+                parts.compact(self.storage, each, data, seq)
+                self._base[each], self._parts[each] = len(data), (0, 0)
 
 
 def _append(path: str, text: str) -> None:
@@ -172,7 +195,10 @@ def _append(path: str, text: str) -> None:
 
 
 def read_history(storage: RunStorage, all_ranks: bool = False) -> list[dict[str, Any]]:
-    return decode_lines(storage.read(ALL_RANKS_HISTORY_FILE if all_ranks else HISTORY_FILE))
+    name = ALL_RANKS_HISTORY_FILE if all_ranks else HISTORY_FILE
+    if storage.local:
+        return decode_lines(storage.read(name))
+    return decode_lines(parts.read_whole(storage, name)[0])
 
 
 def final_trajectory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -4,6 +4,8 @@
 
     <storage_path>/<name>/
       checkpoint_manager_snapshot.json   committed checkpoints and their metrics (source of truth)
+      .phalanx_snapshot_journal.jsonl    local: commits since the snapshot (snapshot_journal.py)
+      .phalanx_history/                  object stores: metrics flushes (history_parts.py)
       metrics.jsonl                      every round: rank 0's metrics (+ training_iteration, ...)
       metrics_all_ranks.jsonl            every report of every rank
       checkpoint_000004/                 committed checkpoints (or a user checkpoint_dir_name)
