@@ -69,6 +69,7 @@ class MetricsHistory:
         self._cut: dict[str, bool] = {}
         self._seq: dict[str, int] = {}  # object stores: the last part written
         self._base: dict[str, int] = {}  # object stores: bytes in the base file
+        self._written: dict[str, list[bytes]] = {}  # object stores: the base, then each part
         self._parts: dict[str, tuple[int, int]] = {}  # object stores: (parts, bytes) after it
         for name in self._pending:
             self._repair(name)
@@ -93,6 +94,7 @@ class MetricsHistory:
             if cut or base != len(data) or parts.read_marker(self.storage, name) is None:
                 parts.compact(self.storage, name, data[:keep], seq)
             self._seq[name], self._base[name], self._parts[name] = seq, keep, (0, 0)
+            self._written[name] = [data[:keep]]
             self._remote_text[name] = data[:keep].decode()
         self._cut[name] = bool(cut)
         if cut:
@@ -160,6 +162,7 @@ class MetricsHistory:
         hold as much as the base (O(1) per row amortised) or are many."""
         self._seq[name] += 1
         parts.write_part(self.storage, name, self._seq[name], data)
+        self._written[name].append(data)
         count, size = self._parts[name]
         self._parts[name] = count, size = count + 1, size + len(data)
         if size >= max(self._base[name], 1 << 16) or count >= parts.MAX_PARTS:
@@ -171,9 +174,10 @@ class MetricsHistory:
         if self.storage.local:
             return
         for each in [name] if name else list(self._pending):
-            if self._parts[each][0]:
-                data, seq, _ = parts.read_whole(self.storage, each)
-                parts.compact(self.storage, each, data, seq)
+            if self._parts[each][0]:  # this driver alone writes (the run lock): no need to read
+                data = b"".join(self._written[each])
+                parts.compact(self.storage, each, data, self._seq[each])
+                self._written[each] = [data]
                 self._base[each], self._parts[each] = len(data), (0, 0)
 
 

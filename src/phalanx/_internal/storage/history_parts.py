@@ -94,8 +94,7 @@ def compact(storage: RunStorage, name: str, data: bytes, seq: int) -> None:
     if data or storage.read(name) is not None:
         storage.write_atomic(name, data)
     storage.write_atomic(_marker_path(name), f"{seq} {len(data)}".encode())
-    for part in list_parts(storage, name):
-        if part <= seq:
-            path = storage.path(part_path(name, part))
-            with storage_errors("remove", path):
-                storage.filesystem.rm(path)
+    folded = [storage.path(part_path(name, s)) for s in list_parts(storage, name) if s <= seq]
+    if folded:
+        with storage_errors("remove", storage.run_uri + "/" + PARTS_DIR):
+            storage.filesystem.rm(folded)  # one batch request on S3
