@@ -67,10 +67,11 @@ from common import machine, median, versions
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("phalanx", "phalanx_ray", "raytrain")
 RAY_SYSTEMS = ("phalanx_ray", "raytrain")
-WORKLOADS = ("noop", "reports", "commit", "retention", "keepall", "b2")
+WORKLOADS = ("noop", "reports", "commit", "retention", "keepall", "b2", "restore")
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 MARKER_ENV = "PHALANX_BENCH_RUN"
 NUM_TO_KEEP = 3
+HEALTH_CHECK_FAILURES = 5  # Ray's default threshold; its default period is 3 s
 Record = dict[str, Any]
 
 
@@ -101,7 +102,7 @@ def _train_fn(cfg: dict[str, Any]) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     rec: Record = {"t_first": t_first, "pid": os.getpid(), "rank": rank}
     body = {"reports": _reports, "commit": _commit, "retention": _retention,
-            "keepall": _retention, "b2": _b2}  # fmt: skip
+            "keepall": _retention, "b2": _b2, "restore": _restore}  # fmt: skip
     if cfg["workload"] in body:
         rec.update(body[cfg["workload"]](cfg, api, rank, world))
     _write_json(Path(cfg["out_dir"]) / f"rank{rank}.json", rec)
@@ -145,6 +146,31 @@ def _retention(cfg: dict[str, Any], api: Any, rank: int, world: int) -> Record:
             Path(d, "state.txt").write_text(str(k))
             api.report({"k": k}, checkpoint=api.Checkpoint.from_directory(d))
     return {"t_loop": t0, "t_loop_end": time.time()}
+
+
+def _restore(cfg: dict[str, Any], api: Any, rank: int, world: int) -> Record:
+    """Resume after the latest checkpoint; at the first step of each attempt write
+    ``attempt{start}-rank{rank}.json``; rounds of ``round_s``, rank 0 checkpointing each."""
+    import ray  # both systems run on Ray here
+
+    t_start, start = time.time(), 0
+    if (ckpt := api.get_checkpoint()) is not None:
+        with ckpt.as_directory() as d:
+            start = int(Path(d, "round.txt").read_text()) + 1
+    node = ray.get_runtime_context().get_node_id()
+    mark: Record = {"rank": rank, "world": world, "start": start, "node": node, "t_start": t_start}
+    for k in range(start, cfg["rounds"]):
+        if k == start:
+            mark["t_step"] = time.time()
+            _write_json(Path(cfg["out_dir"]) / f"attempt{start}-rank{rank}.json", mark)
+        time.sleep(cfg["round_s"])  # the step's work
+        if rank != 0:
+            api.report({"round": k})
+            continue
+        with tempfile.TemporaryDirectory(prefix="phxscale-") as d:
+            Path(d, "round.txt").write_text(str(k))
+            api.report({"round": k}, checkpoint=api.Checkpoint.from_directory(d))
+    return {"start": start, "node": node}
 
 
 def _b2(cfg: dict[str, Any], api: Any, rank: int, world: int) -> Record:
@@ -198,13 +224,24 @@ def _seen_callback(base: type, path: Path) -> Any:
     return cb
 
 
-def _ray_cluster(args: argparse.Namespace, n: int) -> tuple[Any, Any]:
+def _ray_cluster(args: argparse.Namespace, n: int, restore: bool = False) -> tuple[Any, Any]:
+    """``--nodes`` nodes of ceil(n / nodes) + 1 CPUs (+1: Ray Train's controller, phalanx's
+    actor); for ``restore`` one spare node more, and the GCS's health checks every
+    ``--health-check-ms`` (a killed node is declared dead after HEALTH_CHECK_FAILURES of them)."""
     import ray
     from ray.cluster_utils import Cluster
 
-    per_node = math.ceil(n / args.nodes) + 1  # +1: Ray Train's controller, phalanx's actor
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": per_node})
-    for _ in range(args.nodes - 1):
+    per_node = math.ceil(n / args.nodes) + 1
+    head: Record = {"num_cpus": per_node}
+    if restore:
+        head["_system_config"] = {
+            "health_check_initial_delay_ms": 0,
+            "health_check_period_ms": args.health_check_ms,
+            "health_check_timeout_ms": 4 * args.health_check_ms,
+            "health_check_failure_threshold": HEALTH_CHECK_FAILURES,
+        }
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    for _ in range(args.nodes - 1 + restore):
         cluster.add_node(num_cpus=per_node)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address)
@@ -218,15 +255,7 @@ def _fit(system: str, workload: str, n: int, cfg: dict[str, Any], store: Path) -
     run = api.RunConfig(name="scale", storage_path=str(store), callbacks=[_seen_callback(api.UserCallback, seen)],
                         checkpoint_config=keep)  # fmt: skip
     engine = {"engine": "ray"} if system == "phalanx_ray" else {}
-    if workload == "b2":
-        trainer_cls = _torch_trainer(system)
-    elif system == "raytrain":
-        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-
-        trainer_cls = DataParallelTrainer
-    else:
-        trainer_cls = api.DataParallelTrainer
-    trainer = trainer_cls(_train_fn, train_loop_config=cfg, run_config=run,
+    trainer = _trainer_cls(system, workload)(_train_fn, train_loop_config=cfg, run_config=run,
                           scaling_config=api.ScalingConfig(num_workers=n, **engine))  # fmt: skip
     pss_before = _pss_kb(os.getpid())
     ru0, t_fit = resource.getrusage(resource.RUSAGE_SELF), time.time()
@@ -246,6 +275,139 @@ def _fit(system: str, workload: str, n: int, cfg: dict[str, Any], store: Path) -
     }
 
 
+def _events_callback(base: type, path: Path) -> Any:
+    """A callback (both APIs) appending ``time round has-checkpoint`` per round and ``time -1 0``
+    per failed attempt (Ray Train: in its controller actor, on the driver's node)."""
+
+    def write(self: Any, line: str) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(line)
+
+    def after_report(self: Any, run_context: Any, metrics: Any, checkpoint: Any) -> None:
+        first = metrics[0] if isinstance(metrics, list) else metrics
+        write(self, f"{time.time()!r} {first.get('round', -2)} {int(checkpoint is not None)}\n")
+
+    def after_exception(self: Any, run_context: Any, worker_exceptions: Any) -> None:
+        write(self, f"{time.time()!r} -1 0\n")
+
+    members = {"after_report": after_report, "after_exception": after_exception, "write": write}
+    cb = type("EventsCallback", (base,), members)()
+    cb.path = str(path)
+    return cb
+
+
+def _events(path: Path) -> list[tuple[float, int, int]]:
+    if not path.exists():
+        return []
+    rows = [ln.split() for ln in path.read_text().splitlines()]
+    return [(float(t), int(k), int(c)) for t, k, c in (r for r in rows if len(r) == 3)]
+
+
+class NodeKiller(threading.Thread):
+    """Waits until round ``loss_round`` is committed, then removes (kills, not gracefully) the
+    node other than the driver's that hosts the most ranks of the first attempt."""
+
+    def __init__(self, cluster: Any, out: Path, loss_round: int) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.out, self.loss_round = cluster, out, loss_round
+        self.done = threading.Event()
+        self.result: Record = {}
+
+    def run(self) -> None:
+        while not self.done.wait(0.02):
+            if any(k >= self.loss_round and c for _, k, c in _events(self.out / "events.txt")):
+                break
+        else:
+            return
+        ranks = [json.loads(p.read_text()) for p in self.out.glob("attempt0-rank*.json")]
+        hosted: dict[str, int] = {}
+        for r in ranks:
+            hosted[r["node"]] = hosted.get(r["node"], 0) + 1
+        nodes = [nd for nd in self.cluster.worker_nodes if hosted.get(nd.node_id)]
+        if not nodes:
+            self.result["error"] = f"no node but the driver's hosts a rank: {hosted}"
+            return
+        doomed = max(nodes, key=lambda nd: hosted[nd.node_id])
+        t_loss = time.time()
+        self.cluster.remove_node(doomed, allow_graceful=False)
+        self.result.update(t_loss=t_loss, remove_call_s=time.time() - t_loss,
+                           lost_node=doomed.node_id, lost_ranks=hosted[doomed.node_id])  # fmt: skip
+
+
+def _fit_restore(system: str, n: int, cfg: dict[str, Any], store: Path, cluster: Any) -> Record:
+    api, out = _api(system), Path(cfg["out_dir"])
+    run = api.RunConfig(name="restore", storage_path=str(store),
+                        failure_config=api.FailureConfig(max_failures=1),
+                        callbacks=[_events_callback(api.UserCallback, out / "events.txt")])  # fmt: skip
+    engine = {"engine": "ray"} if system == "phalanx_ray" else {}
+    trainer = _trainer_cls(system, "restore")(_train_fn, train_loop_config=cfg, run_config=run,
+                          scaling_config=api.ScalingConfig(num_workers=n, **engine))  # fmt: skip
+    killer = NodeKiller(cluster, out, cfg["loss_round"])
+    killer.start()
+    t_fit = time.time()
+    try:
+        result = trainer.fit()
+    finally:
+        t_end = time.time()
+        killer.done.set()
+        killer.join()
+    rec = {"t_fit": t_fit, "t_end": t_end, "fit_total_s": t_end - t_fit,
+           "error": repr(result.error) if getattr(result, "error", None) else None}  # fmt: skip
+    rec["restore"] = _restore_metrics(cfg, n, killer.result, store / "restore")
+    return rec
+
+
+def _restore_metrics(cfg: dict[str, Any], n: int, loss: Record, run_dir: Path) -> Record:
+    """Times from the loss, and the checks: the new group resumed after the latest checkpoint
+    committed before it started, at full size, without the lost node; no checkpoint lost."""
+    out_dir = Path(cfg["out_dir"])
+    m: Record = {k: v for k, v in loss.items() if k != "t_loss"}
+    if "t_loss" not in loss:
+        return {"restore_error": loss.get("error", "the node was never removed"), **m}
+    t_loss, events = loss["t_loss"], _events(out_dir / "events.txt")
+    marks = [json.loads(p.read_text()) for p in out_dir.glob("attempt*-rank*.json")]
+    new = [r for r in marks if r["start"] > 0]
+    detect = [t for t, k, _ in events if k == -1 and t >= t_loss]
+    committed = sorted({k for _, k, c in events if c and k >= 0})
+    on_disk = {int(p.read_text()) for p in run_dir.glob("**/round.txt")}
+    m["detect_s"] = detect[0] - t_loss if detect else None
+    m["committed_rounds"], m["lost_checkpoints"] = len(committed), sorted(set(committed) - on_disk)
+    problems = (
+        [f"checkpoints of rounds {m['lost_checkpoints']} lost"] if m["lost_checkpoints"] else []
+    )
+    if not new:
+        return {**m, "restore_error": "no rank of a new attempt took a step"}
+    t_first = min(r["t_start"] for r in new)
+    latest = max((k for t, k, c in events if c and k >= 0 and t < t_first), default=-1)
+    starts = {r["start"] for r in new}
+    m.update(restart_s=t_first - t_loss, restore_s=min(r["t_step"] for r in new) - t_loss,
+             all_ranks_s=max(r["t_step"] for r in new) - t_loss, resumed_from=sorted(starts),
+             latest_committed=latest, new_ranks=len(new))  # fmt: skip
+    if starts != {latest + 1}:
+        problems.append(f"resumed at rounds {sorted(starts)}, latest committed was {latest}")
+    if len(new) != n or {r["world"] for r in new} != {n}:
+        problems.append(
+            f"new group: {len(new)} ranks, world sizes {sorted({r['world'] for r in new})}"
+        )
+    if any(r["node"] == loss["lost_node"] for r in new):
+        problems.append("a rank of the new group ran on the removed node")
+    if max(on_disk, default=-1) != cfg["rounds"] - 1:
+        problems.append(f"last checkpoint on disk: round {max(on_disk, default=-1)}")
+    if problems:
+        m["restore_error"] = "; ".join(problems)
+    return m
+
+
+def _trainer_cls(system: str, workload: str) -> Any:
+    if workload == "b2":
+        return _torch_trainer(system)
+    if system == "raytrain":
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+        return DataParallelTrainer
+    return _api(system).DataParallelTrainer
+
+
 def _torch_trainer(system: str) -> Any:
     if system == "raytrain":
         from ray.train.torch import TorchTrainer
@@ -258,7 +420,7 @@ def _torch_trainer(system: str) -> Any:
 
 def _workload_cfg(args: argparse.Namespace, system: str, workload: str, out: Path) -> Record:
     ray = system == "raytrain"
-    return {
+    cfg = {
         "system": system,
         "workload": workload,
         "out_dir": str(out),
@@ -268,9 +430,14 @@ def _workload_cfg(args: argparse.Namespace, system: str, workload: str, out: Pat
         "part_bytes": args.part_bytes,
         "commit_gap": args.commit_gap,
         "rounds": args.ray_keep_rounds if ray else args.keep_rounds,
+        "round_s": args.round_s,
+        "loss_round": args.loss_round,
         "rows": args.b2_rows,
         "epochs": args.b2_epochs,
     }
+    if workload == "restore":
+        cfg["rounds"] = args.restore_rounds
+    return cfg
 
 
 def run_one(args: argparse.Namespace) -> Record:
@@ -290,9 +457,13 @@ def run_one(args: argparse.Namespace) -> Record:
 
             ray.init(address="local", num_cpus=n, include_dashboard=False)
         elif system in RAY_SYSTEMS:
-            ray, cluster = _ray_cluster(args, n)
+            ray, cluster = _ray_cluster(args, n, restore=workload == "restore")
         setup_s = time.perf_counter() - t0
-        rec = _fit(system, workload, n, _workload_cfg(args, system, workload, out), tmp / "store")
+        cfg = _workload_cfg(args, system, workload, out)
+        if workload == "restore":
+            rec = _fit_restore(system, n, cfg, tmp / "store", cluster)
+        else:
+            rec = _fit(system, workload, n, cfg, tmp / "store")
         rec["cluster_setup_s"] = setup_s
         rec["ranks"] = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     finally:
@@ -402,8 +573,8 @@ def _pss_kb(pid: int) -> int | None:
 
 
 def derive(rec: Record, sampler: Sampler) -> Record:
-    ranks, seen, t_fit = rec.pop("ranks"), rec.pop("seen"), rec["t_fit"]
-    out: Record = {k: rec[k] for k in ("fit_total_s", "driver_cpu_s", "driver_maxrss_mb",
+    ranks, seen, t_fit = rec.pop("ranks"), rec.pop("seen", []), rec["t_fit"]
+    out: Record = {k: rec.get(k) for k in ("fit_total_s", "driver_cpu_s", "driver_maxrss_mb",
                                        "cluster_setup_s", "checkpoints_left", "error",
                                        "driver_pss_before_mb")}  # fmt: skip
     out["ranks_seen"] = len(ranks)
@@ -415,7 +586,10 @@ def derive(rec: Record, sampler: Sampler) -> Record:
     workers = {r["pid"] for r in ranks}
     out.update(sampler.overhead(workers, t_fit, rec["t_end"]))
     workload = rec["workload"]
-    if workload == "reports" and seen:
+    if workload == "restore":
+        out.update(rec["restore"])
+        out["error"] = out["error"] or out.get("restore_error")
+    elif workload == "reports" and seen:
         total, t0 = sum(r["n"] for r in ranks), min(r["t_loop"] for r in ranks)
         out["reports_total"] = total
         out["reports_per_s"] = total / max(seen[-1] - t0, 1e-9)
@@ -508,7 +682,8 @@ def launch(system: str, workload: str, n: int, rep: int, args: argparse.Namespac
 
 
 WORKLOAD_ARGS = ("nodes", "report_seconds", "ray_reports", "commits", "ray_commits", "part_bytes",
-                 "commit_gap", "keep_rounds", "ray_keep_rounds", "b2_rows", "b2_epochs")  # fmt: skip
+                 "commit_gap", "keep_rounds", "ray_keep_rounds", "b2_rows", "b2_epochs",
+                 "restore_rounds", "round_s", "loss_round", "health_check_ms")  # fmt: skip
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
@@ -524,12 +699,15 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
     sizes, ray_sizes = _ints(args.sizes), set(_ints(args.ray_sizes))
     runs = []
     for workload in workloads:
-        for n in [args.b2_workers] if workload == "b2" else sizes:
+        at = {"b2": [args.b2_workers], "restore": _ints(args.restore_sizes)}
+        for n in at.get(workload, sizes):
             for rep in range(args.reps):
                 for system in systems:
                     if workload == "b2" and system == "phalanx_ray":
                         continue  # B10 compares what a user runs: local phalanx vs Ray Train
-                    if system in RAY_SYSTEMS and workload != "b2" and n not in ray_sizes:
+                    if workload == "restore" and system not in RAY_SYSTEMS:
+                        continue  # a node loss needs nodes: Ray only
+                    if system in RAY_SYSTEMS and workload not in at and n not in ray_sizes:
                         continue
                     runs.append((system, workload, n, rep))
     return runs
@@ -612,6 +790,14 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
         ("checkpoints_left", "checkpoints on disk after (all kept)", False),
         ("driver_cpu_s", "driver process CPU during fit() (s)", False),
     ],
+    "restore": [
+        ("detect_s", "node loss → the trainer's after_exception callback (s)", False),
+        ("restart_s", "node loss → first line of the new group, first rank (s)", False),
+        ("restore_s", "node loss → first step of the new group, first rank (s)", False),
+        ("all_ranks_s", "node loss → first step of the new group, all ranks (s)", False),
+        ("lost_ranks", "ranks on the removed node", False),
+        ("fit_total_s", "fit() total (s)", False),
+    ],
     "b2": [
         ("b10_pss_mb", "B10: non-worker PSS, peak (MB)", False),
         ("b10_added_pss_mb", "B10: the same minus the driver's PSS before fit() (MB)", False),
@@ -628,6 +814,7 @@ TITLES = {
     "retention": "B11 scale: checkpoint retention (many rounds, num_to_keep=3)",
     "keepall": "B11 scale: checkpoint retention, every checkpoint kept (num_to_keep=None)",
     "b2": "B10 footprint: the B2 DDP loop, everything that is not a training worker",
+    "restore": "Restore at scale: a node lost mid-run, the group restarted from the checkpoint",
 }
 RATIOS = (("phalanx", "raytrain"), ("phalanx_ray", "raytrain"))
 
@@ -720,6 +907,14 @@ def _header(meta: Record) -> list[str]:
         f"{a['keep_rounds']} rounds (Ray "
         f"{a['ray_keep_rounds']}). b2: {a['b2_workers']} workers, {a['b2_rows']} rows, "
         f"{a['b2_epochs']} epochs, Ray Train on `ray.init(address='local')`.",
+        f"- restore: fixed num_workers=n, FailureConfig(max_failures=1), {a['nodes']} nodes + 1 "
+        f"spare; {a['restore_rounds']} rounds of {a['round_s']} s (rank 0 checkpoints each); "
+        f"once round {a['loss_round']} is committed the node hosting most ranks (not the "
+        "driver's) is killed (`Cluster.remove_node(allow_graceful=False)`); GCS health checks "
+        f"every {a['health_check_ms']} ms, dead after {HEALTH_CHECK_FAILURES} failures. Checked: "
+        "the new group resumes after the latest committed checkpoint at full size off the lost "
+        "node, no checkpoint lost, fit() succeeds. detect: phalanx's callback fires after the "
+        "failed group was torn down, Ray Train's when its controller's poll finds the error.",
         "- non-worker = every process carrying the run's marker (the driver, phalanx's fork "
         "server, Ray's GCS/raylets/controller/idle workers) minus the training workers, sampled "
         f"from /proc every {a['sample_interval']} s. growth: exponent b of a log-log fit over "
@@ -761,6 +956,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--b2-workers", type=int, default=2)
     add("--b2-rows", type=int, default=60000)
     add("--b2-epochs", type=int, default=5)
+    add("--restore-sizes", default="32", help="worker counts for the restore workload")
+    add("--restore-rounds", type=int, default=10, help="restore: rounds of the training function")
+    add("--round-s", type=float, default=0.5, help="restore: seconds of 'work' per round")
+    add("--loss-round", type=int, default=3, help="restore: a node is lost once this is committed")
+    add("--health-check-ms", type=int, default=1000, help="restore: GCS health check period")
     add("--sample-interval", type=float, default=0.1)
     add("--timeout", type=float, default=900.0, help="per-run limit in seconds")
     add("--out", default=str(REPO / "bench" / "results" / "scale"))
