@@ -7,6 +7,7 @@ Run from the repository root:
     python bench/scale.py --sizes 2,8 --reps 1              # smoke run
     python bench/scale.py --workloads b2 --reps 3           # B10 footprint only
     python bench/scale.py --ray-sizes 2,8,32,64             # let the Ray systems go to 64
+    python bench/scale.py --workloads restore --restore-sizes 8,32,64   # node loss at scale
 
 Systems:
   phalanx      local worker processes (the fork server).
@@ -29,6 +30,12 @@ Workloads (scale ones at every size):
              per round and the checkpoints left on disk.
   keepall    the same with every checkpoint kept (``num_to_keep=None``, Ray's default); also the
              time of the last tenth of the rounds over the first tenth (> 1: rounds get dearer).
+  restore    (Ray systems, at ``--restore-sizes``) fixed num_workers=n, max_failures=1, on
+             ``--nodes`` nodes plus one spare; once round ``--loss-round`` is committed this
+             script kills the node (not the driver's) hosting most ranks. From the loss: detect
+             (the trainer's after_exception callback), the new group's first line and first step
+             (first rank, all ranks); checked: resumed after the latest committed checkpoint, at
+             full size, off the lost node, no checkpoint lost, fit() succeeded.
   b2         (B10, 2 workers, not a scale workload) the B2 DDP loop (MLP 784-512-512-10, synthetic
              rows, report per epoch): RSS and CPU of every process of the run that is not a
              training worker (driver, fork server, Ray's daemons and controller), sampled from
@@ -71,6 +78,8 @@ WORKLOADS = ("noop", "reports", "commit", "retention", "keepall", "b2", "restore
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 MARKER_ENV = "PHALANX_BENCH_RUN"
 NUM_TO_KEEP = 3
+START_TIMEOUTS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
+                  "PHALANX_WORKER_START_TIMEOUT_S": "600"}  # fmt: skip
 HEALTH_CHECK_FAILURES = 5  # Ray's default threshold; its default period is 3 s
 Record = dict[str, Any]
 
@@ -586,7 +595,9 @@ def derive(rec: Record, sampler: Sampler) -> Record:
     workers = {r["pid"] for r in ranks}
     out.update(sampler.overhead(workers, t_fit, rec["t_end"]))
     workload = rec["workload"]
-    if workload == "restore":
+    if workload == "restore":  # the rank files are the last attempt's: first lines say nothing
+        for key in ("first_line_s", "first_line_all_s"):
+            out.pop(key)
         out.update(rec["restore"])
         out["error"] = out["error"] or out.get("restore_error")
     elif workload == "reports" and seen:
@@ -653,6 +664,8 @@ def launch(system: str, workload: str, n: int, rep: int, args: argparse.Namespac
            "--json-out", str(json_out), *_forwarded(args)]  # fmt: skip
     env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
     env[MARKER_ENV] = marker
+    if workload == "restore":  # 2 x n actor starts on a small machine: not a start-up race
+        env = {**START_TIMEOUTS, **env}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
     sampler = Sampler(marker, args.sample_interval)
     sampler.start()
@@ -914,7 +927,8 @@ def _header(meta: Record) -> list[str]:
         f"every {a['health_check_ms']} ms, dead after {HEALTH_CHECK_FAILURES} failures. Checked: "
         "the new group resumes after the latest committed checkpoint at full size off the lost "
         "node, no checkpoint lost, fit() succeeds. detect: phalanx's callback fires after the "
-        "failed group was torn down, Ray Train's when its controller's poll finds the error.",
+        "failed group was torn down, Ray Train's when its controller's poll finds the error. "
+        "Worker-group start timeouts raised to 600 s for both (defaults: 60 s).",
         "- non-worker = every process carrying the run's marker (the driver, phalanx's fork "
         "server, Ray's GCS/raylets/controller/idle workers) minus the training workers, sampled "
         f"from /proc every {a['sample_interval']} s. growth: exponent b of a log-log fit over "
@@ -960,7 +974,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--restore-rounds", type=int, default=10, help="restore: rounds of the training function")
     add("--round-s", type=float, default=0.5, help="restore: seconds of 'work' per round")
     add("--loss-round", type=int, default=3, help="restore: a node is lost once this is committed")
-    add("--health-check-ms", type=int, default=1000, help="restore: GCS health check period")
+    add(
+        "--health-check-ms",
+        type=int,
+        default=3000,
+        help="restore: GCS health check period (Ray's default: 3000)",
+    )
     add("--sample-interval", type=float, default=0.1)
     add("--timeout", type=float, default=900.0, help="per-run limit in seconds")
     add("--out", default=str(REPO / "bench" / "results" / "scale"))
