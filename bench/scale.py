@@ -172,7 +172,7 @@ def _restore(cfg: dict[str, Any], api: Any, rank: int, world: int) -> Record:
         if k == start:
             mark["t_step"] = time.time()
             _write_json(Path(cfg["out_dir"]) / f"attempt{start}-rank{rank}.json", mark)
-        time.sleep(cfg["round_s"])  # the step's work
+        _work(cfg, Path(cfg["out_dir"]) / "lost" if start == 0 and cfg["peers_fail"] else None)
         if rank != 0:
             api.report({"round": k})
             continue
@@ -180,6 +180,16 @@ def _restore(cfg: dict[str, Any], api: Any, rank: int, world: int) -> Record:
             Path(d, "round.txt").write_text(str(k))
             api.report({"round": k}, checkpoint=api.Checkpoint.from_directory(d))
     return {"start": start, "node": node}
+
+
+def _work(cfg: dict[str, Any], lost: Path | None) -> None:
+    """A step's work: ``round_s`` of sleep. With ``lost``, a collective with the lost ranks:
+    it fails as soon as that file says a node is gone (as gloo does when a peer dies)."""
+    end = time.time() + cfg["round_s"]
+    while (left := end - time.time()) > 0:
+        if lost is not None and lost.exists():
+            raise RuntimeError("a peer of the collective is gone")
+        time.sleep(min(left, 0.02))
 
 
 def _b2(cfg: dict[str, Any], api: Any, rank: int, world: int) -> Record:
@@ -339,6 +349,7 @@ class NodeKiller(threading.Thread):
         doomed = max(nodes, key=lambda nd: hosted[nd.node_id])
         t_loss = time.time()
         self.cluster.remove_node(doomed, allow_graceful=False)
+        (self.out / "lost").touch()  # --peers-fail: the surviving ranks' collective fails
         self.result.update(t_loss=t_loss, remove_call_s=time.time() - t_loss,
                            lost_node=doomed.node_id, lost_ranks=hosted[doomed.node_id])  # fmt: skip
 
@@ -441,6 +452,7 @@ def _workload_cfg(args: argparse.Namespace, system: str, workload: str, out: Pat
         "rounds": args.ray_keep_rounds if ray else args.keep_rounds,
         "round_s": args.round_s,
         "loss_round": args.loss_round,
+        "peers_fail": args.peers_fail,
         "rows": args.b2_rows,
         "epochs": args.b2_epochs,
     }
@@ -696,7 +708,7 @@ def launch(system: str, workload: str, n: int, rep: int, args: argparse.Namespac
 
 WORKLOAD_ARGS = ("nodes", "report_seconds", "ray_reports", "commits", "ray_commits", "part_bytes",
                  "commit_gap", "keep_rounds", "ray_keep_rounds", "b2_rows", "b2_epochs",
-                 "restore_rounds", "round_s", "loss_round", "health_check_ms")  # fmt: skip
+                 "restore_rounds", "round_s", "loss_round", "health_check_ms", "peers_fail")  # fmt: skip
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
@@ -920,15 +932,6 @@ def _header(meta: Record) -> list[str]:
         f"{a['keep_rounds']} rounds (Ray "
         f"{a['ray_keep_rounds']}). b2: {a['b2_workers']} workers, {a['b2_rows']} rows, "
         f"{a['b2_epochs']} epochs, Ray Train on `ray.init(address='local')`.",
-        f"- restore: fixed num_workers=n, FailureConfig(max_failures=1), {a['nodes']} nodes + 1 "
-        f"spare; {a['restore_rounds']} rounds of {a['round_s']} s (rank 0 checkpoints each); "
-        f"once round {a['loss_round']} is committed the node hosting most ranks (not the "
-        "driver's) is killed (`Cluster.remove_node(allow_graceful=False)`); GCS health checks "
-        f"every {a['health_check_ms']} ms, dead after {HEALTH_CHECK_FAILURES} failures. Checked: "
-        "the new group resumes after the latest committed checkpoint at full size off the lost "
-        "node, no checkpoint lost, fit() succeeds. detect: phalanx's callback fires after the "
-        "failed group was torn down, Ray Train's when its controller's poll finds the error. "
-        "Worker-group start timeouts raised to 600 s for both (defaults: 60 s).",
         "- non-worker = every process carrying the run's marker (the driver, phalanx's fork "
         "server, Ray's GCS/raylets/controller/idle workers) minus the training workers, sampled "
         f"from /proc every {a['sample_interval']} s. growth: exponent b of a log-log fit over "
@@ -939,11 +942,30 @@ def _header(meta: Record) -> list[str]:
     ]  # fmt: skip
 
 
+def _restore_header(a: Record) -> list[str]:
+    if "restore_rounds" not in a:  # results of a version without the restore workload
+        return []
+    return [
+        f"- restore: fixed num_workers=n, FailureConfig(max_failures=1), {a['nodes']} nodes + 1 "
+        f"spare; {a['restore_rounds']} rounds of {a['round_s']} s (rank 0 checkpoints each"
+        f"{'; the other ranks raise as soon as the node is lost' if a.get('peers_fail') else ''}); "
+        f"once round {a['loss_round']} is committed the node hosting most ranks (not the "
+        "driver's) is killed (`Cluster.remove_node(allow_graceful=False)`); GCS health checks "
+        f"every {a['health_check_ms']} ms, dead after {HEALTH_CHECK_FAILURES} failures. Checked: "
+        "the new group resumes after the latest committed checkpoint at full size off the lost "
+        "node, no checkpoint lost, fit() succeeds. detect: phalanx's callback fires after the "
+        "failed group was torn down, Ray Train's when its controller's poll finds the error. "
+        "Worker-group start timeouts raised to 600 s for both (defaults: 60 s).",
+    ]
+
+
 def write_report(runs: list[Record], meta: Record, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     blob = json.dumps({"meta": meta, "runs": runs}, indent=1, default=str)
     out.with_suffix(".json").write_text(blob + "\n")
     lines = _header(meta)
+    if any(r["workload"] == "restore" for r in runs):
+        lines[-1:-1] = _restore_header(meta["args"])
     for workload in WORKLOADS:
         lines += _section(runs, workload)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -979,6 +1001,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=3000,
         help="restore: GCS health check period (Ray's default: 3000)",
+    )
+    add(
+        "--peers-fail",
+        type=int,
+        default=0,
+        choices=(0, 1),
+        help="restore: 1 = the ranks "
+        "not on the lost node fail at once too, as in a collective (DDP) when a peer dies",
     )
     add("--sample-interval", type=float, default=0.1)
     add("--timeout", type=float, default=900.0, help="per-run limit in seconds")
