@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -41,7 +42,10 @@ logger = logging.getLogger(__name__)
 
 DRAIN_WAIT_S = 1.0  # how long an idle actor holds a drain call before answering "nothing"
 POLL_S = 0.05  # how often the poller looks for newly added actors
-UNAVAILABLE_RETRIES = 50  # ActorUnavailableError is transient: retry (every POLL_S) this often
+# ActorUnavailableError is transient: retry for this long after the first, then the worker is
+# lost. A bound in time, not in tries: a call to an actor on a killed node takes ~2 s to fail,
+# so 50 tries waited for the GCS to declare the node dead (~15 s with Ray's health checks).
+UNAVAILABLE_S = 2.5
 
 
 class RayWorkerDied(ConnectionError):
@@ -170,7 +174,7 @@ class DrainPoller:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._inflight: dict[Any, RayWorkerHandle] = {}
-        self._unavailable: dict[RayWorkerHandle, int] = {}
+        self._unavailable: dict[RayWorkerHandle, float] = {}  # -> first unavailable answer
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="phalanx-ray-poller", daemon=True)
         self._thread.start()
@@ -229,9 +233,8 @@ class DrainPoller:
         try:
             batch = ray.get(ref)
         except ActorUnavailableError as exc:  # transient (network, or death not yet confirmed)
-            tries = self._unavailable.get(handle, 0) + 1
-            self._unavailable[handle] = tries
-            if tries <= UNAVAILABLE_RETRIES:
+            since = self._unavailable.setdefault(handle, time.monotonic())
+            if time.monotonic() - since < UNAVAILABLE_S:
                 self._stopping.wait(POLL_S)
                 self._submit(handle)
             else:
