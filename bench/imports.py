@@ -89,7 +89,10 @@ def report(runs: list[dict[str, Any]], reps: int) -> list[str]:
         gcs = sum(1 for r in ok if r["full_gc"])
         lines.append(f"| `{case}` | {median(ms):.1f} | {min(ms):.1f} | {max(ms):.1f} | "
                      f"{ok[0]['modules']} | {gcs}/{len(ok)} |")  # fmt: skip
-    ours, theirs = _med(runs, "phalanx.torch after torch"), _med(runs, "ray.train.torch after torch")
+    ours, theirs = (
+        _med(runs, "phalanx.torch after torch"),
+        _med(runs, "ray.train.torch after torch"),
+    )
     if ours and theirs:
         lines.append(f"\n`phalanx.torch` / `ray.train.torch` over torch: **{ours / theirs:.3f}x**; "
                      f"target <= 50 ms: {'met' if ours <= 50 else 'missed'} ({ours:.1f} ms).")  # fmt: skip
