@@ -8,6 +8,7 @@ The tree::
     ├── RuntimeError
     │   ├── SessionMisuseError           a worker-only API called outside a worker
     │   ├── StorageError                 storage_path unreachable, not writable, or a commit failed
+    │   ├── RayClusterUnresponsiveError  the Ray cluster's GCS did not answer within a bound
     │   └── TrainingFailedError          fit() failed; ``.result`` holds what was saved
     │       ├── WorkerGroupError         one or more ranks raised, died or hung
     │       │   ├── ReportMismatchError  never raised any more (kept so imports keep working)
@@ -36,6 +37,7 @@ __all__ = [
     "HangError",
     "NCCLHangError",
     "PreemptionError",
+    "RayClusterUnresponsiveError",
     "ReportMismatchError",
     "SessionMisuseError",
     "StorageError",
@@ -56,6 +58,10 @@ class SessionMisuseError(RuntimeError):
 
 class StorageError(RuntimeError):
     """The run's storage could not be used: not reachable, not writable, or a write failed."""
+
+
+class RayClusterUnresponsiveError(RuntimeError):
+    """The Ray cluster's control store (GCS) did not answer within ``PHALANX_RAY_GCS_TIMEOUT_S``."""
 
 
 @dataclass(frozen=True)

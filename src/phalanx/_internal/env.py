@@ -45,6 +45,11 @@ def worker_start_timeout_s() -> float:
     return float(os.environ.get("PHALANX_WORKER_START_TIMEOUT_S", "60"))
 
 
+def ray_gcs_timeout_s() -> float:
+    """How long the Ray engine waits for one answer of the Ray cluster's GCS (ray.nodes(), ...)."""
+    return float(os.environ.get("PHALANX_RAY_GCS_TIMEOUT_S", "60"))
+
+
 NOTICE_FILE_VAR = "PHALANX_NOTICE_FILE"
 
 

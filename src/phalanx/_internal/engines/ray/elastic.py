@@ -20,6 +20,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from phalanx._internal.engines.base import WorkerGroupSpec
+from phalanx._internal.engines.ray import gcs
 from phalanx._internal.engines.ray.placement import _capacity, _fmt, visible_resources
 from phalanx.errors import WorkerStartupError
 
@@ -33,7 +34,7 @@ MakeGroup = Callable[[int], PlacementGroup]
 
 def placeable_now(bundle: Mapping[str, float], low: int, high: int) -> int:
     """An upper bound, clamped to ``high``, of how many bundles the free resources hold."""
-    free = visible_resources(ray.available_resources())
+    free = visible_resources(gcs.available_resources())
     return max(0, min(high, _capacity(bundle, free)))
 
 
@@ -74,7 +75,7 @@ def place_elastic(
                 low,
                 high,
                 spec.scaling_config.placement_strategy,
-                _fmt(visible_resources(ray.available_resources())),
+                _fmt(visible_resources(gcs.available_resources())),
             )
         time.sleep(RECHECK_S)
 
@@ -96,7 +97,7 @@ def _below_min(spec: WorkerGroupSpec, bundle: Mapping[str, float]) -> str:
         f"the Ray cluster could not place min_workers={spec.min_workers} workers of "
         f"{_fmt(bundle)} within {spec.start_timeout_s:g} s (ScalingConfig(num_workers="
         f"({spec.min_workers}, {spec.num_workers}))); available now: "
-        f"{_fmt(visible_resources(ray.available_resources()))}"
+        f"{_fmt(visible_resources(gcs.available_resources()))}"
     )
 
 

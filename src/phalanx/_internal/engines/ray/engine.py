@@ -27,6 +27,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from phalanx._internal import env
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.messages import Events
+from phalanx._internal.engines.ray import gcs
 from phalanx._internal.engines.ray.actor import PhalanxWorker
 from phalanx._internal.engines.ray.elastic import place_elastic, placeable_now
 from phalanx._internal.engines.ray.handle import DrainPoller, RayWorkerHandle
@@ -40,7 +41,12 @@ from phalanx._internal.engines.ray.placement import (
 )
 from phalanx._internal.storage.run_storage import LOG_DIR, MARKER_FILE
 from phalanx.config import ScalingConfig
-from phalanx.errors import ConfigError, StorageError, WorkerStartupError
+from phalanx.errors import (
+    ConfigError,
+    RayClusterUnresponsiveError,
+    StorageError,
+    WorkerStartupError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +91,7 @@ def driver_sys_path() -> list[str]:
 
 
 def alive_node_resources() -> list[dict[str, float]]:
-    return [visible_resources(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+    return [visible_resources(n["Resources"]) for n in gcs.nodes() if n.get("Alive")]
 
 
 class RayEngine(Engine):
@@ -118,7 +124,11 @@ class RayEngine(Engine):
             )
 
     def free_worker_slots(self, scaling_config: ScalingConfig) -> int:
-        return placeable_now(worker_bundle(scaling_config), 0, scaling_config.max_workers)
+        try:
+            return placeable_now(worker_bundle(scaling_config), 0, scaling_config.max_workers)
+        except RayClusterUnresponsiveError as exc:  # no growth now; the run itself goes on
+            logger.warning("Not resizing the worker group now: %s", exc)
+            return 0
 
     # -- launch ---------------------------------------------------------------------------------
 
@@ -170,7 +180,7 @@ class RayEngine(Engine):
                 spec.num_workers,
                 _fmt(bundle),
                 spec.scaling_config.placement_strategy,
-                _fmt(visible_resources(ray.available_resources())),
+                _fmt(visible_resources(gcs.available_resources())),
             )
 
     def _start_actors(

@@ -36,6 +36,7 @@ from phalanx._internal.engines.messages import (
     decode,
 )
 from phalanx._internal.engines.rank_output import RankOutput, reader_error
+from phalanx._internal.engines.ray import gcs
 from phalanx._internal.worker.runtime import RemoteCallError, undecodable_error
 
 logger = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ def _ray_cause(exc: BaseException) -> str:
 
 def _node_is_dead(node_id: str) -> bool:
     try:
-        return any(n["NodeID"] == node_id and not n["Alive"] for n in ray.nodes())
+        return any(n["NodeID"] == node_id and not n["Alive"] for n in gcs.nodes())
     except Exception:
         return False
 

@@ -1,0 +1,85 @@
+"""The Ray engine never waits unbounded on the cluster's GCS: a GCS that does not answer is a
+clear error after ``PHALANX_RAY_GCS_TIMEOUT_S``, not a fit() that hangs with nothing said.
+
+The GCS here is real and really stops answering: its process is paused (SIGSTOP), as an
+overloaded or frozen head node would be, then resumed so that the module's Ray shuts down cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psutil
+import pytest
+
+from phalanx import ScalingConfig
+from phalanx.errors import RayClusterUnresponsiveError
+
+pytestmark = pytest.mark.slow
+
+
+def _gcs_server() -> psutil.Process:
+    (gcs,) = [p for p in psutil.Process().children(recursive=True) if p.name() == "gcs_server"]
+    return gcs
+
+
+def _gcs_threads() -> list[threading.Thread]:
+    from phalanx._internal.engines.ray.gcs import THREAD_NAME
+
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+
+
+@contextmanager
+def _paused_gcs() -> Iterator[None]:
+    gcs = _gcs_server()
+    os.kill(gcs.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(gcs.pid, signal.SIGCONT)
+        # The abandoned call gets its answer now and its thread ends (before the leak check).
+        deadline = time.monotonic() + 30
+        while _gcs_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def test_a_gcs_that_does_not_answer_fails_check_within_the_bound(local_ray, monkeypatch):
+    from phalanx._internal.engines.ray.engine import RayEngine
+
+    engine = RayEngine()
+    engine.check(ScalingConfig(num_workers=1))  # answered at once while the GCS runs
+    monkeypatch.setenv("PHALANX_RAY_GCS_TIMEOUT_S", "2")
+    with _paused_gcs():
+        started = time.monotonic()
+        with pytest.raises(RayClusterUnresponsiveError) as info:
+            engine.check(ScalingConfig(num_workers=1))
+        waited = time.monotonic() - started
+        # An elastic resize check is not worth failing the run for: no growth this time.
+        assert engine.free_worker_slots(ScalingConfig(num_workers=(1, 2))) == 0
+    assert 2.0 <= waited < 10.0
+    message = str(info.value)
+    assert "did not answer ray.nodes() within 2 s" in message
+    assert "HINT:" in message and "PHALANX_RAY_GCS_TIMEOUT_S" in message
+    assert not _gcs_threads()
+    engine.check(ScalingConfig(num_workers=1))  # and the engine works again once it answers
+    engine.close()
+
+
+def test_a_paused_gcs_fails_fit_instead_of_hanging(local_ray, monkeypatch, tmp_path):
+    """Through the public API: fit() on the Ray engine raises, naming the GCS and the hint."""
+    from phalanx import RunConfig
+    from phalanx.torch import TorchTrainer
+
+    monkeypatch.setenv("PHALANX_RAY_GCS_TIMEOUT_S", "2")
+    trainer = TorchTrainer(
+        lambda: None,
+        scaling_config=ScalingConfig(num_workers=1, engine="ray"),
+        run_config=RunConfig(name="gcs", storage_path=str(tmp_path)),
+    )
+    with _paused_gcs(), pytest.raises(RayClusterUnresponsiveError, match="HINT:"):
+        trainer.fit()
