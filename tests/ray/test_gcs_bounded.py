@@ -3,6 +3,8 @@ clear error after ``PHALANX_RAY_GCS_TIMEOUT_S``, not a fit() that hangs with not
 
 The GCS here is real and really stops answering: its process is paused (SIGSTOP), as an
 overloaded or frozen head node would be, then resumed so that the module's Ray shuts down cleanly.
+And the cause of the one such hang seen in this suite is gone: the local engine no longer forks a
+driver that is connected to Ray.
 """
 
 from __future__ import annotations
@@ -83,3 +85,43 @@ def test_a_paused_gcs_fails_fit_instead_of_hanging(local_ray, monkeypatch, tmp_p
     )
     with _paused_gcs(), pytest.raises(RayClusterUnresponsiveError, match="HINT:"):
         trainer.fit()
+
+
+def _describe_worker() -> dict[str, str]:
+    return {"parent": " ".join(psutil.Process(os.getppid()).cmdline())}
+
+
+def test_a_driver_connected_to_ray_spawns_its_local_workers_instead_of_forking(
+    local_ray, monkeypatch, tmp_path, caplog
+):
+    """The cause of the hang above, seen in this suite: the local engine forked a driver that
+    was connected to Ray (the fork server is a copy of the driver), and the driver's gRPC
+    connection to the GCS stopped answering. A driver connected to Ray now spawns its workers."""
+    import logging
+
+    from phalanx import DataParallelTrainer, RunConfig
+    from phalanx._internal.engines.local import start_method
+    from phalanx.errors import ConfigError
+
+    monkeypatch.delenv("PHALANX_START_METHOD", raising=False)
+    monkeypatch.setattr(start_method, "_logged", set())  # "said once per process": say it here
+
+    def fit() -> object:
+        return DataParallelTrainer(
+            _describe_worker,
+            scaling_config=ScalingConfig(num_workers=1, engine="local"),
+            run_config=RunConfig(name="local", storage_path=str(tmp_path)),
+        ).fit()
+
+    with caplog.at_level(logging.INFO, logger="phalanx"):
+        result = fit()
+    assert "spawn_server.py" in result.return_value["parent"]  # type: ignore[attr-defined]
+    assert any(
+        "Workers start with spawn: Ray is already initialised" in r.message for r in caplog.records
+    )
+    local_ray.nodes()  # the driver's connection to the GCS still answers
+
+    monkeypatch.setenv("PHALANX_START_METHOD", "fork")
+    with pytest.raises(ConfigError, match="Ray is already initialised") as info:
+        fit()
+    assert "HINT: unset PHALANX_START_METHOD" in str(info.value)

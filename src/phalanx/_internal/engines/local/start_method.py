@@ -9,7 +9,7 @@ every POSIX platform and after the driver initialised a runtime that does not su
 re-importing.
 
 Chosen in this order: ``PHALANX_START_METHOD``, then ``spawn`` off Linux, then ``spawn`` when
-the driver has initialised CUDA or JAX, else ``fork``.
+the driver has initialised CUDA or JAX or is connected to Ray, else ``fork``.
 """
 
 from __future__ import annotations
@@ -101,10 +101,15 @@ def fork_supported() -> bool:
 _RUNTIME_CHECKS = (
     ("CUDA", "torch.cuda", "is_initialized"),
     ("JAX", "jax._src.xla_bridge", "backends_are_initialized"),
+    # A driver connected to Ray (ray.init) holds live gRPC connections to the cluster; forking
+    # it mid-call can leave the *driver's* connection to the GCS wedged, so that its next
+    # ray.nodes() never returns (gRPC is not fork-safe; seen in this project's test suite).
+    ("Ray", "ray", "is_initialized"),
 )
 _FORK_ERRORS = {
     "CUDA": "'Cannot re-initialize CUDA in forked subprocess'",
     "JAX": "its backends and threads are not copied; jax.distributed cannot start",
+    "Ray": "forking a process with live gRPC connections can wedge its connection to the GCS",
 }
 
 
