@@ -163,17 +163,23 @@ class DataParallelTrainer(BaseTrainer):
             check_preprocessor(self.preprocessor)
 
     def fit(self) -> Result:
-        from phalanx._internal.controller.interrupt import sigterm_interrupts
-        from phalanx._internal.logs import console_logging
+        from phalanx._internal.frozen_gc import objects_before_frozen
 
         try:
-            # sigterm: a `kill` of the driver stops the run like Ctrl-C
-            with sigterm_interrupts(), console_logging(self.run_config):
-                return self._fit()
+            with objects_before_frozen():  # before fit()'s imports allocate: see the module
+                return self._fit_with_signals()
         except KeyboardInterrupt as exc:
             # The user pressed Ctrl-C: show where their program was, not phalanx's internals
             # (the workers are stopped and a line said how to resume).
             raise exc.with_traceback(None) from None
+
+    def _fit_with_signals(self) -> Result:
+        from phalanx._internal.controller.interrupt import sigterm_interrupts
+        from phalanx._internal.logs import console_logging
+
+        # sigterm: a `kill` of the driver stops the run like Ctrl-C
+        with sigterm_interrupts(), console_logging(self.run_config):
+            return self._fit()
 
     def _fit(self) -> Result:
         from phalanx._internal.config_checks import check_runtime_env_locally
