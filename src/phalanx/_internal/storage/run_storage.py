@@ -45,6 +45,7 @@ from phalanx._internal.storage.paths import (
     component_problem,
     default_checkpoint_dir_name,
 )
+from phalanx._internal.storage.syncfs import syncfs
 from phalanx.errors import StorageError
 
 SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
@@ -56,6 +57,9 @@ ERROR_TEXT_FILE = "error.txt"
 ERROR_PICKLE_FILE = "error.pkl"
 MARKER_FILE = ".phalanx_run"
 FSYNC_THREADS = 8  # fsyncs of one commit in flight at once (every rank may pass a part)
+# More files and directories than this in one commit: one syncfs(2) of the filesystem instead (a
+# single-file checkpoint keeps its targeted fsync: syncfs also flushes what others wrote there).
+SYNCFS_MIN_PATHS = 8
 IN_PLACE_SUFFIX = ".in_place"  # .staging/<dir_name>.<attempt>.in_place: a NO_UPLOAD part exists
 
 
@@ -333,8 +337,10 @@ def _fsync_tree(root: str) -> None:
     that did not fsync them; a power loss must not truncate a committed checkpoint).
 
     With every rank passing a part, one after another the fsyncs cost the commit O(parts) disk
-    round trips; a few threads let the filesystem flush them together. Every fsync is done (or
-    its error raised) before this returns, so the caller's rename still follows durability.
+    round trips: many paths are flushed with one ``syncfs`` where it reports write errors
+    (``storage/syncfs.py``), else in a few threads so the filesystem flushes them together. Every
+    flush is done (or its error raised) before this returns, so the caller's rename still follows
+    durability.
     """
     files: list[str] = []
     directories: list[str] = []
@@ -342,6 +348,8 @@ def _fsync_tree(root: str) -> None:
         files.extend(os.path.join(directory, name) for name in names)
         directories.append(directory)
     paths = files + directories
+    if len(paths) > SYNCFS_MIN_PATHS and syncfs(root):  # one flush for them all
+        return
     if len(paths) <= 2:
         for path in paths:
             _fsync_path(path)

@@ -1,0 +1,52 @@
+"""One ``syncfs(2)`` for a commit instead of one fsync per file, where it can be relied on.
+
+A checkpoint with a part from every rank had to flush each part's files and directories before
+the rename that makes it visible: O(parts) disk round trips (here, 4 KB parts: 64 parts 18 ms,
+128 parts 31 ms, even with the fsyncs in threads). ``syncfs`` flushes the filesystem that holds
+the checkpoint in one call (128 parts: 3 ms). It reports a write-back error only since Linux 5.8;
+before that, and off Linux, phalanx keeps the per-file fsyncs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+import sys
+from collections.abc import Callable
+
+
+@functools.cache
+def _syncfs_call() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        release = tuple(int(p) for p in platform.release().split("-")[0].split(".")[:2])
+    except ValueError:
+        return None
+    if release < (5, 8):  # syncfs returned 0 even when writing back failed
+        return None
+    try:
+        call = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int]
+    call.restype = ctypes.c_int
+    return call  # type: ignore[no-any-return]
+
+
+def syncfs(path: str) -> bool:
+    """Flush everything written to the filesystem holding ``path``. False where syncfs cannot be
+    relied on (nothing was done: flush file by file). OSError when a write-back failed."""
+    call = _syncfs_call()
+    if call is None:
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if call(fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), path)
+    finally:
+        os.close(fd)
+    return True
