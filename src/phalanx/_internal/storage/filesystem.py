@@ -20,6 +20,7 @@ from typing import Any
 
 from phalanx._internal import env
 from phalanx._internal.storage import copy as local_copy
+from phalanx._internal.storage.syncfs import rename_no_replace
 from phalanx.errors import StorageError
 
 __all__ = [
@@ -86,7 +87,9 @@ def move_tree_contents(src: str, dst: str) -> None:
             os.rmdir(entry.path)
             continue
         try:
-            os.replace(entry.path, target)
+            # A directory never replaces one another rank created meanwhile (maybe still empty)
+            if not (entry.is_dir(follow_symlinks=False) and rename_no_replace(entry.path, target)):
+                os.replace(entry.path, target)
         except OSError as exc:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(target):
                 # another rank moved a directory of the same name there first: merge into it

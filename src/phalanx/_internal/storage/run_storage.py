@@ -45,7 +45,7 @@ from phalanx._internal.storage.paths import (
     component_problem,
     default_checkpoint_dir_name,
 )
-from phalanx._internal.storage.syncfs import syncfs
+from phalanx._internal.storage.syncfs import rename_no_replace, syncfs
 from phalanx.errors import StorageError
 
 SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
@@ -308,12 +308,13 @@ def _move_dir(src: str, dst: str) -> None:
     no mkdir, no rmdir), else entry by entry into the part another rank started there."""
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     if not os.path.islink(src):
-        try:
-            os.rename(src, dst)
-            return
+        try:  # never onto another rank's (maybe still empty) part: that would replace it
+            if rename_no_replace(src, dst):
+                return
         except OSError as exc:  # taken by another rank's part, another device, a mount point
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EXDEV, errno.EBUSY):
                 raise
+    os.makedirs(dst, exist_ok=True)  # without renameat2: join the directory, never replace it
     move_tree_contents(src, dst)
     _remove_if_empty(src)
 
