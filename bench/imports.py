@@ -74,7 +74,7 @@ def probe(case: str, cache: str) -> dict[str, Any]:
     return {"case": case, **json.loads(out.stdout.splitlines()[-1])}
 
 
-def report(runs: list[dict[str, Any]], reps: int) -> list[str]:
+def report(runs: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| import | median ms | min ms | max ms | modules added | runs with a full GC pass |",
         "|---|---|---|---|---|---|",
@@ -121,7 +121,7 @@ def main() -> None:
                 print(rep, case, rec.get("ms", rec.get("error")), flush=True)
     meta = {"machine": machine(), "versions": versions(), "reps": args.reps,
             "load_end": os.getloadavg()[0]}  # fmt: skip
-    body = report(runs, args.reps)
+    body = report(runs)
     m = meta["machine"]
     head = [
         "# Import cost (issue 19)",

@@ -38,7 +38,6 @@ def gc_as_found():
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["thread", "local"])
 def test_the_objects_before_fit_are_frozen_during_it_and_handed_back(tmp_path, engine, gc_as_found):
-    before = object()  # exists before fit(): frozen during it
     assert gc.get_freeze_count() == 0
     result = _fit(tmp_path, engine)
     # The training function ran with the driver's objects frozen: in the driver's own thread, or
@@ -46,7 +45,6 @@ def test_the_objects_before_fit_are_frozen_during_it_and_handed_back(tmp_path, e
     # writes to the pages it shares with the driver).
     assert result.metrics["frozen"] > 0 and result.metrics["enabled"] is True
     assert gc.get_freeze_count() == 0 and gc.isenabled()
-    del before
 
 
 def test_a_program_that_froze_objects_itself_keeps_its_freeze(tmp_path, gc_as_found):

@@ -18,21 +18,29 @@ import os
 import platform
 import sys
 from collections.abc import Callable
+from typing import Any
+
+
+def _libc_function(name: str) -> Any:
+    """The C library's function ``name`` on Linux (errno kept for ``ctypes.get_errno``), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError):
+        return None
 
 
 @functools.cache
 def _syncfs_call() -> Callable[[int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
     try:
         release = tuple(int(p) for p in platform.release().split("-")[0].split(".")[:2])
     except ValueError:
         return None
     if release < (5, 8):  # syncfs returned 0 even when writing back failed
         return None
-    try:
-        call = ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):
+    call = _libc_function("syncfs")
+    if call is None:
         return None
     call.argtypes = [ctypes.c_int]
     call.restype = ctypes.c_int
@@ -41,11 +49,8 @@ def _syncfs_call() -> Callable[[int], int] | None:
 
 @functools.cache
 def _renameat2_call() -> Callable[[int, bytes, int, bytes, int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        call = ctypes.CDLL(None, use_errno=True).renameat2  # glibc >= 2.28
-    except (OSError, AttributeError):
+    call = _libc_function("renameat2")  # glibc >= 2.28
+    if call is None:
         return None
     call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     call.restype = ctypes.c_int
