@@ -197,11 +197,34 @@ def failure_groups(failures: dict[int, WorkerFailure]) -> list[str]:
     ]
 
 
+# What a rank raises when a peer's process went away: the message of a consequence, not a cause.
+_LOST_PEER = re.compile(
+    r"(connection|socket) (was )?(reset|closed|aborted|refused)|reset by peer|closed by peer"
+    r"|broken pipe|remote process exited|peer (process )?(died|exited|closed|disconnected)",
+    re.IGNORECASE,
+)
+# How much later than it was seen a lost-peer error ranks for the root cause. A rank killed by a
+# signal is seen when its parent reaps it; its peers' errors may reach the driver first.
+LOST_PEER_GRACE_S = 2.0
+
+
+def root_failure(failures: dict[int, WorkerFailure]) -> WorkerFailure:
+    """The failure that most likely caused the others: the earliest, where an exception saying
+    a peer's connection went away ranks ``LOST_PEER_GRACE_S`` later than it was seen, so the
+    peer that died (seen a moment later, when its process was reaped) is named instead."""
+
+    def when(f: WorkerFailure) -> tuple[float, int]:
+        lost_peer = f.kind == "exception" and _LOST_PEER.search(f.message) is not None
+        return (f.time + (LOST_PEER_GRACE_S if lost_peer else 0.0), f.rank)
+
+    return min(failures.values(), key=when)
+
+
 def format_failures(failures: dict[int, WorkerFailure], limit: int = 4000) -> str:
-    """Group identical failures across ranks; the earliest failure's traceback comes first."""
+    """Group identical failures across ranks; the root cause's traceback comes first."""
     if not failures:
         return "Training failed."
-    root = min(failures.values(), key=lambda f: (f.time, f.rank))
+    root = root_failure(failures)
     lines = [f"Training failed on {len(failures)} rank(s):"]
     lines.extend(f"  {line}" for line in failure_groups(failures))
     lines.append(f"Root cause (earliest failure), rank {root.rank}:")

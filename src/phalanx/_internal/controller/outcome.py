@@ -17,6 +17,7 @@ from phalanx.errors import (
     TrainingFailedError,
     WorkerFailure,
     WorkerGroupError,
+    root_failure,
 )
 
 logger = logging.getLogger(__name__)
@@ -55,10 +56,9 @@ def save_error(storage: RunStorage, error: BaseException) -> None:
 
 
 def root_exception(error: TrainingFailedError) -> BaseException | None:
-    """The earliest failed rank's own exception, to chain the raised error to."""
+    """The root-cause rank's own exception (``errors.root_failure``), to chain the raised error to."""
     if isinstance(error, WorkerGroupError) and error.worker_failures:
-        root = min(error.worker_failures.values(), key=lambda f: (f.time, f.rank))
-        return root.exception
+        return root_failure(error.worker_failures).exception
     return None
 
 
