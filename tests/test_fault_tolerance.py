@@ -388,3 +388,29 @@ def test_workers_of_a_retry_inherit_the_backends_preloaded_modules(storage):
     # the retry (no checkpoint: it starts over) supersedes attempt 1's row in the trajectory
     assert list(result.all_ranks_metrics_dataframe["preloaded"]) == [False, True]
     assert list(result.metrics_dataframe["preloaded"]) == [True]
+
+
+def test_a_run_that_cannot_retry_a_failure_spends_no_cpu_on_preloading(storage):
+    """max_failures=0 (the default): nothing in the driver's machine imports the backend's
+    modules while the workers train (B10). A restart after a preemption, which the preemption
+    budget still allows, imports them in its own workers."""
+
+    def loop():
+        if train.get_context().get_attempt() == 0:
+            time.sleep(1.0)  # the window in which a preloading server would import
+            os.kill(os.getpid(), signal.SIGTERM)  # a preemption: retried with max_failures=0
+            for _ in range(400):  # the first report() after the notice stops this rank
+                train.report({"preloaded": "wave" in sys.modules, "try": 0})
+                time.sleep(0.05)
+        train.report({"preloaded": "wave" in sys.modules, "try": 1})
+
+    result = DataParallelTrainer(
+        loop,
+        backend_config=PreloadingConfig(),
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(storage_path=storage, failure_config=FailureConfig(max_failures=0)),
+    ).fit()
+    assert result.metrics["try"] == 1 and result.attempts == 2
+    assert not result.metrics["preloaded"]
+    assert not any(result.all_ranks_metrics_dataframe["preloaded"])
+    assert "wave" not in sys.modules

@@ -152,7 +152,9 @@ class BackendConfig:
     @property
     def preload_modules(self) -> tuple[str, ...]:
         """Modules the local engine's fork server imports while the first workers run, so that
-        workers restarted after a failure start with them (e.g. ``torch._dynamo``: seconds)."""
+        workers restarted after a failure start with them (e.g. ``torch._dynamo``: seconds).
+        Imported only when the run may restart after a failure (``FailureConfig.max_failures``
+        not 0)."""
         return ()
 
     @property

@@ -68,8 +68,8 @@ class TorchConfig(BackendConfig):
     @property
     def preload_modules(self) -> tuple[str, ...]:
         # DistributedDataParallel() and FSDP() import torch._dynamo lazily: seconds in each new
-        # worker. The fork server imports it while the first workers run, so restarted workers
-        # (after a failure) start with it.
+        # worker. When the run may restart (max_failures != 0), the fork server imports it while
+        # the first workers run, so restarted workers (after a failure) start with it.
         return ("torch._dynamo",)
 
     @property
