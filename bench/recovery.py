@@ -14,9 +14,11 @@ its step. On the first attempt only, rank 1 writes ``time.time()`` to a file aft
 ``--kill-step`` and SIGKILLs itself. Each system gets one retry:
 
 - phalanx: ``phalanx.torch.TorchTrainer`` + ``FailureConfig(max_failures=1)``; first attempt:
-  ``get_context().get_attempt() == 0``. Two variants: ``phalanx`` (default ``TorchConfig``) and
-  ``phalanx-preload`` (a ``TorchConfig`` whose ``preload_modules`` is ``("torch._dynamo",)``, so
-  restarted workers do not import it again on their first optimizer step).
+  ``get_context().get_attempt() == 0``. Two variants: ``phalanx`` (default ``TorchConfig``: with
+  ``max_failures=1`` the fork server imports ``torch._dynamo`` while the first workers run, so
+  restarted workers do not import it again in ``prepare_model``) and ``phalanx-nopreload`` (a
+  ``TorchConfig`` whose ``preload_modules`` is empty: restarted workers import it, as Ray Train's
+  and torchrun's do; what a run with ``max_failures=0`` gets after a preemption).
 - raytrain: ``ray.train.torch.TorchTrainer`` + ``ray.train.FailureConfig(max_failures=1)``;
   first attempt: ``ray.train.get_checkpoint() is None``. Ray's default settings (Train V2).
 - torchrun: ``python -m torch.distributed.run --nproc-per-node=2 --max-restarts=1
@@ -68,7 +70,7 @@ import harness
 from common import median
 from harness import Record
 
-SYSTEMS = ("phalanx", "phalanx-preload", "raytrain", "torchrun")
+SYSTEMS = ("phalanx", "phalanx-nopreload", "raytrain", "torchrun")
 WORLD_SIZE = 2
 STATE_FILE = "state.pt"
 # report(metrics, directory holding STATE_FILE or None)
@@ -255,12 +257,12 @@ def _fit_phalanx(cfg: dict[str, Any], tmp: Path, preload: bool) -> Record:
         def after_exception(self, run_context: Any, worker_exceptions: Any) -> None:
             _write_first_time(cfg["detect_file"])
 
-    class PreloadTorchConfig(TorchConfig):
+    class NoPreloadTorchConfig(TorchConfig):
         @property
         def preload_modules(self) -> tuple[str, ...]:
-            return ("torch._dynamo",)
+            return ()
 
-    torch_config = PreloadTorchConfig() if preload else TorchConfig()
+    torch_config = TorchConfig() if preload else NoPreloadTorchConfig()
     trainer = TorchTrainer(
         _phalanx_fn,
         train_loop_config=cfg,
@@ -414,7 +416,7 @@ def run_one(args: argparse.Namespace) -> Record:
     elif args.one == "torchrun":
         rec = _fit_torchrun(cfg, tmp)
     else:
-        rec = _fit_phalanx(cfg, tmp, preload=args.one == "phalanx-preload")
+        rec = _fit_phalanx(cfg, tmp, preload=args.one != "phalanx-nopreload")
     rec = _derive(rec, out)
     rec.update(import_s=import_s, fit_total_s=rec["t_end"] - rec["t_fit"])
     return rec
@@ -470,8 +472,8 @@ def report(runs: list[Record], meta: Record) -> list[str]:
     lines = harness.table(runs, systems, COLUMNS, digits=3)
     lines += ["", "Restarted rank 0, first line of the training fn → first step:", ""]
     lines += harness.table(runs, systems, BREAKDOWN, digits=3)
-    wanted = [(a, b) for a in ("phalanx", "phalanx-preload") for b in ("raytrain", "torchrun")]
-    pairs = harness.pairs_of(systems, [*wanted, ("phalanx-preload", "phalanx")])
+    wanted = [(a, b) for a in ("phalanx", "phalanx-nopreload") for b in ("raytrain", "torchrun")]
+    pairs = harness.pairs_of(systems, [*wanted, ("phalanx", "phalanx-nopreload")])
     lines += ["", *harness.ratio_table(runs, pairs, COLUMNS)]
     return [*lines, "", *_targets(runs, systems), *_notes(runs, systems)]
 
@@ -512,8 +514,10 @@ def _notes(runs: list[Record], systems: list[str]) -> list[str]:
         "group's gloo addresses from the agent's store (it outlives restarts) and fail with "
         "`Gloo connectFullMesh failed ... Connection refused`.",
         "- `prepare_model` (DDP construction) imports `torch._dynamo` on first use in a "
-        "process: in workers restarted from phalanx's fork server without a preload, in every "
-        "new Ray Train and torchrun worker. `phalanx-preload` names it in `preload_modules`.",
+        "process: in workers restarted from phalanx's fork server without a preload "
+        "(`phalanx-nopreload`), in every new Ray Train and torchrun worker. `phalanx` (the "
+        "default `TorchConfig`, `max_failures=1`) has the fork server import it while the first "
+        "workers run.",
     ]
     return notes
 
