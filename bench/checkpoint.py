@@ -59,7 +59,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import free_port, median, package_version, spin
+from common import MARKER_ENV, free_port, median, package_version, reap_marked, spin
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "checkpoint.md"
@@ -91,7 +91,6 @@ S3_KEY = "bench"
 S3_SECRET = "bench"
 S3_REGION = "us-east-1"
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-MARKER_ENV = "PHALANX_B4_RUN"
 
 Record = dict[str, Any]
 ReportFn = Callable[..., Any]
@@ -540,36 +539,6 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 
     raise RuntimeError("moto_server did not start")
 
 
-def _marked_pids(marker: str) -> list[int]:
-    """Processes that carry our per-run marker in their environment: ones this run started."""
-    needle = f"{MARKER_ENV}={marker}".encode()
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if needle in (d / "environ").read_bytes().split(b"\0"):
-                pids.append(int(d.name))
-        except OSError:
-            continue
-    return pids
-
-
-def _reap(marker: str, grace_s: float = 10.0) -> list[str]:
-    """Wait for a run's processes to exit; kill (by pid) and report the ones that do not."""
-    deadline = time.monotonic() + grace_s
-    while (pids := _marked_pids(marker)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = []
-    for pid in pids:
-        try:
-            left.append(Path(f"/proc/{pid}/comm").read_text().strip() + f":{pid}")
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            continue
-    return left
-
-
 def _child_env(marker: str) -> dict[str, str]:
     env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
     env[MARKER_ENV] = marker
@@ -596,7 +565,7 @@ def launch(system: str, case: Case, rep: int, args: argparse.Namespace, logs: Pa
         except BaseException:  # interrupted: take the measurement's processes down with us
             proc.kill()
             proc.wait()
-            _reap(marker, grace_s=0)
+            reap_marked(marker, grace_s=0)
             raise
     wall = time.perf_counter() - t0
     rec: Record = {"system": system, "case": case.key, "rep": rep, "ok": False}
@@ -605,7 +574,7 @@ def launch(system: str, case: Case, rep: int, args: argparse.Namespace, logs: Pa
         rec["ok"] = rec.get("error") is None
     else:
         rec["error"] = f"rc={rc}: " + log.read_text(errors="replace")[-3000:]
-    rec.update(rep=rep, process_wall_s=wall, leftover_procs=_reap(marker))
+    rec.update(rep=rep, process_wall_s=wall, leftover_procs=reap_marked(marker, grace_s=10.0))
     return rec
 
 

@@ -13,6 +13,7 @@ import signal
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,25 @@ def versions() -> Record:
     }
 
 
+MARKER_ENV = "PHALANX_BENCH_RUN"
+"""Set to a fresh marker (``uuid.uuid4().hex``) in a run's environment, it marks every process the
+run starts, however it detaches (Ray's daemons start sessions of their own)."""
+
+
+def has_marker(pid: int, marker: str) -> bool:
+    """Whether process ``pid`` carries ``MARKER_ENV=marker`` (False once it is gone)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"{MARKER_ENV}={marker}".encode() in env
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Live processes carrying the run's marker: the ones a run started."""
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and has_marker(int(e), marker)]
+
+
 def session_pids(sid: int) -> list[int]:
     """Live processes whose session id is ``sid`` (the session of a run this script started)."""
     pids = []
@@ -68,17 +88,36 @@ def session_pids(sid: int) -> list[int]:
     return pids
 
 
-def reap_session(sid: int) -> list[str]:
-    """Kill what a finished run left behind in its own session; return their names."""
+def reap(find: Callable[[], list[int]], grace_s: float = 0.0) -> list[str]:
+    """Wait up to ``grace_s`` for the processes ``find()`` lists to exit; kill (SIGKILL, by pid)
+    those still there and return them as ``"pid name"``: what a finished run left behind."""
+    deadline = time.monotonic() + grace_s
+    while (pids := find()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     left = []
-    for pid in session_pids(sid):
+    for pid in pids:
         try:
-            name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()[-60:]
+            name = (
+                Path(f"/proc/{pid}/cmdline")
+                .read_bytes()
+                .split(b"\0")[0]
+                .decode(errors="replace")[-60:]
+            )
             os.kill(pid, signal.SIGKILL)
         except (OSError, ProcessLookupError):
             continue
         left.append(f"{pid} {name}")
     return left
+
+
+def reap_marked(marker: str, grace_s: float = 5.0) -> list[str]:
+    """``reap`` the processes carrying ``marker`` (see MARKER_ENV)."""
+    return reap(lambda: marked_pids(marker), grace_s)
+
+
+def reap_session(sid: int, grace_s: float = 0.0) -> list[str]:
+    """``reap`` the processes of session ``sid`` (a run started with start_new_session=True)."""
+    return reap(lambda: session_pids(sid), grace_s)
 
 
 def free_port() -> int:

@@ -32,7 +32,6 @@ import math
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import free_port, median, package_version, spin
+from common import MARKER_ENV, free_port, median, package_version, reap_marked, spin
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("phalanx", "phalanx_spawn", "phalanx_ray", "raytrain", "raw")
@@ -55,7 +54,6 @@ DDP_BATCH = 32
 REPORT_STEPS = 2000
 BUSY_S = 0.001
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-MARKER_ENV = "PHALANX_BENCH_RUN"
 
 ReportFn = Callable[[dict[str, Any]], Any]
 Record = dict[str, Any]
@@ -432,36 +430,6 @@ def _collect_worker_files(out: Path, t_fit: float) -> Record:
 # --------------------------------------------------------------------------- orchestration
 
 
-def _marked_pids(marker: str) -> list[int]:
-    """Processes that carry our per-run marker in their environment: ones this run started."""
-    needle = f"{MARKER_ENV}={marker}".encode()
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if needle in (d / "environ").read_bytes().split(b"\0"):
-                pids.append(int(d.name))
-        except OSError:
-            continue
-    return pids
-
-
-def _reap(marker: str, grace_s: float = 5.0) -> list[str]:
-    """Wait for a run's processes to exit; kill (by pid) and report the ones that do not."""
-    deadline = time.monotonic() + grace_s
-    while (pids := _marked_pids(marker)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = []
-    for pid in pids:
-        try:
-            left.append(Path(f"/proc/{pid}/comm").read_text().strip() + f":{pid}")
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            continue
-    return left
-
-
 def _child_env(marker: str) -> dict[str, str]:
     env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
     env[MARKER_ENV] = marker
@@ -505,7 +473,7 @@ def launch(system: str, workload: str, rep: int, args: argparse.Namespace, logs:
             proc.kill()
             rc = proc.wait()
     wall = time.perf_counter() - t0
-    leftovers = _reap(marker)
+    leftovers = reap_marked(marker, grace_s=5.0)
     rec: Record = {"system": system, "workload": workload, "rep": rep, "ok": False}
     if rc == 0 and json_out.exists():
         rec.update(json.loads(json_out.read_text()))
