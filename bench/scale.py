@@ -8,6 +8,7 @@ Run from the repository root:
     python bench/scale.py --workloads b2 --reps 3           # B10 footprint only
     python bench/scale.py --ray-sizes 2,8,32,64             # let the Ray systems go to 64
     python bench/scale.py --workloads restore --restore-sizes 8,32,64   # node loss at scale
+    python bench/scale.py --workloads restore_elastic --restore-sizes 32  # elastic, no spare
 
 Systems:
   phalanx      local worker processes (the fork server).
@@ -36,6 +37,12 @@ Workloads (scale ones at every size):
              (the trainer's after_exception callback), the new group's first line and first step
              (first rank, all ranks); checked: resumed after the latest committed checkpoint, at
              full size, off the lost node, no checkpoint lost, fit() succeeded.
+  restore_elastic  the same with elastic num_workers=(ceil(n * --elastic-min-frac), n) and no
+             spare node, so the run continues smaller. Checked as in restore, but at the new
+             size: one world size w for the whole new group, all w ranks stepped, min <= w < n.
+             Reported: w next to min(n, CPUs of the surviving nodes) (w below it: the run
+             shrank more than it had to), and the failed attempts after the loss (Ray Train's
+             first restart may ask for n again and wait out --start-timeout-s).
   b2         (B10, 2 workers, not a scale workload) the B2 DDP loop (MLP 784-512-512-10, synthetic
              rows, report per epoch): RSS and CPU of every process of the run that is not a
              training worker (driver, fork server, Ray's daemons and controller), sampled from
@@ -69,17 +76,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import machine, median, versions
+from common import MARKER_ENV, has_marker, machine, median, reap_marked, versions
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("phalanx", "phalanx_ray", "raytrain")
 RAY_SYSTEMS = ("phalanx_ray", "raytrain")
-WORKLOADS = ("noop", "reports", "commit", "retention", "keepall", "b2", "restore")
+WORKLOADS = ("noop", "reports", "commit", "retention", "keepall", "b2", "restore",
+             "restore_elastic")  # fmt: skip
+RESTORES = ("restore", "restore_elastic")  # a node lost mid-run: Ray systems only
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-MARKER_ENV = "PHALANX_BENCH_RUN"
 NUM_TO_KEEP = 3
-START_TIMEOUTS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
-                  "PHALANX_WORKER_START_TIMEOUT_S": "600"}  # fmt: skip
+START_TIMEOUTS = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "PHALANX_WORKER_START_TIMEOUT_S")
 HEALTH_CHECK_FAILURES = 5  # Ray's default threshold; its default period is 3 s
 Record = dict[str, Any]
 
@@ -111,7 +118,8 @@ def _train_fn(cfg: dict[str, Any]) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     rec: Record = {"t_first": t_first, "pid": os.getpid(), "rank": rank}
     body = {"reports": _reports, "commit": _commit, "retention": _retention,
-            "keepall": _retention, "b2": _b2, "restore": _restore}  # fmt: skip
+            "keepall": _retention, "b2": _b2, "restore": _restore,
+            "restore_elastic": _restore}  # fmt: skip
     if cfg["workload"] in body:
         rec.update(body[cfg["workload"]](cfg, api, rank, world))
     _write_json(Path(cfg["out_dir"]) / f"rank{rank}.json", rec)
@@ -179,7 +187,7 @@ def _restore(cfg: dict[str, Any], api: Any, rank: int, world: int) -> Record:
         with tempfile.TemporaryDirectory(prefix="phxscale-") as d:
             Path(d, "round.txt").write_text(str(k))
             api.report({"round": k}, checkpoint=api.Checkpoint.from_directory(d))
-    return {"start": start, "node": node}
+    return {"start": start, "node": node, "world": world}
 
 
 def _work(cfg: dict[str, Any], lost: Path | None) -> None:
@@ -243,16 +251,17 @@ def _seen_callback(base: type, path: Path) -> Any:
     return cb
 
 
-def _ray_cluster(args: argparse.Namespace, n: int, restore: bool = False) -> tuple[Any, Any]:
+def _ray_cluster(args: argparse.Namespace, n: int, workload: str) -> tuple[Any, Any]:
     """``--nodes`` nodes of ceil(n / nodes) + 1 CPUs (+1: Ray Train's controller, phalanx's
-    actor); for ``restore`` one spare node more, and the GCS's health checks every
-    ``--health-check-ms`` (a killed node is declared dead after HEALTH_CHECK_FAILURES of them)."""
+    actor); for the restore workloads the GCS's health checks every ``--health-check-ms`` (a
+    killed node is declared dead after HEALTH_CHECK_FAILURES of them) and, for the fixed
+    ``restore`` only, one spare node more (elastic: the run continues smaller instead)."""
     import ray
     from ray.cluster_utils import Cluster
 
     per_node = math.ceil(n / args.nodes) + 1
     head: Record = {"num_cpus": per_node}
-    if restore:
+    if workload in RESTORES:
         head["_system_config"] = {
             "health_check_initial_delay_ms": 0,
             "health_check_period_ms": args.health_check_ms,
@@ -260,7 +269,7 @@ def _ray_cluster(args: argparse.Namespace, n: int, restore: bool = False) -> tup
             "health_check_failure_threshold": HEALTH_CHECK_FAILURES,
         }
     cluster = Cluster(initialize_head=True, head_node_args=head)
-    for _ in range(args.nodes - 1 + restore):
+    for _ in range(args.nodes - 1 + (workload == "restore")):
         cluster.add_node(num_cpus=per_node)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address)
@@ -355,13 +364,15 @@ class NodeKiller(threading.Thread):
 
 
 def _fit_restore(system: str, n: int, cfg: dict[str, Any], store: Path, cluster: Any) -> Record:
+    """fit() with a NodeKiller; elastic (``cfg["min_workers"]`` set): num_workers=(min, n)."""
     api, out = _api(system), Path(cfg["out_dir"])
     run = api.RunConfig(name="restore", storage_path=str(store),
                         failure_config=api.FailureConfig(max_failures=1),
                         callbacks=[_events_callback(api.UserCallback, out / "events.txt")])  # fmt: skip
     engine = {"engine": "ray"} if system == "phalanx_ray" else {}
+    size = (cfg["min_workers"], n) if cfg["min_workers"] else n
     trainer = _trainer_cls(system, "restore")(_train_fn, train_loop_config=cfg, run_config=run,
-                          scaling_config=api.ScalingConfig(num_workers=n, **engine))  # fmt: skip
+                          scaling_config=api.ScalingConfig(num_workers=size, **engine))  # fmt: skip
     killer = NodeKiller(cluster, out, cfg["loss_round"])
     killer.start()
     t_fit = time.time()
@@ -379,7 +390,8 @@ def _fit_restore(system: str, n: int, cfg: dict[str, Any], store: Path, cluster:
 
 def _restore_metrics(cfg: dict[str, Any], n: int, loss: Record, run_dir: Path) -> Record:
     """Times from the loss, and the checks: the new group resumed after the latest checkpoint
-    committed before it started, at full size, without the lost node; no checkpoint lost."""
+    committed before it started, at full size (elastic: the new size), without the lost node;
+    no checkpoint lost."""
     out_dir = Path(cfg["out_dir"])
     m: Record = {k: v for k, v in loss.items() if k != "t_loss"}
     if "t_loss" not in loss:
@@ -391,6 +403,7 @@ def _restore_metrics(cfg: dict[str, Any], n: int, loss: Record, run_dir: Path) -
     committed = sorted({k for _, k, c in events if c and k >= 0})
     on_disk = {int(p.read_text()) for p in run_dir.glob("**/round.txt")}
     m["detect_s"] = detect[0] - t_loss if detect else None
+    m["failed_attempts"], m["capacity_after"] = len(detect), min(n, cfg["cpus_after"])
     m["committed_rounds"], m["lost_checkpoints"] = len(committed), sorted(set(committed) - on_disk)
     problems = (
         [f"checkpoints of rounds {m['lost_checkpoints']} lost"] if m["lost_checkpoints"] else []
@@ -402,13 +415,11 @@ def _restore_metrics(cfg: dict[str, Any], n: int, loss: Record, run_dir: Path) -
     starts = {r["start"] for r in new}
     m.update(restart_s=t_first - t_loss, restore_s=min(r["t_step"] for r in new) - t_loss,
              all_ranks_s=max(r["t_step"] for r in new) - t_loss, resumed_from=sorted(starts),
-             latest_committed=latest, new_ranks=len(new))  # fmt: skip
+             latest_committed=latest, new_ranks=len(new),
+             new_world=max(r["world"] for r in new))  # fmt: skip
     if starts != {latest + 1}:
         problems.append(f"resumed at rounds {sorted(starts)}, latest committed was {latest}")
-    if len(new) != n or {r["world"] for r in new} != {n}:
-        problems.append(
-            f"new group: {len(new)} ranks, world sizes {sorted({r['world'] for r in new})}"
-        )
+    problems += _size_problems(cfg, n, new)
     if any(r["node"] == loss["lost_node"] for r in new):
         problems.append("a rank of the new group ran on the removed node")
     if max(on_disk, default=-1) != cfg["rounds"] - 1:
@@ -416,6 +427,28 @@ def _restore_metrics(cfg: dict[str, Any], n: int, loss: Record, run_dir: Path) -
     if problems:
         m["restore_error"] = "; ".join(problems)
     return m
+
+
+def _size_problems(cfg: dict[str, Any], n: int, new: list[Record]) -> list[str]:
+    """The new group has one world size w and a step from each of its w ranks; w = n (fixed), or
+    (elastic) min <= w < n."""
+    worlds, ranks = sorted({r["world"] for r in new}), sorted({r["rank"] for r in new})
+    if len(worlds) != 1 or ranks != list(range(worlds[0])) or len(new) != worlds[0]:
+        return [f"new group: {len(new)} rank steps, ranks {ranks}, world sizes {worlds}"]
+    w, low = worlds[0], cfg["min_workers"]
+    if not low:
+        return [] if w == n else [f"new group of {w} ranks, not {n}"]
+    if not low <= w < n:
+        return [f"new group of {w} ranks, not in [{low}, {n}) (num_workers=({low}, {n}))"]
+    return []
+
+
+def _last_attempt(ranks: list[Record]) -> list[Record]:
+    """The rank files of the last group: a rank of the failed one may have run to its end alone
+    (its peers' node gone, no collective to fail) and left a file the new group's ranks did not
+    overwrite (elastic: ranks >= the new world size)."""
+    last = max((r["start"] for r in ranks), default=0)
+    return [r for r in ranks if r["start"] == last]
 
 
 def _trainer_cls(system: str, workload: str) -> Any:
@@ -438,7 +471,8 @@ def _torch_trainer(system: str) -> Any:
     return phalanx.torch.TorchTrainer
 
 
-def _workload_cfg(args: argparse.Namespace, system: str, workload: str, out: Path) -> Record:
+def _workload_cfg(args: argparse.Namespace, system: str, workload: str, n: int,
+                  out: Path) -> Record:  # fmt: skip
     ray = system == "raytrain"
     cfg = {
         "system": system,
@@ -456,8 +490,13 @@ def _workload_cfg(args: argparse.Namespace, system: str, workload: str, out: Pat
         "rows": args.b2_rows,
         "epochs": args.b2_epochs,
     }
-    if workload == "restore":
+    if workload in RESTORES:
         cfg["rounds"] = args.restore_rounds
+    cfg["min_workers"] = (
+        max(1, math.ceil(n * args.elastic_min_frac)) if workload == "restore_elastic" else None
+    )
+    # What the nodes left after the loss declare (as _ray_cluster makes them; fixed: + a spare).
+    cfg["cpus_after"] = (math.ceil(n / args.nodes) + 1) * (args.nodes - 1 + (workload == "restore"))
     return cfg
 
 
@@ -478,15 +517,17 @@ def run_one(args: argparse.Namespace) -> Record:
 
             ray.init(address="local", num_cpus=n, include_dashboard=False)
         elif system in RAY_SYSTEMS:
-            ray, cluster = _ray_cluster(args, n, restore=workload == "restore")
+            ray, cluster = _ray_cluster(args, n, workload)
         setup_s = time.perf_counter() - t0
-        cfg = _workload_cfg(args, system, workload, out)
-        if workload == "restore":
+        cfg = _workload_cfg(args, system, workload, n, out)
+        if workload in RESTORES:
             rec = _fit_restore(system, n, cfg, tmp / "store", cluster)
         else:
             rec = _fit(system, workload, n, cfg, tmp / "store")
         rec["cluster_setup_s"] = setup_s
         rec["ranks"] = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+        if workload in RESTORES:
+            rec["ranks"] = _last_attempt(rec["ranks"])
     finally:
         if ray is not None:
             ray.shutdown()
@@ -506,7 +547,7 @@ class Sampler(threading.Thread):
 
     def __init__(self, marker: str, interval: float, pss_every: int = 5) -> None:
         super().__init__(daemon=True)
-        self.needle = f"{MARKER_ENV}={marker}".encode()
+        self.marker = marker
         self.interval, self.pss_every, self.stop = interval, pss_every, threading.Event()
         self.verdict: dict[int, bool] = {}
         self.names: dict[int, str] = {}
@@ -515,13 +556,12 @@ class Sampler(threading.Thread):
 
     def _marked(self, pid: int) -> bool:
         if pid not in self.verdict:
+            self.verdict[pid] = has_marker(pid, self.marker)
             try:
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                 self.names[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()[:300].decode(
                     errors="replace").replace("\0", " ")  # fmt: skip
             except OSError:
-                env = []
-            self.verdict[pid] = self.needle in env
+                pass
         return self.verdict[pid]
 
     def _sample(self) -> None:
@@ -607,7 +647,7 @@ def derive(rec: Record, sampler: Sampler) -> Record:
     workers = {r["pid"] for r in ranks}
     out.update(sampler.overhead(workers, t_fit, rec["t_end"]))
     workload = rec["workload"]
-    if workload == "restore":  # the rank files are the last attempt's: first lines say nothing
+    if workload in RESTORES:  # the rank files are the last attempt's: first lines say nothing
         for key in ("first_line_s", "first_line_all_s"):
             out.pop(key)
         out.update(rec["restore"])
@@ -647,26 +687,6 @@ def derive(rec: Record, sampler: Sampler) -> Record:
 # --------------------------------------------------------------------------- orchestration
 
 
-def _reap(marker: str, grace_s: float = 5.0) -> list[str]:
-    """Wait for a run's marked processes to exit; kill (by pid) and name those that do not."""
-    probe = Sampler(marker, 0)
-    deadline = time.monotonic() + grace_s
-    while True:
-        probe.verdict.clear()
-        pids = [int(e) for e in os.listdir("/proc") if e.isdigit() and probe._marked(int(e))]
-        if not pids or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    left = []
-    for pid in pids:
-        try:
-            left.append(Path(f"/proc/{pid}/comm").read_text().strip() + f":{pid}")
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            continue
-    return left
-
-
 def launch(system: str, workload: str, n: int, rep: int, args: argparse.Namespace,
            logs: Path) -> Record:  # fmt: skip
     marker = uuid.uuid4().hex
@@ -676,8 +696,8 @@ def launch(system: str, workload: str, n: int, rep: int, args: argparse.Namespac
            "--json-out", str(json_out), *_forwarded(args)]  # fmt: skip
     env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
     env[MARKER_ENV] = marker
-    if workload == "restore":  # 2 x n actor starts on a small machine: not a start-up race
-        env = {**START_TIMEOUTS, **env}
+    if workload in RESTORES:  # 2 x n actor starts on a small machine: not a start-up race
+        env.update(dict.fromkeys(START_TIMEOUTS, f"{args.start_timeout_s:g}"))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
     sampler = Sampler(marker, args.sample_interval)
     sampler.start()
@@ -691,16 +711,18 @@ def launch(system: str, workload: str, n: int, rep: int, args: argparse.Namespac
             rc = proc.wait()
         except BaseException:  # Ctrl-C or SIGTERM: leave nothing of this run behind
             proc.kill()
-            _reap(marker, grace_s=0.0)
+            reap_marked(marker, grace_s=0.0)
             raise
     sampler.stop.set()
     sampler.join()
     rec: Record = {"system": system, "workload": workload, "workers": n, "rep": rep, "ok": False,
-                   "process_wall_s": time.perf_counter() - t0, "leftover": _reap(marker)}  # fmt: skip
+                   "process_wall_s": time.perf_counter() - t0, "leftover": reap_marked(marker, grace_s=5.0)}  # fmt: skip
     if rc == 0 and json_out.exists():
         raw = json.loads(json_out.read_text())
         rec.update(derive({**raw, "workload": workload}, sampler))
-        rec["ok"] = rec["ranks_seen"] == n and not rec["error"]
+        # Elastic: the last attempt's ranks write their files, new_world of them.
+        want = rec.get("new_world") if workload == "restore_elastic" else n
+        rec["ok"] = rec["ranks_seen"] == want and not rec["error"]
     if not rec["ok"]:
         rec["log_tail"] = f"rc={rc}: " + log.read_text(errors="replace")[-3000:]
     return rec
@@ -708,7 +730,8 @@ def launch(system: str, workload: str, n: int, rep: int, args: argparse.Namespac
 
 WORKLOAD_ARGS = ("nodes", "report_seconds", "ray_reports", "commits", "ray_commits", "part_bytes",
                  "commit_gap", "keep_rounds", "ray_keep_rounds", "b2_rows", "b2_epochs",
-                 "restore_rounds", "round_s", "loss_round", "health_check_ms", "peers_fail")  # fmt: skip
+                 "restore_rounds", "round_s", "loss_round", "health_check_ms", "peers_fail",
+                 "elastic_min_frac", "start_timeout_s")  # fmt: skip
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
@@ -724,13 +747,14 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
     sizes, ray_sizes = _ints(args.sizes), set(_ints(args.ray_sizes))
     runs = []
     for workload in workloads:
-        at = {"b2": [args.b2_workers], "restore": _ints(args.restore_sizes)}
+        at = {"b2": [args.b2_workers], "restore": _ints(args.restore_sizes),
+              "restore_elastic": _ints(args.restore_sizes)}  # fmt: skip
         for n in at.get(workload, sizes):
             for rep in range(args.reps):
                 for system in systems:
                     if workload == "b2" and system == "phalanx_ray":
                         continue  # B10 compares what a user runs: local phalanx vs Ray Train
-                    if workload == "restore" and system not in RAY_SYSTEMS:
+                    if workload in RESTORES and system not in RAY_SYSTEMS:
                         continue  # a node loss needs nodes: Ray only
                     if system in RAY_SYSTEMS and workload not in at and n not in ray_sizes:
                         continue
@@ -823,6 +847,17 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
         ("lost_ranks", "ranks on the removed node", False),
         ("fit_total_s", "fit() total (s)", False),
     ],
+    "restore_elastic": [
+        ("detect_s", "node loss → the trainer's after_exception callback (s)", False),
+        ("restart_s", "node loss → first line of the new group, first rank (s)", False),
+        ("restore_s", "node loss → first step of the new group, first rank (s)", False),
+        ("all_ranks_s", "node loss → first step of the new group, all ranks (s)", False),
+        ("lost_ranks", "ranks on the removed node", False),
+        ("capacity_after", "workers the surviving nodes' CPUs hold (at most n)", True),
+        ("new_world", "world size of the new group", True),
+        ("failed_attempts", "after_exception calls after the loss (not a start timeout)", False),
+        ("fit_total_s", "fit() total (s)", False),
+    ],
     "b2": [
         ("b10_pss_mb", "B10: non-worker PSS, peak (MB)", False),
         ("b10_added_pss_mb", "B10: the same minus the driver's PSS before fit() (MB)", False),
@@ -840,8 +875,11 @@ TITLES = {
     "keepall": "B11 scale: checkpoint retention, every checkpoint kept (num_to_keep=None)",
     "b2": "B10 footprint: the B2 DDP loop, everything that is not a training worker",
     "restore": "Restore at scale: a node lost mid-run, the group restarted from the checkpoint",
+    "restore_elastic": "Elastic restore at scale: a node lost mid-run, no spare, the group "
+    "restarted smaller from the checkpoint",
 }
 RATIOS = (("phalanx", "raytrain"), ("phalanx_ray", "raytrain"))
+NO_RATIO = ("checkpoints_left", "capacity_after", "new_world", "failed_attempts")
 
 
 def _fmt(v: Any) -> str:
@@ -903,7 +941,7 @@ def _section(runs: list[Record], workload: str) -> list[str]:
             lines.append(f"| {label} | {system} | " + " | ".join(cells) + f" | {g} |")
         for a, b in RATIOS:
             ma, mb = (_medians(runs, s, workload, key) for s in (a, b))
-            if ma and mb and key != "checkpoints_left":
+            if ma and mb and key not in NO_RATIO:
                 cells = [_fmt(ma[n] / mb[n]) + "x" if n in ma and n in mb and mb[n] else "-"
                          for n in sizes]  # fmt: skip
                 lines.append(f"| {label} | *{a} / {b}* | " + " | ".join(cells) + " | |")
@@ -911,7 +949,17 @@ def _section(runs: list[Record], workload: str) -> list[str]:
     left = sum(len(r["leftover"]) for r in runs if r["workload"] == workload)
     notes = [f"- {failed} failed runs (see the JSON's log_tail)"] if failed else []
     notes += [f"- **{left} leftover processes killed after runs exited**"] if left else []
+    notes += _shrink_notes(runs) if workload == "restore_elastic" else []
     return [*lines, "", *notes, ""] if notes else [*lines, ""]
+
+
+def _shrink_notes(runs: list[Record]) -> list[str]:
+    """Elastic runs whose new group is smaller than what the surviving nodes can hold."""
+    return [f"- {r['system']} n={r['workers']} rep {r['rep']}: restarted with {r['new_world']} "
+            f"workers where the surviving nodes hold {r['capacity_after']} (shrank more than "
+            "it had to)" for r in runs if r["workload"] == "restore_elastic"
+            and r.get("new_world") is not None
+            and r["new_world"] < r.get("capacity_after", 0)]  # fmt: skip
 
 
 def _header(meta: Record) -> list[str]:
@@ -942,9 +990,18 @@ def _header(meta: Record) -> list[str]:
     ]  # fmt: skip
 
 
-def _restore_header(a: Record) -> list[str]:
+def _restore_header(a: Record, workloads: set[str]) -> list[str]:
     if "restore_rounds" not in a:  # results of a version without the restore workload
         return []
+    elastic = [
+        f"- restore_elastic: as restore, but num_workers=(ceil(n * {a.get('elastic_min_frac')}), "
+        f"n) and {a['nodes']} nodes, no spare: the group restarts smaller. Checked: one world "
+        "size w for the new group, every rank of it stepped, min ≤ w < n. Ray Train 2.60 sizes "
+        "a restart from its AutoscalingCoordinator's view of the cluster, refreshed every 20 s: "
+        "right after a loss it may still count the lost node, ask for n workers, wait the whole "
+        "start timeout (its after_exception callback is not called for that), then restart "
+        "smaller.",
+    ]
     return [
         f"- restore: fixed num_workers=n, FailureConfig(max_failures=1), {a['nodes']} nodes + 1 "
         f"spare; {a['restore_rounds']} rounds of {a['round_s']} s (rank 0 checkpoints each"
@@ -955,8 +1012,9 @@ def _restore_header(a: Record) -> list[str]:
         "the new group resumes after the latest committed checkpoint at full size off the lost "
         "node, no checkpoint lost, fit() succeeds. detect: phalanx's callback fires after the "
         "failed group was torn down, Ray Train's when its controller's poll finds the error. "
-        "Worker-group start timeouts raised to 600 s for both (defaults: 60 s).",
-    ]
+        f"Worker-group start timeouts {a.get('start_timeout_s', 600):g} s for both "
+        "(defaults: 60 s).",
+    ] + (elastic if "restore_elastic" in workloads else [])
 
 
 def write_report(runs: list[Record], meta: Record, out: Path) -> None:
@@ -964,8 +1022,8 @@ def write_report(runs: list[Record], meta: Record, out: Path) -> None:
     blob = json.dumps({"meta": meta, "runs": runs}, indent=1, default=str)
     out.with_suffix(".json").write_text(blob + "\n")
     lines = _header(meta)
-    if any(r["workload"] == "restore" for r in runs):
-        lines[-1:-1] = _restore_header(meta["args"])
+    if ran := {r["workload"] for r in runs} & set(RESTORES):
+        lines[-1:-1] = _restore_header(meta["args"], ran)
     for workload in WORKLOADS:
         lines += _section(runs, workload)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -992,7 +1050,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--b2-workers", type=int, default=2)
     add("--b2-rows", type=int, default=60000)
     add("--b2-epochs", type=int, default=5)
-    add("--restore-sizes", default="32", help="worker counts for the restore workload")
+    add("--restore-sizes", default="32", help="worker counts for the restore workloads")
     add("--restore-rounds", type=int, default=10, help="restore: rounds of the training function")
     add("--round-s", type=float, default=0.5, help="restore: seconds of 'work' per round")
     add("--loss-round", type=int, default=3, help="restore: a node is lost once this is committed")
@@ -1009,6 +1067,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=(0, 1),
         help="restore: 1 = the ranks "
         "not on the lost node fail at once too, as in a collective (DDP) when a peer dies",
+    )
+    add(
+        "--elastic-min-frac",
+        type=float,
+        default=0.5,
+        help="restore_elastic: min_workers = ceil(n * this), max_workers = n",
+    )
+    add(
+        "--start-timeout-s",
+        type=float,
+        default=600.0,
+        help="restore workloads: worker-group start timeout of both systems (defaults: 60 s). "
+        "Ray Train's elastic restart waits it out once (see restore_elastic)",
     )
     add("--sample-interval", type=float, default=0.1)
     add("--timeout", type=float, default=900.0, help="per-run limit in seconds")
