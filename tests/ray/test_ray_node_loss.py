@@ -2,11 +2,20 @@
 after 5 failed checks 3 s apart, ~15 s): the Ray engine notices the lost workers within seconds,
 from their actors not answering, not when the GCS declares the node dead. The other workers keep
 running (no collective fails for them), so only the lost ones can tell.
+
+The bound on noticing: Ray answers a call to an actor of a killed node ``ActorUnavailableError``
+~1.7 s after the kill; the worker is lost ``UNAVAILABLE_S`` (2.5 s) after that first answer,
+whether or not the retry has come back (it takes ~2 s more to fail); every rank of that node is
+lost with it, so the group is torn down once. Before the bound was enforced in time a loss took
+~6 s (the retry's answer, and a second retry's), and only the first rank lost was named.
 """
 
 from __future__ import annotations
 
+import json
 import queue
+import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -20,69 +29,150 @@ pytest.importorskip("ray")
 from _leaks import wait_until_settled
 
 import phalanx as train
-from phalanx import DataParallelTrainer, RunConfig, ScalingConfig, TrainingFailedError
+from phalanx import (
+    Checkpoint,
+    DataParallelTrainer,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+)
+from phalanx.callbacks import Callback
 
 pytestmark = pytest.mark.slow
 
 GCS_DECLARES_DEAD_S = 14.0  # measured here: 14 s from the kill to the node's actors dead
+# Ray's first ActorUnavailableError (~1.7 s after the kill) + UNAVAILABLE_S (2.5 s) + the
+# teardown of the failed group and a loaded machine's slack. The old rule took >= 5.7 s.
+NOTICED_WITHIN_S = 5.2
+ROUNDS = 8
+ROUND_S = 0.3
 
 
 @pytest.fixture(scope="module")
-def default_checks_cluster() -> Iterator[tuple[Any, Any]]:
-    """A head node (1 CPU) and one worker node (2 CPUs, ``doomed: 2``), Ray's health checks."""
+def default_checks_cluster() -> Iterator[Any]:
+    """A head node (1 CPU, ``slot: 1``), Ray's default health checks."""
     import ray
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "resources": {"slot": 1},
+            "include_dashboard": False,
+            "dashboard_port": free_port(),  # not 8265: a benchmark's cluster may hold it
+        },
     )
-    doomed = cluster.add_node(num_cpus=2, resources={"doomed": 2})
     ray.init(address=cluster.address)
     try:
         cluster.wait_for_nodes()
         wait_until_settled()
-        yield cluster, doomed
+        yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
 
 
-def mark_then_sleep(config: dict[str, Any]) -> None:
-    rank = train.get_context().get_world_rank()
-    Path(config["dir"], f"{rank}.started").write_text("")
-    time.sleep(120)
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
-def test_workers_of_a_killed_node_are_lost_before_the_gcs_declares_it_dead(
+def rounds_with_checkpoints(config: dict[str, Any]) -> None:
+    """Resume after the checkpointed round; mark where each attempt's rank runs; then rounds of
+    ``ROUND_S``, every rank reporting, rank 0 with a checkpoint."""
+    import ray
+
+    ctx = train.get_context()
+    rank, start = ctx.get_world_rank(), 0
+    if (checkpoint := train.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as d:
+            start = int(Path(d, "round.txt").read_text()) + 1
+    mark = {"rank": rank, "start": start, "node": ray.get_runtime_context().get_node_id()}
+    Path(config["dir"], f"start{start}-rank{rank}.json").write_text(json.dumps(mark))
+    for k in range(start, ROUNDS):
+        time.sleep(ROUND_S)
+        if rank != 0:
+            train.report({"round": k})
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, "round.txt").write_text(str(k))
+            train.report({"round": k}, checkpoint=Checkpoint.from_directory(d))
+
+
+class Watch(Callback):
+    """Records the committed rounds and the failed attempt (when, which ranks, why)."""
+
+    def __init__(self) -> None:
+        self.committed: list[tuple[int, bool]] = []
+        self.failed: queue.Queue[tuple[float, dict[int, BaseException], int]] = queue.Queue()
+
+    def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
+        first = metrics[0] if isinstance(metrics, list) else metrics
+        self.committed.append((first["round"], checkpoint is not None))
+
+    def after_exception(self, run_context: Any, worker_exceptions: Any) -> None:
+        latest = max((k for k, c in self.committed if c), default=-1)
+        self.failed.put((time.monotonic(), dict(worker_exceptions), latest))
+
+
+def test_a_killed_node_is_noticed_in_seconds_names_its_ranks_and_the_run_resumes(
     default_checks_cluster, tmp_path
 ):
-    ray_cluster, doomed = default_checks_cluster
+    cluster = default_checks_cluster
+    doomed = cluster.add_node(num_cpus=2, resources={"slot": 2})
+    cluster.wait_for_nodes()
+    watch = Watch()
     trainer = DataParallelTrainer(
-        mark_then_sleep,
+        rounds_with_checkpoints,
         train_loop_config={"dir": str(tmp_path)},
-        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "doomed": 1}),
-        run_config=RunConfig(name="node_loss", storage_path=str(tmp_path / "runs")),
+        # 3 slots: the head's and the doomed node's two
+        scaling_config=ScalingConfig(num_workers=3, resources_per_worker={"CPU": 0.5, "slot": 1}),
+        run_config=RunConfig(
+            name="node_loss",
+            storage_path=str(tmp_path / "runs"),
+            failure_config=FailureConfig(max_failures=1),
+            callbacks=[watch],
+        ),
     )
     outcome: queue.Queue = queue.Queue()
-
-    def run() -> None:
-        try:
-            outcome.put(trainer.fit())
-        except BaseException as exc:
-            outcome.put(exc)
-
-    runner = threading.Thread(target=run)
+    runner = threading.Thread(target=lambda: outcome.put(_fit(trainer)))
     runner.start()
-    deadline = time.monotonic() + 60
-    while len(list(tmp_path.glob("*.started"))) < 2:
-        assert time.monotonic() < deadline, "the workers did not start"
-        time.sleep(0.05)
-    removed = time.monotonic()
-    ray_cluster.remove_node(doomed, allow_graceful=False)
-    runner.join(60)
-    took = time.monotonic() - removed
-    error = outcome.get_nowait()
-    assert isinstance(error, TrainingFailedError), error
-    assert error.worker_failures and set(error.worker_failures) <= {0, 1}  # the first one lost
-    assert doomed.node_id in str(error)
-    assert took < GCS_DECLARES_DEAD_S - 3, f"the loss was noticed {took:.1f} s after the kill"
+    try:
+        deadline = time.monotonic() + 60
+        while not any(c and k >= 1 for k, c in watch.committed):
+            assert time.monotonic() < deadline and runner.is_alive(), "round 1 was not committed"
+            time.sleep(0.02)
+        killed = time.monotonic()
+        cluster.remove_node(doomed, allow_graceful=False)
+        noticed, exceptions, latest = watch.failed.get(timeout=60)
+        cluster.add_node(num_cpus=2, resources={"slot": 2})  # the replacement
+    finally:
+        runner.join(120)
+    result = outcome.get_nowait()
+    assert not isinstance(result, BaseException), result
+    assert result.error is None, result.error
+
+    took = noticed - killed
+    assert took < NOTICED_WITHIN_S, f"the loss was noticed {took:.1f} s after the kill"
+    first = [json.loads(p.read_text()) for p in tmp_path.glob("start0-rank*.json")]
+    on_doomed = {m["rank"] for m in first if m["node"] == doomed.node_id}
+    assert len(on_doomed) == 2, first
+    assert set(exceptions) == on_doomed, exceptions  # every rank of the node, no other
+    for rank, exc in exceptions.items():
+        assert doomed.node_id in str(exc) and f"rank {rank}" in str(exc), str(exc)
+
+    resumed = [json.loads(p.read_text()) for p in tmp_path.glob("start*-rank*.json")]
+    starts = {m["start"] for m in resumed} - {0}
+    assert starts == {latest + 1}, (starts, latest)  # after the latest committed checkpoint
+    assert all(m["node"] != doomed.node_id for m in resumed if m["start"] > 0)
+    assert [k for k, _ in watch.committed] == list(range(ROUNDS))  # no round lost nor repeated
+    assert result.metrics["round"] == ROUNDS - 1
+
+
+def _fit(trainer: DataParallelTrainer) -> Any:
+    try:
+        return trainer.fit()
+    except BaseException as exc:  # handed to the test thread
+        return exc

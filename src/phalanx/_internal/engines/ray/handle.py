@@ -5,12 +5,22 @@ Each actor always has one ``drain`` call in flight. The poller thread waits on a
 futures, output lines are printed with the rank prefix (and written to the rank's log file),
 everything else goes to the events queue. Then the next ``drain`` is sent. A ``drain`` that fails
 means the actor is dead: its pending calls fail and ``Exited(-9, cause=why)`` is queued.
+
+``ActorUnavailableError`` is the exception: Ray cannot reach the actor but does not know it is
+dead (a network blip, or a node that died before the GCS's health checks say so, ~15 s with Ray's
+defaults). The worker is lost ``UNAVAILABLE_S`` after the first such answer unless the actor
+answers in between: the deadline is checked on every pass, so it holds while a retry is still in
+flight, and the retry is scheduled, not slept for, so the other actors' messages keep flowing.
+A worker lost so takes with it every worker of its node that has been unavailable since its last
+answer (or every worker of the node, if the GCS already says the node is dead): a lost node is
+one failure that names all its ranks, not a first rank and a torn-down attempt.
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -42,11 +52,17 @@ from phalanx._internal.worker.runtime import RemoteCallError, undecodable_error
 logger = logging.getLogger(__name__)
 
 DRAIN_WAIT_S = 1.0  # how long an idle actor holds a drain call before answering "nothing"
-POLL_S = 0.05  # how often the poller looks for newly added actors
-# ActorUnavailableError is transient: retry for this long after the first, then the worker is
-# lost. A bound in time, not in tries: a call to an actor on a killed node takes ~2 s to fail,
-# so 50 tries waited for the GCS to declare the node dead (~15 s with Ray's health checks).
+POLL_S = 0.05  # the longest pass: new actors, due retries and unavailability deadlines
+RETRY_S = 0.05  # a drain answered ActorUnavailableError is sent again this much later
+# ActorUnavailableError is transient: the worker is lost this long after the first one unless
+# the actor answers in between. A bound in time, checked every pass, not in tries nor in answers:
+# a call to an actor on a killed node takes ~2 s to fail (Ray retries the connection), so
+# waiting for the retry's answer made a loss ~6 s. Ray Train gives up at the first
+# ActorUnavailableError its health check (a call every 2 s) gets, so it survives only blips that
+# fall between two checks; the drain call is always in flight, so phalanx sees every blip and
+# needs to ride out any blip Ray Train can: 2 s, and a retry that connects once it is over.
 UNAVAILABLE_S = 2.5
+NODE_QUERY_S = 2.0  # the poller asks the GCS whether a node is dead; it must not stall for long
 
 
 class RayWorkerDied(ConnectionError):
@@ -96,6 +112,11 @@ class RayWorkerHandle(WorkerHandle):
     def set_rank(self, rank: int) -> None:
         self.rank = rank
 
+    @property
+    def stopping(self) -> bool:
+        """The driver killed this actor: its death is expected."""
+        return self._stopping
+
     # -- called by the poller thread ------------------------------------------------------------
 
     def on_messages(self, batch: list[bytes]) -> None:
@@ -140,42 +161,63 @@ class RayWorkerHandle(WorkerHandle):
         """The worker is stopped: close its log file."""
         self._output.close()
 
-    def describe_death(self, exc: BaseException) -> str:
+    def describe_death(self, exc: BaseException, node_dead: bool | None = None) -> str:
+        """Why the worker is gone, naming its node (``node_dead``: the caller asked the GCS)."""
         node = self.metadata.node_id or "?"
         where = f"on node {node} ({self.metadata.host or '?'})"
         cause = _ray_cause(exc)
         detail = f": {cause}" if cause else ""
-        if _node_is_dead(node):
+        if node_dead is None:
+            node_dead = _node_is_dead(node)
+        who = f"the Ray actor of rank {self.rank} (pid {self.metadata.pid})"
+        if node_dead:
+            return f"{who} was lost {where}: the node left the cluster{detail}"
+        if isinstance(exc, ActorUnavailableError):
             return (
-                f"the Ray actor of rank {self.rank} (pid {self.metadata.pid}) was lost {where}: "
-                f"the node left the cluster{detail}"
+                f"{who} was lost {where}: the node's actors were unreachable for "
+                f"{UNAVAILABLE_S:g} s (the node or its network is down){detail}"
             )
-        return f"the Ray actor of rank {self.rank} (pid {self.metadata.pid}) died {where}{detail}"
+        return f"{who} died {where}{detail}"
 
 
 def _ray_cause(exc: BaseException) -> str:
-    """The line of Ray's error that says why the actor died, without Ray's generic advice."""
+    """The line of Ray's error that says why the actor died, without Ray's generic advice (nor
+    the actor's id: ranks lost together then read the same)."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     reason = next((ln for ln in lines if ln.startswith("The actor is dead because")), None)
     if reason is None:
-        return lines[0] if lines else ""
+        first = lines[0] if lines else ""
+        return _ACTOR_ID.sub("The actor ", first).split(" The task may or")[0][:400]
     return reason.split(" Some common causes")[0][:400]
 
 
+_ACTOR_ID = re.compile(r"The actor [0-9a-f]{16,} ")
+
+
 def _node_is_dead(node_id: str) -> bool:
+    """Whether the GCS says the node left the cluster; False when it cannot say in time."""
+    if not node_id or node_id == "?":
+        return False
     try:
-        return any(n["NodeID"] == node_id and not n["Alive"] for n in gcs.nodes())
+        nodes = gcs.bounded(ray.nodes, "ray.nodes()", timeout_s=NODE_QUERY_S)
+        return any(n["NodeID"] == node_id and not n["Alive"] for n in nodes)
     except Exception:
         return False
 
 
 class DrainPoller:
-    """One driver thread that keeps a ``drain`` call in flight per actor and routes the answers."""
+    """One driver thread that keeps a ``drain`` call in flight per actor and routes the answers.
+
+    Only the poller thread touches ``_retry_at`` and ``_unavailable``; ``_inflight`` is shared
+    with ``add`` (under the lock).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._inflight: dict[Any, RayWorkerHandle] = {}
-        self._unavailable: dict[RayWorkerHandle, float] = {}  # -> first unavailable answer
+        self._retry_at: dict[RayWorkerHandle, float] = {}  # -> when to send its drain again
+        # -> (first ActorUnavailableError since its last answer, the latest one)
+        self._unavailable: dict[RayWorkerHandle, tuple[float, BaseException]] = {}
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="phalanx-ray-poller", daemon=True)
         self._thread.start()
@@ -207,45 +249,94 @@ class DrainPoller:
                 logger.exception("The Ray engine's message poller failed; retrying")
                 self._stopping.wait(POLL_S)
 
+    def _followed(self) -> list[RayWorkerHandle]:
+        """Every worker the poller follows: a drain in flight, or one due to be sent."""
+        with self._lock:
+            handles = list(self._inflight.values())
+        return list(dict.fromkeys([*handles, *self._retry_at]))
+
     def _fail_all(self, why: str) -> None:
         """Nothing reads the actors' messages any more: every worker is lost to the driver."""
+        handles = self._followed()
         with self._lock:
-            handles, self._inflight = list(self._inflight.values()), {}
+            self._inflight = {}
+        self._retry_at.clear()
         for handle in handles:
             handle.on_death(why)
 
     def _poll_once(self) -> None:
         with self._lock:
             refs = list(self._inflight)
-        if not refs:
+        if refs:
+            ready, _ = ray.wait(refs, num_returns=1, timeout=POLL_S)
+            if ready and len(refs) > 1:  # answer every actor that is ready, not only the first
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in ready:
+                with self._lock:
+                    handle = self._inflight.pop(ref, None)
+                if handle is not None:  # None: declared lost while this drain was in flight
+                    self._answer(handle, ref)
+        else:
             self._stopping.wait(POLL_S)
-            return
-        ready, _ = ray.wait(refs, num_returns=1, timeout=POLL_S)
-        if not ready:
-            return
-        if len(refs) > 1:  # answer every actor that is ready, not only the first
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        for ref in ready:
-            with self._lock:
-                handle = self._inflight.pop(ref)
-            self._answer(handle, ref)
+        self._enforce_unavailable_bound()
+        self._send_due_retries()
+
+    def _send_due_retries(self) -> None:
+        now = time.monotonic()
+        for handle in [h for h, at in self._retry_at.items() if at <= now]:
+            del self._retry_at[handle]
+            self._submit(handle)
+
+    def _enforce_unavailable_bound(self) -> None:
+        """A worker unavailable for UNAVAILABLE_S is lost, whether or not a retry is in flight."""
+        now = time.monotonic()
+        for handle, (since, _) in list(self._unavailable.items()):
+            if handle in self._unavailable and now - since >= UNAVAILABLE_S:
+                self._lose(handle, self._unavailable[handle][1])
+
+    def _lose(self, handle: RayWorkerHandle, exc: BaseException) -> None:
+        """``handle``'s actor is gone, and with it every worker of its node that was also
+        unavailable since its last answer (all of them if the GCS says the node is dead)."""
+        node = handle.metadata.node_id
+        node_dead = not handle.stopping and _node_is_dead(node)  # a kill of ours: ask nothing
+        mates = [
+            h
+            for h in self._followed() + list(self._unavailable)
+            if h is not handle
+            and node
+            and h.metadata.node_id == node
+            and h.death is None
+            and (h in self._unavailable or node_dead)
+        ]
+        self._forget(handle)
+        handle.on_death(handle.describe_death(exc, node_dead))
+        for mate in dict.fromkeys(mates):
+            why = self._unavailable.get(mate, (0.0, exc))[1]  # its own error: it did not die
+            self._forget(mate)
+            mate.on_death(mate.describe_death(why, node_dead))
+
+    def _forget(self, handle: RayWorkerHandle) -> None:
+        """Stop following ``handle``: a drain still in flight is dropped when it answers."""
+        self._unavailable.pop(handle, None)
+        self._retry_at.pop(handle, None)
+        with self._lock:
+            for ref in [r for r, h in self._inflight.items() if h is handle]:
+                del self._inflight[ref]
 
     def _answer(self, handle: RayWorkerHandle, ref: Any) -> None:
         try:
             batch = ray.get(ref)
         except ActorUnavailableError as exc:  # transient (network, or death not yet confirmed)
-            since = self._unavailable.setdefault(handle, time.monotonic())
-            if time.monotonic() - since < UNAVAILABLE_S:
-                self._stopping.wait(POLL_S)
-                self._submit(handle)
-            else:
-                handle.on_death(handle.describe_death(exc))
+            since = self._unavailable.get(handle, (time.monotonic(), exc))[0]
+            self._unavailable[handle] = (since, exc)
+            self._retry_at[handle] = time.monotonic() + RETRY_S  # the bound is checked per pass
             return
         except RayActorError as exc:
-            handle.on_death(handle.describe_death(exc))
+            self._lose(handle, exc)
             return
         except Exception as exc:  # a message that cannot be read: treat the worker as lost
             logger.exception("Reading worker %d's messages failed", handle.index)
+            self._forget(handle)
             handle.on_death(f"reading the messages of rank {handle.rank} failed: {exc!r}")
             return
         self._unavailable.pop(handle, None)
