@@ -4,7 +4,7 @@ from their actors not answering, not when the GCS declares the node dead. The ot
 running (no collective fails for them), so only the lost ones can tell.
 
 The bound on noticing: Ray answers a call to an actor of a killed node ``ActorUnavailableError``
-~1.7 s after the kill; the worker is lost ``UNAVAILABLE_S`` (2.5 s) after that first answer,
+1-2 s after the kill; the worker is lost ``UNAVAILABLE_S`` (2.5 s) after that first answer,
 whether or not the retry has come back (it takes ~2 s more to fail); every rank of that node is
 lost with it, so the group is torn down once. Before the bound was enforced in time a loss took
 ~6 s (the retry's answer, and a second retry's), and only the first rank lost was named.
@@ -41,9 +41,10 @@ from phalanx.callbacks import Callback
 pytestmark = pytest.mark.slow
 
 GCS_DECLARES_DEAD_S = 14.0  # measured here: 14 s from the kill to the node's actors dead
-# Ray's first ActorUnavailableError (~1.7 s after the kill) + UNAVAILABLE_S (2.5 s) + the
-# teardown of the failed group and a loaded machine's slack. The old rule took >= 5.7 s.
-NOTICED_WITHIN_S = 5.2
+# Ray's first ActorUnavailableError (1-2 s after the kill, measured) + UNAVAILABLE_S (2.5 s) +
+# the teardown of the failed group on a loaded machine (<= 1 s). Measured here: 4.4-4.8 s; the
+# old rule (the bound read only when a retry answered, every ~2 s) took 5.8 s.
+NOTICED_WITHIN_S = 5.5
 ROUNDS = 8
 ROUND_S = 0.3
 

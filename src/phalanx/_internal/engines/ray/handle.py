@@ -301,7 +301,7 @@ class DrainPoller:
         node_dead = not handle.stopping and _node_is_dead(node)  # a kill of ours: ask nothing
         mates = [
             h
-            for h in self._followed() + list(self._unavailable)
+            for h in dict.fromkeys([*self._followed(), *self._unavailable])
             if h is not handle
             and node
             and h.metadata.node_id == node
@@ -310,7 +310,7 @@ class DrainPoller:
         ]
         self._forget(handle)
         handle.on_death(handle.describe_death(exc, node_dead))
-        for mate in dict.fromkeys(mates):
+        for mate in mates:
             why = self._unavailable.get(mate, (0.0, exc))[1]  # its own error: it did not die
             self._forget(mate)
             mate.on_death(mate.describe_death(why, node_dead))
