@@ -10,6 +10,7 @@ one: tests/_leaks.py's check, tolerant of Ray's own processes until the fixture 
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,6 +47,8 @@ def cluster() -> Iterator[tuple[Any, list[str]]]:
         head_node_args={
             "num_cpus": 1,
             "include_dashboard": False,
+            # Not 8265: when another Ray (a benchmark) holds it, Ray's start leaks a socket.
+            "dashboard_port": _free_port(),
             "_system_config": FAST_HEALTH_CHECKS,
         },
     )
@@ -66,3 +69,9 @@ def cluster() -> Iterator[tuple[Any, list[str]]]:
 @pytest.fixture
 def storage(tmp_path: Any) -> str:
     return str(tmp_path / "runs")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
