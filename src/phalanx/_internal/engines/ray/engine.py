@@ -148,9 +148,14 @@ class RayEngine(Engine):
         attempt = _Attempt(group, [])
         self._attempts.append(attempt)
         try:
-            self._wait_for_placement(group, spec, bundle)
+            # The actors and their hellos go out before the group is placed: Ray queues them
+            # and starts each worker process the moment its bundle is committed, without a
+            # round trip through the driver (the group's creation overlaps the actors').
             attempt.handles = self._start_actors(group, bundle, spec, events)
-            self._await_hellos(attempt.handles, spec)
+            marker = run_marker(spec)
+            hellos = [h.actor.hello.remote(marker) for h in attempt.handles]
+            self._wait_for_placement(group, spec, bundle)
+            self._await_hellos(attempt.handles, hellos, spec)
         except BaseException as exc:
             self._release(attempt)
             if isinstance(exc, ConfigError | StorageError | WorkerStartupError):
@@ -207,9 +212,10 @@ class RayEngine(Engine):
             self._poller.add(handle)  # so output printed while starting reaches the driver
         return handles
 
-    def _await_hellos(self, handles: list[RayWorkerHandle], spec: WorkerGroupSpec) -> None:
-        marker = run_marker(spec)
-        refs = [h.actor.hello.remote(marker) for h in handles]
+    def _await_hellos(
+        self, handles: list[RayWorkerHandle], refs: list[Any], spec: WorkerGroupSpec
+    ) -> None:
+        """Wait for every actor's ``hello`` (sent at creation), counted from the group's placement."""
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=spec.start_timeout_s)
         late = [h.index for h, ref in zip(handles, refs, strict=True) if ref not in ready]
         if late:
