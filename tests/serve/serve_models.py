@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -91,12 +92,20 @@ def train_run(framework: str, storage: str):
     ).fit()
 
 
-class SlowXGBoostPredictor(XGBoostPredictor):
-    """An XGBoost predictor whose model call takes ``DELAY_S``: requests stay in flight long
-    enough to shut the server down under them."""
+class GatedXGBoostPredictor(XGBoostPredictor):
+    """An XGBoost predictor whose every model call first touches ``<gate>.waiting``, then waits
+    until the file ``gate`` exists: a test holds requests in flight for as long as it needs, in
+    this process or in a server worker process, with no sleep to outlast."""
 
-    DELAY_S = 0.4
+    def __init__(self, model, preprocessor=None, gate: str = "") -> None:
+        super().__init__(model, preprocessor=preprocessor)
+        self.gate = gate
 
     def _predict_pandas(self, data, **kwargs):
-        time.sleep(self.DELAY_S)
+        open(self.gate + ".waiting", "a").close()
+        deadline = time.monotonic() + 60  # a test that fails before opening it must not hang
+        while not os.path.exists(self.gate):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.gate} was never created")
+            time.sleep(0.01)
         return super()._predict_pandas(data, **kwargs)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -12,8 +14,9 @@ import time
 
 import httpx
 import numpy as np
+import psutil
 import pytest
-from serve_models import SlowXGBoostPredictor, raw_frame
+from serve_models import GatedXGBoostPredictor, raw_frame
 
 import phalanx.serve
 from phalanx.cli import main
@@ -39,45 +42,105 @@ def in_flight(url: str) -> float:
     raise AssertionError("no in_flight gauge")
 
 
+def listening(port: int) -> bool:
+    """Whether the kernel still has a listening socket on ``port`` (asked without connecting:
+    a probe connection made while a listener closes would race with the close)."""
+    return any(
+        c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        for c in psutil.net_connections("tcp")
+    )
+
+
+def refused(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/healthz", timeout=10)
+    except httpx.ConnectError:  # ECONNREFUSED: the request never left; anything else raises
+        return True
+    return False
+
+
+def request_on(sock: socket.socket, body: bytes) -> bytes:
+    """POST /predict on an open connection; the raw answer (the server closes after it)."""
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    return answer
+
+
 @pytest.mark.slow
-def test_stop_lets_requests_in_flight_finish_and_refuses_new_ones(runs):
+def test_stop_lets_requests_in_flight_finish_and_refuses_new_ones(runs, tmp_path):
     result = runs("xgboost")
     rows = raw_frame(4, seed=5).drop(columns=["y"])
     want = XGBoostPredictor.from_checkpoint(result.checkpoint).predict(rows)["predictions"]
+    body = json.dumps({"records": rows.to_dict("records")}).encode()
+    gate = tmp_path / "gate"
     server = phalanx.serve.serve(
-        result.checkpoint, SlowXGBoostPredictor, port=0, max_batch_size=4
-    )  # one request per model call: the last of 3 finishes ~1.2 s after the first starts
+        result.checkpoint, GatedXGBoostPredictor, port=0, max_batch_size=4, gate=str(gate)
+    )  # one request per model call; each waits for the gate
     answers: list[httpx.Response] = []
 
     def client() -> None:
-        answers.append(
-            httpx.post(
-                f"{server.url}/predict", json={"records": rows.to_dict("records")}, timeout=30
-            )
-        )
+        answers.append(httpx.post(f"{server.url}/predict", content=body, timeout=60))
 
     clients = [threading.Thread(target=client) for _ in range(3)]
-    for t in clients:
-        t.start()
-    wait_for(lambda: in_flight(server.url) == 3, what="3 requests in flight")
     stopper = threading.Thread(target=server.stop)
-    stopper.start()
-
-    def refused() -> bool:
-        try:
-            httpx.get(f"{server.url}/healthz", timeout=2)
-        except httpx.ConnectError:
-            return True
-        return False
-
-    wait_for(refused, what="new connections refused")
-    assert any(t.is_alive() for t in clients)  # refused while requests were still in flight
-    for t in clients:
-        t.join(30)
-    stopper.join(30)
+    early = socket.create_connection(("127.0.0.1", server.port))  # connected, no request yet
+    try:
+        for t in clients:
+            t.start()
+        wait_for(lambda: in_flight(server.url) == 3, what="3 requests in flight")
+        stopper.start()
+        wait_for(lambda: not listening(server.port), what="the listener to close")
+        assert refused(server.url)
+        # A connection made before the stop gets its request answered, with a clear refusal.
+        answer = request_on(early, body)
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"shutting down" in answer and b"connection: close" in answer.lower()
+        assert all(t.is_alive() for t in clients)  # all this while, 3 requests were in flight
+    finally:
+        gate.touch()
+        early.close()
+        for t in clients:
+            t.join(60)
+        stopper.join(60) if stopper.is_alive() else server.stop()
     assert [r.status_code for r in answers] == [200, 200, 200]
     for r in answers:
         np.testing.assert_allclose(r.json()["predictions"], want, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_stop_with_worker_processes_refuses_new_connections_at_once(runs, tmp_path):
+    """The parent's copy of the listening socket must not outlive the workers' listeners: the
+    kernel would queue connections nobody accepts, then reset them."""
+    result = runs("xgboost")
+    rows = raw_frame(4, seed=5).drop(columns=["y"])
+    want = XGBoostPredictor.from_checkpoint(result.checkpoint).predict(rows)["predictions"]
+    gate = tmp_path / "gate"
+    server = phalanx.serve.serve(
+        result.checkpoint, GatedXGBoostPredictor, port=0, workers=2, gate=str(gate)
+    )
+    answers: list[httpx.Response] = []
+    request = {"records": rows.to_dict("records")}
+    client = threading.Thread(
+        target=lambda: answers.append(httpx.post(f"{server.url}/predict", json=request, timeout=60))
+    )
+    stopper = threading.Thread(target=server.stop)
+    try:
+        client.start()
+        wait_for(lambda: os.path.exists(f"{gate}.waiting"), what="a request in a worker's model")
+        stopper.start()
+        wait_for(lambda: not listening(server.port), what="the listeners to close")
+        assert refused(server.url)
+        assert client.is_alive()
+    finally:
+        gate.touch()
+        client.join(60)
+        stopper.join(60) if stopper.is_alive() else server.stop()
+    assert [r.status_code for r in answers] == [200]
+    np.testing.assert_allclose(answers[0].json()["predictions"], want, rtol=1e-6)
+    assert all(p.poll() == 0 for p in server._processes)
 
 
 @pytest.mark.slow

@@ -71,14 +71,15 @@ class ServeAPI:
         path = request.url.path.rstrip("/") or "/"
         route = self._routes.get(path)
         if route is None:
-            return _error(404, f"No endpoint {path!r}. HINT: use one of {sorted(self._routes)}.")
+            message = f"No endpoint {path!r}. HINT: use one of {sorted(self._routes)}."
+            return self._closing(_error(404, message))
         method, handler = route
         if request.method != method and not (method == "GET" and request.method == "HEAD"):
-            return _error(405, f"{path} takes {method}, not {request.method}.")
+            return self._closing(_error(405, f"{path} takes {method}, not {request.method}."))
         if path != "/predict":
             response = await handler(request)
             self.metrics.request_done(path, response.status_code)
-            return response
+            return self._closing(response)
         started = time.perf_counter()
         self.metrics.in_flight += 1
         try:
@@ -86,6 +87,11 @@ class ServeAPI:
         finally:
             self.metrics.in_flight -= 1
         self.metrics.request_done(path, response.status_code, time.perf_counter() - started)
+        return self._closing(response)
+
+    def _closing(self, response: Response) -> Response:
+        if self.draining:  # the server is stopping: the client must not reuse this connection
+            response.headers["connection"] = "close"
         return response
 
     async def predict(self, request: Request) -> Response:

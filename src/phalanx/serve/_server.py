@@ -27,6 +27,7 @@ from typing import Any
 from phalanx.serve._app import ServeAPI, build_app
 from phalanx.serve._config import ServeConfig
 from phalanx.serve._model import ModelSpec
+from phalanx.serve._shutdown import graceful_shutdown
 
 __all__ = ["ServeHandle", "run_forever", "start", "uvicorn_server"]
 
@@ -97,6 +98,9 @@ def start(spec: ModelSpec, config: ServeConfig, ready_timeout: float = 300.0) ->
     try:
         if config.workers > 1:
             handle._processes, ready = _start_workers(spec, config, handle._socket)
+            # The workers hold the listener now. Were it open here too, it would outlive their
+            # shutdown: the kernel would queue connections nobody accepts, then reset them.
+            handle._socket.close()
             _wait_workers(handle._processes, ready, ready_timeout)
         _wait_ready(handle, ready_timeout)
     except BaseException:
@@ -114,6 +118,7 @@ def run_forever(spec: ModelSpec, config: ServeConfig) -> None:
         uvicorn_server(spec, config).run([sock])
         return
     processes, ready = _start_workers(spec, config, sock)
+    sock.close()  # the workers' now: it must close when they stop accepting (see start())
     os.close(ready)  # the CLI's workers log their own readiness
 
     def forward(signum: int, frame: Any) -> None:
@@ -128,7 +133,6 @@ def run_forever(spec: ModelSpec, config: ServeConfig) -> None:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        sock.close()
 
 
 def _bind(config: ServeConfig) -> socket.socket:
@@ -172,6 +176,12 @@ def uvicorn_server(spec: ModelSpec, config: ServeConfig) -> Any:
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True  # a second Ctrl-C: stop waiting for requests
             self.should_exit = True
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            # Not uvicorn's: it resets connections the kernel completed but the loop had not
+            # accepted yet, and ones whose first request is still arriving (see _shutdown).
+            api.draining = True
+            await graceful_shutdown(self, sockets or [])
 
     uv_config = uvicorn.Config(
         build_app(api),

@@ -1,0 +1,132 @@
+"""How phalanx's server stops: no request is cut off, and a refusal is always a clean one.
+
+uvicorn's own shutdown has two races a client sees as ``Connection reset by peer``:
+
+- it closes the listening socket while the kernel still holds connections it completed for the
+  server but the event loop has not accepted yet (one made during the last loop turn, or longer
+  when the loop is busy or the machine loaded): closing a listener resets them, after their
+  client has sent its request;
+- it closes every connection with no request in progress, including one accepted a moment ago
+  whose request is still arriving in its socket buffer.
+
+Here instead, once a shutdown starts:
+
+1. the kernel's queue of completed connections is accepted before the listener closes, so every
+   connection the kernel established gets an HTTP answer;
+2. a connection that has not sent a request yet stays open: its request is answered (``POST
+   /predict`` gets 503 "shutting down", every answer says ``Connection: close``), and it is closed
+   if still silent after the keep-alive timeout; an idle keep-alive connection is closed at once
+   (an HTTP client checks a pooled connection before reusing it);
+3. requests in flight finish (up to the graceful timeout), then the app's lifespan ends.
+
+A connection attempted after the listener closed is refused by the kernel (``ECONNREFUSED``,
+httpx's ``ConnectError``): the request never left the client, which may retry it anywhere.
+
+What TCP leaves: a handshake the kernel completes between the last ``accept`` (nothing queued)
+and the ``close`` just after it is still reset. No listener can close without that; here the
+window is two system calls apart (with this thread waiting for the GIL between them), not an
+event-loop turn or, with worker processes, the whole shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+__all__ = ["graceful_shutdown"]
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.05
+
+
+async def graceful_shutdown(server: Any, sockets: list[socket.socket]) -> None:
+    """Stop ``server`` (a ``uvicorn.Server`` serving on ``sockets``) as the module says."""
+    accepted = _accept_queued(sockets)
+    for listener in server.servers:
+        listener.close()  # right after the accept, no await between: see the module's end
+    for sock in sockets:
+        sock.close()
+    connections = list(server.server_state.connections)
+    for conn in accepted:
+        await _serve_accepted(server, conn)
+    _wind_down(server, connections)
+    try:
+        await asyncio.wait_for(_requests_done(server), server.config.timeout_graceful_shutdown)
+    except asyncio.TimeoutError:
+        logger.error(
+            "Closing %d connection(s) with requests still in flight: the graceful shutdown "
+            "timeout (%ss) passed.",
+            len(server.server_state.connections),
+            server.config.timeout_graceful_shutdown,
+        )
+        for task in server.server_state.tasks:
+            task.cancel()
+        for connection in list(server.server_state.connections):
+            connection.transport.close()
+    if not server.force_exit:
+        await server.lifespan.shutdown()
+
+
+def _accept_queued(sockets: list[socket.socket]) -> list[socket.socket]:
+    """Every connection the kernel has completed on ``sockets`` (non-blocking listeners)."""
+    accepted = []
+    for sock in sockets:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except ConnectionAbortedError:
+                continue  # its client gave up before we accepted it
+            except OSError as exc:  # e.g. out of file descriptors: the rest cannot be served
+                logger.warning("Could not accept a connection while stopping: %s", exc)
+                break
+            accepted.append(conn)
+    return accepted
+
+
+async def _serve_accepted(server: Any, conn: socket.socket) -> None:
+    """Serve ``conn`` with the protocol uvicorn gives a connection it accepted itself."""
+    loop = asyncio.get_running_loop()
+
+    def protocol() -> asyncio.Protocol:
+        return server.config.http_protocol_class(  # type: ignore[no-any-return]
+            config=server.config,
+            server_state=server.server_state,
+            app_state=server.lifespan.state,
+            _loop=loop,
+        )
+
+    try:
+        _, handler = await loop.connect_accepted_socket(protocol, conn)
+    except OSError as exc:  # the client left already
+        logger.debug("A connection accepted while stopping closed at once: %s", exc)
+        conn.close()
+        return
+    _close_if_silent(server, handler)
+
+
+def _wind_down(server: Any, connections: list[Any]) -> None:
+    """End keep-alive on ``connections``: close idle ones now, give fresh ones time to ask."""
+    for connection in connections:
+        if getattr(connection, "cycle", ...) is None:  # connected, no request (headers) yet
+            _close_if_silent(server, connection)
+        else:
+            connection.shutdown()  # idle: closes it; busy: closes it after its answer
+
+
+def _close_if_silent(server: Any, connection: Any) -> None:
+    def close() -> None:
+        if connection in server.server_state.connections:
+            connection.shutdown()
+
+    asyncio.get_running_loop().call_later(server.config.timeout_keep_alive, close)
+
+
+async def _requests_done(server: Any) -> None:
+    state = server.server_state
+    while (state.connections or state.tasks) and not server.force_exit:
+        await asyncio.sleep(_POLL_S)
