@@ -27,7 +27,7 @@ from typing import Any
 from phalanx.serve._app import ServeAPI, build_app
 from phalanx.serve._config import ServeConfig
 from phalanx.serve._model import ModelSpec
-from phalanx.serve._shutdown import graceful_shutdown
+from phalanx.serve._shutdown import graceful_shutdown, supports_graceful_shutdown
 
 __all__ = ["ServeHandle", "run_forever", "start", "uvicorn_server"]
 
@@ -181,6 +181,9 @@ def uvicorn_server(spec: ModelSpec, config: ServeConfig) -> Any:
             # Not uvicorn's: it resets connections the kernel completed but the loop had not
             # accepted yet, and ones whose first request is still arriving (see _shutdown).
             api.draining = True
+            if not supports_graceful_shutdown(self):  # a uvicorn unlike those it was made for
+                await super().shutdown(sockets)
+                return
             await graceful_shutdown(self, sockets or [])
 
     uv_config = uvicorn.Config(

@@ -35,11 +35,33 @@ import logging
 import socket
 from typing import Any
 
-__all__ = ["graceful_shutdown"]
+__all__ = ["graceful_shutdown", "supports_graceful_shutdown"]
 
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.05
+
+
+# What graceful_shutdown reads of a ``uvicorn.Server`` (uvicorn 0.29 to 0.54 have them all).
+_SERVER_PARTS = ("servers", "server_state", "lifespan", "force_exit", "config")
+_STATE_PARTS = ("connections", "tasks")
+_CONFIG_PARTS = ("http_protocol_class", "timeout_graceful_shutdown", "timeout_keep_alive")
+
+
+def supports_graceful_shutdown(server: Any) -> bool:
+    """Whether ``server`` has the parts used here; if not (a uvicorn whose internals moved),
+    uvicorn's own shutdown runs instead, with its races, rather than none at all."""
+    ok = (
+        all(hasattr(server, a) for a in _SERVER_PARTS)
+        and all(hasattr(server.server_state, a) for a in _STATE_PARTS)
+        and all(hasattr(server.config, a) for a in _CONFIG_PARTS)
+    )
+    if not ok:
+        logger.warning(
+            "This uvicorn lacks what phalanx's graceful stop uses; using uvicorn's own "
+            "(a client may see a connection reset while the server stops)."
+        )
+    return ok
 
 
 async def graceful_shutdown(server: Any, sockets: list[socket.socket]) -> None:
