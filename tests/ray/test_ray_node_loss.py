@@ -177,3 +177,55 @@ def _fit(trainer: DataParallelTrainer) -> Any:
         return trainer.fit()
     except BaseException as exc:  # handed to the test thread
         return exc
+
+
+def test_an_elastic_run_restarts_at_what_the_surviving_nodes_hold(default_checks_cluster, tmp_path):
+    """num_workers=(1, 4) on two nodes of 2 slots; one is killed. Until the GCS declares it dead
+    (~14 s) the killed node looks alive with its 2 slots free once the old group is released:
+    sized by that, the restart tried groups that could never be placed (each waited a probe) and
+    could come back with 1 worker. It must come back at once with the 2 the surviving node holds,
+    all on that node."""
+    cluster = default_checks_cluster
+    keeper = cluster.add_node(num_cpus=1, resources={"eslot": 2})
+    doomed = cluster.add_node(num_cpus=1, resources={"eslot": 2})
+    cluster.wait_for_nodes()
+    watch = Watch()
+    trainer = DataParallelTrainer(
+        rounds_with_checkpoints,
+        train_loop_config={"dir": str(tmp_path)},
+        scaling_config=ScalingConfig(
+            num_workers=(1, 4), resources_per_worker={"CPU": 0.25, "eslot": 1}
+        ),
+        run_config=RunConfig(
+            name="elastic_node_loss",
+            storage_path=str(tmp_path / "runs"),
+            failure_config=FailureConfig(max_failures=1),
+            callbacks=[watch],
+        ),
+    )
+    outcome: queue.Queue = queue.Queue()
+    runner = threading.Thread(target=lambda: outcome.put(_fit(trainer)))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not any(c and k >= 1 for k, c in watch.committed):
+            assert time.monotonic() < deadline and runner.is_alive(), "round 1 was not committed"
+            time.sleep(0.02)
+        cluster.remove_node(doomed, allow_graceful=False)
+        _, exceptions, _ = watch.failed.get(timeout=60)
+    finally:
+        runner.join(120)
+        cluster.remove_node(keeper)
+    result = outcome.get_nowait()
+    assert not isinstance(result, BaseException), result
+    assert result.error is None, result.error
+
+    marks = [json.loads(p.read_text()) for p in tmp_path.glob("start*-rank*.json")]
+    first = [m for m in marks if m["start"] == 0]
+    again = [m for m in marks if m["start"] > 0]
+    assert len(first) == 4 and {m["node"] for m in first} == {keeper.node_id, doomed.node_id}
+    on_doomed = {m["rank"] for m in first if m["node"] == doomed.node_id}
+    assert set(exceptions) == on_doomed, exceptions  # both ranks of the node are named
+    assert sorted(m["rank"] for m in again) == [0, 1], again  # the 2 the keeper holds
+    assert {m["node"] for m in again} == {keeper.node_id}
+    assert [k for k, _ in watch.committed] == list(range(ROUNDS))  # no round lost nor repeated

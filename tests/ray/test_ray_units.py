@@ -10,7 +10,12 @@ import pytest
 
 from phalanx import ConfigError, ScalingConfig
 from phalanx._internal.engines.choose import engine_name, resolve_engine
-from phalanx._internal.engines.ray.placement import actor_options, infeasibility, worker_bundle
+from phalanx._internal.engines.ray.placement import (
+    actor_options,
+    infeasibility,
+    label_options,
+    worker_bundle,
+)
 from phalanx.data._ray_data import RayDataShard, is_ray_dataset
 
 # -- engine choice ----------------------------------------------------------------------------
@@ -131,6 +136,25 @@ def test_bundles_that_fit_in_total_but_not_per_node_are_infeasible():
 
 
 # -- Ray Data ---------------------------------------------------------------------------------
+
+
+def test_a_restart_keeps_off_lost_nodes_unless_the_user_chose_nodes():
+    off = "!in(n1,n2)"
+    plain = label_options(ScalingConfig(num_workers=2), 2, ["n1", "n2"])
+    assert plain == {"bundle_label_selector": [{"ray.io/node-id": off}] * 2}
+    assert label_options(ScalingConfig(num_workers=2), 2) == {}
+    zoned = ScalingConfig(num_workers=2, label_selector={"zone": "a"})
+    assert (
+        label_options(zoned, 2, ["n1", "n2"])["bundle_label_selector"]
+        == [{"zone": "a", "ray.io/node-id": off}] * 2
+    )
+    pinned = ScalingConfig(
+        num_workers=(1, 3), label_selector=[{"ray.io/node-id": "n3"}, {"zone": "b"}, {}]
+    )
+    assert label_options(pinned, 2, ["n1"])["bundle_label_selector"] == [
+        {"ray.io/node-id": "n3"},  # the user's own choice stands
+        {"zone": "b", "ray.io/node-id": "!in(n1)"},
+    ]
 
 
 def test_is_ray_dataset_never_imports_ray(monkeypatch):

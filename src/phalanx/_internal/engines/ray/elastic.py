@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -28,26 +28,47 @@ logger = logging.getLogger(__name__)
 
 PROBE_S = 1.0  # how long a trial group gets to become ready before one worker fewer is tried
 RECHECK_S = 1.0  # how often a wait below min_workers looks at the cluster again
+# ... and for its first seconds: right after a failed group is released, Ray's view of the free
+# resources catches up within a fraction of a second.
+FIRST_RECHECKS_S, FIRST_RECHECK_S = 3.0, 0.2
 
 MakeGroup = Callable[[int], PlacementGroup]
 
 
-def placeable_now(bundle: Mapping[str, float], low: int, high: int) -> int:
-    """An upper bound, clamped to ``high``, of how many bundles the free resources hold."""
-    free = visible_resources(gcs.available_resources())
-    return max(0, min(high, _capacity(bundle, free)))
+def placeable_now(
+    bundle: Mapping[str, float], low: int, high: int, avoid_nodes: Collection[str] = ()
+) -> int:
+    """An upper bound, clamped to ``high``, of how many bundles the free resources hold: node by
+    node (a bundle never spans two), not counting ``avoid_nodes`` (nodes whose actors were just
+    lost: until the GCS declares such a node dead, ~15-30 s with Ray's default health checks, it
+    looks alive). Where Ray does not give the free resources per node, from the cluster's sum."""
+    per_node = gcs.available_per_node()
+    if per_node is None:
+        count = _capacity(bundle, visible_resources(gcs.available_resources()))
+    else:
+        count = sum(
+            _capacity(bundle, visible_resources(free))
+            for node, free in per_node.items()
+            if node not in avoid_nodes
+        )
+    return max(0, min(high, count))
 
 
 def place_elastic(
-    spec: WorkerGroupSpec, bundle: Mapping[str, float], make_group: MakeGroup, log_every_s: float
+    spec: WorkerGroupSpec,
+    bundle: Mapping[str, float],
+    make_group: MakeGroup,
+    log_every_s: float,
+    avoid_nodes: Collection[str] = (),
 ) -> tuple[PlacementGroup, int]:
-    """A ready placement group of n bundles, min_workers <= n <= num_workers, and n."""
+    """A ready placement group of n bundles, min_workers <= n <= num_workers, and n
+    (``make_group`` keeps the bundles off ``avoid_nodes``)."""
     assert spec.min_workers is not None
     low, high = spec.min_workers, spec.num_workers
     started = time.monotonic()
     last_log = started - log_every_s  # the first wait is said at once, then every log_every_s
     while True:
-        placed = _try_sizes(bundle, low, high, make_group)
+        placed = _try_sizes(bundle, low, high, make_group, avoid_nodes)
         if placed is not None:
             group, size = placed
             if size < high:
@@ -77,14 +98,18 @@ def place_elastic(
                 spec.scaling_config.placement_strategy,
                 _fmt(visible_resources(gcs.available_resources())),
             )
-        time.sleep(RECHECK_S)
+        time.sleep(FIRST_RECHECK_S if now - started < FIRST_RECHECKS_S else RECHECK_S)
 
 
 def _try_sizes(
-    bundle: Mapping[str, float], low: int, high: int, make_group: MakeGroup
+    bundle: Mapping[str, float],
+    low: int,
+    high: int,
+    make_group: MakeGroup,
+    avoid_nodes: Collection[str],
 ) -> tuple[PlacementGroup, int] | None:
     """The largest size from the estimate down to ``low`` whose group becomes ready."""
-    for size in range(placeable_now(bundle, low, high), low - 1, -1):
+    for size in range(placeable_now(bundle, low, high, avoid_nodes), low - 1, -1):
         group = make_group(size)
         if ray.wait([group.ready()], timeout=PROBE_S)[0]:
             return group, size

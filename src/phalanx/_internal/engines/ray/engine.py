@@ -54,6 +54,11 @@ ACTOR_CONCURRENCY = 8  # calls, drain, stop, stacks... answered while a training
 WAIT_LOG_EVERY_S = 10.0  # how often a placement that waits for resources says so
 STOP_FLUSH_S = 0.5  # how long a stopping worker gets to send its last output lines
 GONE_TIMEOUT_S = 5.0
+# A node whose actors were lost with it (unreachable) still looks alive, its resources free, until
+# the GCS declares it dead (~30 s with Ray's default health checks): placements keep off it this
+# long, so a restart neither waits on it nor sizes an elastic group by its phantom capacity. A
+# node that was only cut off for a while is used again after.
+AVOID_LOST_NODE_S = 120.0
 
 _RemoteWorker = ray.remote(PhalanxWorker)
 
@@ -104,6 +109,14 @@ class RayEngine(Engine):
     def __init__(self) -> None:
         self._poller: DrainPoller | None = None
         self._attempts: list[_Attempt] = []
+        self._lost_nodes: dict[str, float] = {}  # node id -> when its actors were lost
+
+    def _avoid_nodes(self) -> list[str]:
+        now = time.monotonic()
+        self._lost_nodes = {
+            n: at for n, at in self._lost_nodes.items() if now - at < AVOID_LOST_NODE_S
+        }
+        return sorted(self._lost_nodes)
 
     # -- before anything starts -----------------------------------------------------------------
 
@@ -125,7 +138,8 @@ class RayEngine(Engine):
 
     def free_worker_slots(self, scaling_config: ScalingConfig) -> int:
         try:
-            return placeable_now(worker_bundle(scaling_config), 0, scaling_config.max_workers)
+            bundle, most = worker_bundle(scaling_config), scaling_config.max_workers
+            return placeable_now(bundle, 0, most, self._avoid_nodes())
         except RayClusterUnresponsiveError as exc:  # no growth now; the run itself goes on
             logger.warning("Not resizing the worker group now: %s", exc)
             return 0
@@ -138,13 +152,15 @@ class RayEngine(Engine):
         if self._poller is None:
             self._poller = DrainPoller()
         bundle = worker_bundle(spec.scaling_config)
+        avoid = self._avoid_nodes()
+        if avoid:
+            logger.info("Placing the workers off the node(s) lost last attempt: %s", avoid)
+        make_group = partial(_placement_group, spec, bundle, avoid_nodes=avoid)
         if spec.min_workers is not None:
-            group, size = place_elastic(
-                spec, bundle, partial(_placement_group, spec, bundle), WAIT_LOG_EVERY_S
-            )
+            group, size = place_elastic(spec, bundle, make_group, WAIT_LOG_EVERY_S, avoid)
             spec = replace(spec, num_workers=size)
         else:
-            group = _placement_group(spec, bundle, spec.num_workers)
+            group = make_group(spec.num_workers)
         attempt = _Attempt(group, [])
         self._attempts.append(attempt)
         try:
@@ -243,6 +259,9 @@ class RayEngine(Engine):
 
     def shutdown(self, handles: list[WorkerHandle], grace_s: float) -> None:
         ours = [h for h in handles if isinstance(h, RayWorkerHandle)]
+        for handle in ours:
+            if handle.node_lost and handle.metadata.node_id:
+                self._lost_nodes[handle.metadata.node_id] = time.monotonic()
         alive = [h for h in ours if h.is_alive()]
         for handle in alive:  # the last output lines first, even when the rank is stuck
             try:
@@ -300,12 +319,14 @@ class RayEngine(Engine):
                 handle.actor.preemption_notice.remote(notice)
 
 
-def _placement_group(spec: WorkerGroupSpec, bundle: dict[str, float], size: int) -> PlacementGroup:
+def _placement_group(
+    spec: WorkerGroupSpec, bundle: dict[str, float], size: int, avoid_nodes: list[str]
+) -> PlacementGroup:
     return placement_group(
         [dict(bundle) for _ in range(size)],
         strategy=spec.scaling_config.placement_strategy,
         name=f"phalanx:{spec.run_name}",
-        **label_options(spec.scaling_config, size),
+        **label_options(spec.scaling_config, size, avoid_nodes),
     )
 
 

@@ -78,3 +78,15 @@ def nodes() -> list[dict[str, Any]]:
 def available_resources() -> dict[str, float]:
     """``ray.available_resources()``, bounded."""
     return bounded(ray.available_resources, "ray.available_resources()")
+
+
+def available_per_node() -> dict[str, dict[str, float]] | None:
+    """The free resources of each live node, by node id, bounded; None where this Ray does not
+    say (it is Ray's own private accessor, the one ``ray.available_resources()`` sums)."""
+    try:
+        from ray._private.state import state
+
+        per_node = state.available_resources_per_node
+    except (ImportError, AttributeError):
+        return None
+    return bounded(per_node, "the free resources per node")

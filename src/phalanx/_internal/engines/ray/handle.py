@@ -54,6 +54,10 @@ logger = logging.getLogger(__name__)
 DRAIN_WAIT_S = 1.0  # how long an idle actor holds a drain call before answering "nothing"
 POLL_S = 0.05  # the longest pass: new actors, due retries and unavailability deadlines
 RETRY_S = 0.05  # a drain answered ActorUnavailableError is sent again this much later
+# A drain still unanswered this long after DRAIN_WAIT_S: its actor is not answering. Alone that
+# proves nothing (a call in flight to a killed node can hang without an error); on the node of a
+# worker just lost, it is that node's loss too.
+OVERDUE_S = 1.5
 # ActorUnavailableError is transient: the worker is lost this long after the first one unless
 # the actor answers in between. A bound in time, checked every pass, not in tries nor in answers:
 # a call to an actor on a killed node takes ~2 s to fail (Ray retries the connection), so
@@ -86,6 +90,9 @@ class RayWorkerHandle(WorkerHandle):
         self._output = RankOutput(self, log_dir, attempt)
         self._stopping = False
         self.broken: RemoteCallError | None = None  # set once a message could not be read
+        # Lost with its node (unreachable, or the GCS says the node is dead), not a process
+        # that died alone: the next placement keeps off that node (engine._LostNodes).
+        self.node_lost = False
 
     # -- WorkerHandle ---------------------------------------------------------------------------
 
@@ -216,6 +223,7 @@ class DrainPoller:
         self._lock = threading.Lock()
         self._inflight: dict[Any, RayWorkerHandle] = {}
         self._retry_at: dict[RayWorkerHandle, float] = {}  # -> when to send its drain again
+        self._sent_at: dict[RayWorkerHandle, float] = {}  # -> when its drain in flight was sent
         # -> (first ActorUnavailableError since its last answer, the latest one)
         self._unavailable: dict[RayWorkerHandle, tuple[float, BaseException]] = {}
         self._stopping = threading.Event()
@@ -235,6 +243,13 @@ class DrainPoller:
         ref = handle.actor.drain.remote(DRAIN_WAIT_S)
         with self._lock:
             self._inflight[ref] = handle
+            self._sent_at[handle] = time.monotonic()
+
+    def _silent(self, handle: RayWorkerHandle, now: float) -> bool:
+        """Whether ``handle``'s drain is overdue: a live actor answers within DRAIN_WAIT_S."""
+        with self._lock:
+            sent = self._sent_at.get(handle)
+        return sent is not None and now - sent > DRAIN_WAIT_S + OVERDUE_S
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -296,9 +311,11 @@ class DrainPoller:
 
     def _lose(self, handle: RayWorkerHandle, exc: BaseException) -> None:
         """``handle``'s actor is gone, and with it every worker of its node that was also
-        unavailable since its last answer (all of them if the GCS says the node is dead)."""
+        unavailable since its last answer or whose drain is overdue (all of them if the GCS
+        says the node is dead)."""
         node = handle.metadata.node_id
         node_dead = not handle.stopping and _node_is_dead(node)  # a kill of ours: ask nothing
+        now = time.monotonic()
         mates = [
             h
             for h in dict.fromkeys([*self._followed(), *self._unavailable])
@@ -306,13 +323,17 @@ class DrainPoller:
             and node
             and h.metadata.node_id == node
             and h.death is None
-            and (h in self._unavailable or node_dead)
+            and (h in self._unavailable or node_dead or self._silent(h, now))
         ]
         self._forget(handle)
+        handle.node_lost = not handle.stopping and (
+            node_dead or isinstance(exc, ActorUnavailableError)
+        )
         handle.on_death(handle.describe_death(exc, node_dead))
         for mate in mates:
             why = self._unavailable.get(mate, (0.0, exc))[1]  # its own error: it did not die
             self._forget(mate)
+            mate.node_lost = handle.node_lost
             mate.on_death(mate.describe_death(why, node_dead))
 
     def _forget(self, handle: RayWorkerHandle) -> None:
@@ -320,6 +341,7 @@ class DrainPoller:
         self._unavailable.pop(handle, None)
         self._retry_at.pop(handle, None)
         with self._lock:
+            self._sent_at.pop(handle, None)
             for ref in [r for r, h in self._inflight.items() if h is handle]:
                 del self._inflight[ref]
 

@@ -25,14 +25,28 @@ def worker_bundle(scaling: ScalingConfig) -> dict[str, float]:
     return bundle
 
 
-def label_options(scaling: ScalingConfig, size: int) -> dict[str, object]:
+NODE_ID_LABEL = "ray.io/node-id"  # every Ray node carries it
+
+
+def label_options(
+    scaling: ScalingConfig, size: int, avoid_nodes: Sequence[str] = ()
+) -> dict[str, object]:
     """``placement_group`` options for ``label_selector``: one selector per worker's bundle of a
-    group of ``size`` (elastic: a list's first ``size`` selectors, as Ray Train does)."""
+    group of ``size`` (elastic: a list's first ``size`` selectors, as Ray Train does), each
+    keeping off ``avoid_nodes`` unless the user's selector names nodes itself."""
     selector = scaling.label_selector
-    if selector is None:
+    if selector is None and not avoid_nodes:
         return {}
-    per_worker = selector[:size] if isinstance(selector, list) else [selector] * size
-    return {"bundle_label_selector": [dict(s) for s in per_worker]}
+    if selector is None:
+        per_worker: list[Mapping[str, str]] = [{}] * size
+    else:
+        per_worker = list(selector[:size]) if isinstance(selector, list) else [selector] * size
+    selectors = [dict(s) for s in per_worker]
+    if avoid_nodes:
+        keep_off = f"!in({','.join(avoid_nodes)})"
+        for s in selectors:
+            s.setdefault(NODE_ID_LABEL, keep_off)
+    return {"bundle_label_selector": selectors}
 
 
 def actor_options(bundle: Mapping[str, float]) -> dict[str, object]:
