@@ -165,11 +165,13 @@ def test_workers_are_processes_sharing_one_port(runs):
 
 
 @pytest.mark.slow
-def test_cli_serves_a_torch_run_and_exits_cleanly_on_sigterm(runs, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_cli_serves_a_torch_run_and_exits_cleanly_on_sigterm(runs, tmp_path, workers):
     result = runs("torch")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, *sys.path]))
     command = [sys.executable, "-m", "phalanx", "serve", result.path, "--port", "0"]
     command += ["--model", "serve_models:make_net", "--checkpoint", "latest"]
+    command += ["--workers", str(workers)]
     log = open(tmp_path / "serve.log", "w+")
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -191,8 +193,12 @@ def test_cli_serves_a_torch_run_and_exits_cleanly_on_sigterm(runs, tmp_path):
         want = predictor.predict(rows, dtype=torch.float32)["predictions"]
         np.testing.assert_allclose(np.asarray(got["predictions"]), np.stack(want), rtol=1e-6)
         assert httpx.get(f"{base}/metadata").json()["checkpoint"] == result.checkpoint.path
-        process.send_signal(signal.SIGTERM)
+        servers = psutil.Process(process.pid).children() if workers > 1 else []
+        assert len(servers) == (workers if workers > 1 else 0)
+        process.send_signal(signal.SIGTERM)  # the CLI forwards it to its server processes
         assert process.wait(60) == 0
+        assert not listening(int(base.rsplit(":", 1)[1]))
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in servers)
     finally:
         if process.poll() is None:
             process.kill()
