@@ -15,6 +15,10 @@ Systems:
   phalanx_ray  phalanx's Ray engine on a fake multi-node Ray cluster (``ray.cluster_utils.Cluster``,
                ``--nodes`` nodes whose CPUs are declared, not real: ceil(workers / nodes) + 1 each).
   raytrain     Ray Train 2.60 (V2 DataParallelTrainer) on the same kind of fake cluster.
+  ray_actors   raw baseline, noop only: n bare Ray actors (one method, no framework) in one
+               placement group of n 1-CPU bundles on the same kind of fake cluster, each
+               answering its first call with its first line; killed at the end. The floor of any
+               system that runs each worker in a Ray actor of its own.
 The Ray systems run only at ``--ray-sizes`` (each Ray Train worker is a ~200 MB actor process).
 
 Workloads (scale ones at every size):
@@ -79,8 +83,9 @@ from typing import Any
 from common import MARKER_ENV, has_marker, machine, median, reap_marked, versions
 
 REPO = Path(__file__).resolve().parent.parent
-SYSTEMS = ("phalanx", "phalanx_ray", "raytrain")
-RAY_SYSTEMS = ("phalanx_ray", "raytrain")
+SYSTEMS = ("phalanx", "phalanx_ray", "raytrain", "ray_actors")
+RAY_SYSTEMS = ("phalanx_ray", "raytrain", "ray_actors")
+BASELINE_WORKLOADS = {"ray_actors": ("noop",)}  # a raw baseline runs only what it can stand for
 WORKLOADS = ("noop", "reports", "commit", "retention", "keepall", "b2", "restore",
              "restore_elastic")  # fmt: skip
 RESTORES = ("restore", "restore_elastic")  # a node lost mid-run: Ray systems only
@@ -303,6 +308,41 @@ def _fit(system: str, workload: str, n: int, cfg: dict[str, Any], store: Path) -
     }
 
 
+class _BareActor:
+    """ray_actors: a Ray actor with nothing in it but the first line of a no-op worker."""
+
+    def first(self, out_dir: str, rank: int) -> None:
+        rec = {"t_first": time.time(), "pid": os.getpid(), "rank": rank}
+        _write_json(Path(out_dir) / f"rank{rank}.json", rec)
+
+
+def _fit_ray_actors(n: int, cfg: dict[str, Any]) -> Record:
+    """The raw baseline of a no-op fit() on Ray: n bare actors placed as phalanx and Ray Train
+    place their workers (one 1-CPU bundle each, PACK), each called once, then killed."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    bare = ray.remote(num_cpus=1)(_BareActor)
+    ru0, t_fit = resource.getrusage(resource.RUSAGE_SELF), time.time()
+    group = placement_group([{"CPU": 1} for _ in range(n)], strategy="PACK")
+    actors = [bare.options(scheduling_strategy=PlacementGroupSchedulingStrategy(  # type: ignore[attr-defined]
+        group, placement_group_bundle_index=i)).remote() for i in range(n)]  # fmt: skip
+    ray.get([a.first.remote(cfg["out_dir"], i) for i, a in enumerate(actors)])
+    for actor in actors:
+        ray.kill(actor)
+    remove_placement_group(group)
+    t_end, ru1 = time.time(), resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "t_fit": t_fit,
+        "t_end": t_end,
+        "fit_total_s": t_end - t_fit,
+        "driver_cpu_s": ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime,
+        "driver_maxrss_mb": ru1.ru_maxrss / 1024,
+        "error": None,
+    }
+
+
 def _events_callback(base: type, path: Path) -> Any:
     """A callback (both APIs) appending ``time round has-checkpoint`` per round and ``time -1 0``
     per failed attempt (Ray Train: in its controller actor, on the driver's node)."""
@@ -522,6 +562,8 @@ def run_one(args: argparse.Namespace) -> Record:
         cfg = _workload_cfg(args, system, workload, n, out)
         if workload in RESTORES:
             rec = _fit_restore(system, n, cfg, tmp / "store", cluster)
+        elif system == "ray_actors":
+            rec = _fit_ray_actors(n, cfg)
         else:
             rec = _fit(system, workload, n, cfg, tmp / "store")
         rec["cluster_setup_s"] = setup_s
@@ -756,6 +798,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
                         continue  # B10 compares what a user runs: local phalanx vs Ray Train
                     if workload in RESTORES and system not in RAY_SYSTEMS:
                         continue  # a node loss needs nodes: Ray only
+                    if workload not in BASELINE_WORKLOADS.get(system, WORKLOADS):
+                        continue
                     if system in RAY_SYSTEMS and workload not in at and n not in ray_sizes:
                         continue
                     runs.append((system, workload, n, rep))
@@ -878,7 +922,8 @@ TITLES = {
     "restore_elastic": "Elastic restore at scale: a node lost mid-run, no spare, the group "
     "restarted smaller from the checkpoint",
 }
-RATIOS = (("phalanx", "raytrain"), ("phalanx_ray", "raytrain"))
+RATIOS = (("phalanx", "raytrain"), ("phalanx_ray", "raytrain"), ("phalanx_ray", "ray_actors"),
+          ("raytrain", "ray_actors"))  # fmt: skip
 NO_RATIO = ("checkpoints_left", "capacity_after", "new_world", "failed_attempts")
 
 
@@ -1024,6 +1069,12 @@ def write_report(runs: list[Record], meta: Record, out: Path) -> None:
     lines = _header(meta)
     if ran := {r["workload"] for r in runs} & set(RESTORES):
         lines[-1:-1] = _restore_header(meta["args"], ran)
+    if any(r["system"] == "ray_actors" for r in runs):
+        lines[-1:-1] = [
+            "- ray_actors (raw baseline, same cluster): n bare Ray actors in one placement group "
+            "of n 1-CPU bundles (PACK), each called once (its first line), then killed: what "
+            "starting one Ray worker process per worker costs before any framework runs."
+        ]
     for workload in WORKLOADS:
         lines += _section(runs, workload)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
