@@ -44,11 +44,11 @@ def stand_in_class(ray: Any) -> Any:
         def set_mode(self, mode: str) -> None:
             self.mode = mode
 
-        def drain(self, wait_s: float) -> list[bytes]:
+        def drain(self, wait_s: float, confirmed: int) -> tuple[int, list[bytes]]:
             time.sleep(self.hang_s if self.mode == "once" and self.answered else self.every_s)
             self.answered += 1
-            if self.mode == "ok":
-                return [pickle.dumps(("poll",))]
+            if self.mode == "ok":  # a new message each time: numbered after what was confirmed
+                return confirmed, [pickle.dumps(("poll",))]
             raise ActorUnavailableError("stand-in: the node cannot be reached", None)
 
     return StandIn
@@ -161,3 +161,18 @@ def test_the_unreachable_actors_of_a_node_are_lost_together_and_no_others(poller
     assert when[elsewhere.index] - when[first.index] > 0.3  # its own bound: another node
     assert answering.is_alive()
     assert "node-a" in mate.death and "unreachable" in mate.death
+
+
+def test_the_driver_handles_a_message_sent_twice_once():
+    """An answer that comes again (its first copy was lost on the way, the actor sent it again
+    with a new message) is handled from where the driver left off."""
+    events: queue.Queue = queue.Queue()
+    handle = RayWorkerHandle(0, None, events, None, 0)  # type: ignore[arg-type]
+    poll = pickle.dumps(("poll",))
+    handle.on_answer(0, [poll, poll])
+    handle.on_answer(0, [poll, poll, poll])  # the first two again (their answer was lost), one new
+    assert handle.confirmed == 3
+    got = []
+    while not events.empty():
+        got.append(events.get_nowait())
+    assert got == [(0, Poll())] * 3

@@ -179,3 +179,60 @@ def test_a_shard_adds_to_pandas_and_count_to_ray_s_iterator():
     assert shard.count() == 3
     pd.testing.assert_frame_equal(shard.to_pandas(), pd.DataFrame({"id": [0, 1, 2]}))
     assert shard.schema() == "id: int64"
+
+
+# -- the actor's outbox: messages kept until the driver confirms them -------------------------
+
+
+def _kinds(batch):
+    import pickle
+
+    return [pickle.loads(data)[0] for data in batch]
+
+
+def test_the_outbox_sends_again_what_the_driver_did_not_confirm():
+    """A drain answer lost on the way (a network blip) is not a lost message: the next drain,
+    which says the driver confirmed nothing new, gets the same messages again."""
+    import threading
+
+    from phalanx._internal.engines.ray.actor import MessageBuffer
+
+    buffer = MessageBuffer()
+    buffer.send(("out", "stdout", "a\n"))
+    buffer.send(("poll",))
+    first = buffer.take(0.0, confirmed=0)
+    assert (first[0], _kinds(first[1])) == (0, ["out", "poll"])
+    assert buffer.take(0.0, confirmed=0) == first  # that answer was lost: the same again
+    # The driver handled both; what comes next is numbered after them.
+    sent = threading.Thread(target=buffer.send, args=(("poll",),))
+    sent.start()
+    sent.join(5)
+    base, batch = buffer.take(0.0, confirmed=2)
+    assert (base, _kinds(batch)) == (2, ["poll"])
+
+
+def test_a_report_returns_once_the_driver_confirmed_it_or_the_worker_stops():
+    import threading
+    import time
+
+    from phalanx._internal.engines.ray.actor import MessageBuffer
+
+    buffer = MessageBuffer()
+    done = threading.Event()
+
+    def report():
+        buffer.send(("report", 0, {"loss": 1.0}, None, time.time()))
+        done.set()
+
+    threading.Thread(target=report, daemon=True).start()
+    base, batch = buffer.take(5.0, confirmed=0)  # the drain in flight takes it at once
+    assert (base, _kinds(batch)) == (0, ["report"])
+    assert not done.wait(0.2), "report() returned before the driver confirmed its report"
+    buffer.take(0.0, confirmed=1)  # the next drain: the driver has it
+    assert done.wait(5)
+
+    done.clear()
+    threading.Thread(target=report, daemon=True).start()
+    assert not done.wait(0.2)
+    buffer.close()  # stop(): the driver is tearing the group down, nothing will confirm
+    assert done.wait(5)

@@ -5,9 +5,12 @@ runs:
 
 - ``call(seq, payload)`` only queues; one thread runs the calls in ``seq`` order, as the local
   engine's worker loop does, and queues ``("ret", seq, ok, value)``;
-- everything the worker sends (reports, returns, output lines) is pickled into a buffer at once,
-  so ``report()`` never waits for the driver; the driver keeps one ``drain(wait_s)`` call in
-  flight per actor, which returns as soon as messages exist;
+- everything the worker sends (reports, returns, output lines) is pickled into a buffer at once;
+  the driver keeps one ``drain(wait_s, confirmed)`` call in flight per actor, which returns as
+  soon as messages exist. ``confirmed`` counts the messages the driver has handled: the buffer
+  keeps every message until a later drain confirms it (a reply lost on the way, in a network
+  blip, is sent again), and ``report()`` returns once its report is confirmed, so a rank whose
+  process dies right after ``report()`` (os._exit, SIGKILL, the OOM killer) has lost nothing;
 - file descriptors 1 and 2 go to pipes that a thread reads into ``("out", stream, text)``
   messages, whole lines at once and a partial line (a progress bar, a prompt) after a short idle
   time: the driver prints them with the rank prefix and writes the rank's log file.
@@ -32,13 +35,24 @@ from phalanx._internal.worker.runtime import capture_exception, dumps, run_call,
 _RAY_MARKERS = (":actor_name:", ":task_name:", ":job_id:")
 _STREAMS = ((1, "stdout"), (2, "stderr"))
 IDLE_S = 0.03  # a partial line is sent after this long without more output
+# What waits in ``send`` until the driver has it: a report (with or without a checkpoint part)
+# is what the run loses if the process dies right after report() returned.
+CONFIRMED_KINDS = frozenset({"report"})
 
 
 class MessageBuffer:
-    """The actor's outbox: ``send`` pickles (a snapshot) and appends; ``take`` hands over."""
+    """The actor's outbox: ``send`` pickles (a snapshot) and appends; ``take`` hands over what
+    the driver has not confirmed yet.
+
+    Messages are numbered from 0 in the order sent. ``take(wait_s, confirmed)`` drops the first
+    ``confirmed`` (the driver handled them: it sends the next drain only after handling the
+    answer to the last) and returns the rest with the number of the first. A report waits in
+    ``send`` until it is confirmed (``CONFIRMED_KINDS``), or until the buffer is closed.
+    """
 
     def __init__(self) -> None:
-        self._items: list[bytes] = []
+        self._items: list[bytes] = []  # not confirmed yet, numbered from self._base
+        self._base = 0
         self._cond = threading.Condition()
         self.closed = False
 
@@ -46,14 +60,21 @@ class MessageBuffer:
         data = dumps(message)
         with self._cond:
             self._items.append(data)
-            self._cond.notify()
+            number = self._base + len(self._items)  # confirmed once _base has passed it
+            self._cond.notify_all()
+            if message[0] in CONFIRMED_KINDS:
+                while self._base < number and not self.closed:
+                    self._cond.wait()
 
-    def take(self, wait_s: float) -> list[bytes]:
+    def take(self, wait_s: float, confirmed: int = 0) -> tuple[int, list[bytes]]:
         with self._cond:
+            if confirmed > self._base:
+                del self._items[: confirmed - self._base]
+                self._base = confirmed
+                self._cond.notify_all()  # reports waiting for their confirmation
             if not self._items and not self.closed:
                 self._cond.wait(wait_s)
-            items, self._items = self._items, []
-            return items
+            return self._base, list(self._items)
 
     def close(self) -> None:
         with self._cond:
@@ -244,8 +265,10 @@ class PhalanxWorker:
     def call(self, seq: int, payload: bytes) -> None:
         self._calls.submit(seq, payload)
 
-    def drain(self, wait_s: float) -> list[bytes]:
-        return self._buffer.take(wait_s)
+    def drain(self, wait_s: float, confirmed: int = 0) -> tuple[int, list[bytes]]:
+        """The messages from number ``base`` on (``base``: the answer's first item), once some
+        exist or after ``wait_s``; the driver has handled the first ``confirmed``."""
+        return self._buffer.take(wait_s, confirmed)
 
     def stop(self, flush_timeout_s: float) -> None:
         """Kill every process the training function started, send the output written so far,

@@ -3,8 +3,11 @@
 Each actor always has one ``drain`` call in flight. The poller thread waits on all of them with
 ``ray.wait``; each answer is a batch of messages, handled in order: call returns resolve their
 futures, output lines are printed with the rank prefix (and written to the rank's log file),
-everything else goes to the events queue. Then the next ``drain`` is sent. A ``drain`` that fails
-means the actor is dead: its pending calls fail and ``Exited(-9, cause=why)`` is queued.
+everything else goes to the events queue. Then the next ``drain`` is sent, saying how many
+messages the driver has handled: the actor keeps each message until then (an answer lost on the
+way is sent again; one that comes twice is handled once), and a rank's ``report()`` returns only
+once its report is handled. A ``drain`` that fails means the actor is dead: its pending calls
+fail and ``Exited(-9, cause=why)`` is queued.
 
 ``ActorUnavailableError`` is the exception: Ray cannot reach the actor but does not know it is
 dead (a network blip, or a node that died before the GCS's health checks say so, ~15 s with Ray's
@@ -90,6 +93,7 @@ class RayWorkerHandle(WorkerHandle):
         self._output = RankOutput(self, log_dir, attempt)
         self._stopping = False
         self.broken: RemoteCallError | None = None  # set once a message could not be read
+        self.confirmed = 0  # messages of this actor handled (numbered from 0), told each drain
         # Lost with its node (unreachable, or the GCS says the node is dead), not a process
         # that died alone: the next placement keeps off that node (engine._LostNodes).
         self.node_lost = False
@@ -125,6 +129,12 @@ class RayWorkerHandle(WorkerHandle):
         return self._stopping
 
     # -- called by the poller thread ------------------------------------------------------------
+
+    def on_answer(self, base: int, batch: list[bytes]) -> None:
+        """A drain's answer: messages numbered from ``base``; those handled already are skipped."""
+        fresh = batch[max(0, self.confirmed - base) :]
+        self.confirmed = max(self.confirmed, base + len(batch))
+        self.on_messages(fresh)
 
     def on_messages(self, batch: list[bytes]) -> None:
         for data in batch:
@@ -240,7 +250,7 @@ class DrainPoller:
             self._inflight.clear()
 
     def _submit(self, handle: RayWorkerHandle) -> None:
-        ref = handle.actor.drain.remote(DRAIN_WAIT_S)
+        ref = handle.actor.drain.remote(DRAIN_WAIT_S, handle.confirmed)
         with self._lock:
             self._inflight[ref] = handle
             self._sent_at[handle] = time.monotonic()
@@ -347,7 +357,7 @@ class DrainPoller:
 
     def _answer(self, handle: RayWorkerHandle, ref: Any) -> None:
         try:
-            batch = ray.get(ref)
+            base, batch = ray.get(ref)
         except ActorUnavailableError as exc:  # transient (network, or death not yet confirmed)
             since = self._unavailable.get(handle, (time.monotonic(), exc))[0]
             self._unavailable[handle] = (since, exc)
@@ -363,7 +373,7 @@ class DrainPoller:
             return
         self._unavailable.pop(handle, None)
         try:
-            handle.on_messages(batch)
+            handle.on_answer(base, batch)
         except Exception as exc:  # a lost message would leave its call waiting forever
             logger.exception("Handling worker %d's messages failed", handle.index)
             handle.fail(reader_error(handle.rank, exc))
