@@ -11,7 +11,7 @@ import pandas as pd
 
 import phalanx as train
 from phalanx import DataParallelTrainer, RunConfig, ScalingConfig
-from phalanx.predict import XGBoostPredictor
+from phalanx.predict import TorchPredictor, XGBoostPredictor
 from phalanx.preprocess import Chain, Concatenator, StandardScaler
 
 
@@ -90,6 +90,20 @@ def train_run(framework: str, storage: str):
         scaling_config=ScalingConfig(num_workers=1),
         run_config=run_config,
     ).fit()
+
+
+class StaggeredTorchPredictor(TorchPredictor):
+    """A TorchPredictor that loads 3 s later in every process after the first to load one: a
+    server worker slower to load than its sibling. The first creates the file named by
+    ``PHALANX_TEST_STAGGER_MARKER``."""
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint, **kwargs):
+        try:
+            os.close(os.open(os.environ["PHALANX_TEST_STAGGER_MARKER"], os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            time.sleep(3.0)
+        return super().from_checkpoint(checkpoint, **kwargs)
 
 
 class GatedXGBoostPredictor(XGBoostPredictor):

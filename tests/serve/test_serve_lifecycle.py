@@ -183,7 +183,9 @@ def test_cli_serves_a_torch_run_and_exits_cleanly_on_sigterm(runs, tmp_path, wor
             return found.group(1) if found else None
 
         base = wait_for(url, 60, "the server's address")
-        wait_for(lambda: httpx.get(f"{base}/readyz").status_code == 200, 60, "readiness")
+        wait_for(
+            lambda: httpx.get(f"{base}/readyz", timeout=60).status_code == 200, 60, "readiness"
+        )
         rows = raw_frame(5, seed=9).drop(columns=["y"])
         got = httpx.post(f"{base}/predict", json={"columns": rows.to_dict("list")}).json()
         import torch
@@ -199,6 +201,57 @@ def test_cli_serves_a_torch_run_and_exits_cleanly_on_sigterm(runs, tmp_path, wor
         assert process.wait(60) == 0
         assert not listening(int(base.rsplit(":", 1)[1]))
         assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in servers)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+@pytest.mark.slow
+def test_with_workers_no_request_meets_a_model_still_loading(runs, tmp_path):
+    # Two server processes share the listener; the second loads its model 3 s after the first.
+    # Once the server says it is ready, every request is answered by a loaded model: a worker
+    # accepts connections only after its model is loaded (before, the slow one took its share
+    # of them and answered 503 "still loading" while /readyz, answered by its sibling, said 200).
+    result = runs("torch")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([HERE, *sys.path]),
+        PHALANX_TEST_STAGGER_MARKER=str(tmp_path / "first_loaded"),
+    )
+    command = [sys.executable, "-m", "phalanx", "serve", result.path, "--port", "0"]
+    command += ["--model", "serve_models:make_net", "--checkpoint", "latest", "--workers", "2"]
+    command += ["--predictor", "serve_models:StaggeredTorchPredictor"]
+    log = open(tmp_path / "serve.log", "w+")
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+
+        def url() -> str | None:
+            log.seek(0)
+            found = re.search(r"Serving on (http://127\.0\.0\.1:\d+)", log.read())
+            assert process.poll() is None, log.read()
+            return found.group(1) if found else None
+
+        base = wait_for(url, 60, "the server's address")
+        wait_for(
+            lambda: httpx.get(f"{base}/readyz", timeout=60).status_code == 200, 60, "readiness"
+        )
+        rows = raw_frame(3, seed=4).drop(columns=["y"])
+        body = {"columns": rows.to_dict("list")}
+        servers = {p.pid for p in psutil.Process(process.pid).children()}
+        assert len(servers) == 2
+        answered_by, started = set(), time.monotonic()
+        # New connections (no keep-alive) through the 3 s the slow worker loads and until it has
+        # answered too: the kernel spreads them over every process that accepts.
+        while time.monotonic() - started < 3.5 or answered_by != servers:
+            assert time.monotonic() - started < 60, f"only {answered_by} of {servers} answered"
+            response = httpx.post(f"{base}/predict", json=body, headers={"connection": "close"})
+            assert response.status_code == 200, response.text
+            assert len(response.json()["predictions"]) == 3
+            answered_by.add(httpx.get(f"{base}/metadata").json()["pid"])
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
     finally:
         if process.poll() is None:
             process.kill()

@@ -38,9 +38,6 @@ class ServeAPI:
         self.model: ServedModel | None = None
         self.load_error: BaseException | None = None
         self.draining = False
-        #: called with True once the model is loaded, False if loading failed (worker processes
-        #: tell their parent through it)
-        self.on_loaded: Callable[[bool], None] | None = None
         self._batcher: Batcher | None = None
         self._routes: dict[str, tuple[str, Callable[[Request], Awaitable[Response]]]] = {
             "/predict": ("POST", self.predict),
@@ -215,5 +212,3 @@ def _load_logged(api: ServeAPI) -> None:
         api.load()
     except BaseException:
         logger.exception("Could not load the model for serving")
-    if api.on_loaded is not None:
-        api.on_loaded(api.model is not None)

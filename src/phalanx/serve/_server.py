@@ -160,7 +160,10 @@ def _bind(config: ServeConfig) -> socket.socket:
     return sock
 
 
-def uvicorn_server(spec: ModelSpec, config: ServeConfig) -> Any:
+def uvicorn_server(spec: ModelSpec, config: ServeConfig, load_in_background: bool = True) -> Any:
+    """A uvicorn server for ``spec``; ``server.api`` is its :class:`ServeAPI`. With
+    ``load_in_background`` the model loads once the server runs (``/healthz`` answers meanwhile,
+    ``/readyz`` says when); without it the caller loads it (``server.api.load()``) first."""
     from phalanx._internal.optional import require
 
     require("uvicorn", "phalanx serve")  # a clear error naming phalanx[serve] if missing
@@ -187,7 +190,7 @@ def uvicorn_server(spec: ModelSpec, config: ServeConfig) -> Any:
             await graceful_shutdown(self, sockets or [])
 
     uv_config = uvicorn.Config(
-        build_app(api),
+        build_app(api, load_in_background),
         log_level="warning",
         access_log=False,
         lifespan="on",
