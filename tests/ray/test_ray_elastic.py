@@ -208,3 +208,104 @@ def test_a_healthy_group_grows_when_capacity_frees_without_using_the_failure_bud
     assert list(per_step["size"]) == [2, 2, 3, 3]  # grown from the round-1 checkpoint
     assert list(per_step["attempt"]) == [0, 0, 1, 1]
     assert committed(storage) == [f"checkpoint_{i:06d}" for i in range(4)]
+
+
+def shard_loop(config):
+    """Every round, each rank reads its shard of both datasets whole and reports the rows it got;
+    rank 0 checkpoints the round. Attempt 0 holds after round ``hold_after``."""
+    ctx = train.get_context()
+    start = 0
+    checkpoint = train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
+            start = json.load(f)["round"] + 1
+    for step in range(start, config["rounds"]):
+        native = [row["i"] for row in train.get_dataset_shard("native").iter_rows()]
+        on_ray = [row["id"] for row in train.get_dataset_shard("on_ray").iter_rows()]
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "state.json"), "w") as f:
+                json.dump({"round": step}, f)
+            train.report(
+                {
+                    "step": step,
+                    "world_size": ctx.get_world_size(),
+                    "try": ctx.get_attempt(),
+                    "native": native,
+                    "on_ray": on_ray,
+                },
+                checkpoint=Checkpoint.from_directory(d) if ctx.get_world_rank() == 0 else None,
+            )
+        if ctx.get_attempt() == 0 and step == config["hold_after"]:
+            while True:
+                time.sleep(0.1)
+
+
+@pytest.mark.timeout(300)
+def test_a_node_added_mid_run_grows_the_group_and_the_shards_are_split_again(cluster, storage):
+    import ray
+
+    from phalanx.data import from_items
+
+    ray_cluster, _ = cluster
+    first = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
+    ray_cluster.wait_for_nodes()
+    rows = 24  # splits evenly into 2 and 4: no row is left out by the equal split
+    added = None
+    try:
+        # max_failures=0: growing must not use the failure budget.
+        trainer = DataParallelTrainer(
+            shard_loop,
+            train_loop_config={"rounds": 4, "hold_after": 1},
+            scaling_config=ScalingConfig(
+                num_workers=(2, 4),
+                resources_per_worker=ELASTIC,
+                elastic_resize_monitor_interval_s=1,
+            ),
+            datasets={
+                "native": from_items([{"i": i} for i in range(rows)]),
+                "on_ray": ray.data.range(rows),
+            },
+            run_config=RunConfig(
+                name="elastic", storage_path=storage, failure_config=FailureConfig(max_failures=0)
+            ),
+        )
+        outcome: queue.Queue = queue.Queue()
+        runner = threading.Thread(target=lambda: outcome.put(_fit_or_error(trainer)))
+        runner.start()
+        wait_for(lambda: len(committed(storage)) == 2, 120, "attempt 0's two checkpoints")
+        added = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
+        runner.join(180)
+        assert not runner.is_alive()
+        result = outcome.get_nowait()
+    finally:
+        for node in (first, added):
+            if node is not None:
+                ray_cluster.remove_node(node)
+    assert not isinstance(result, BaseException), result
+
+    frame = result.all_ranks_metrics_dataframe
+    per_step = frame.groupby("step").agg(
+        ranks=("rank", lambda r: sorted(r)), size=("world_size", "max"), attempt=("try", "max")
+    )
+    # Two workers fit at the start; the added node's two joined at the next attempt, which
+    # resumed after the round-1 checkpoint: one row per rank of the size that ran each round.
+    assert list(per_step["size"]) == [2, 2, 4, 4]
+    assert list(per_step["attempt"]) == [0, 0, 1, 1]
+    assert list(per_step["ranks"]) == [[0, 1], [0, 1], [0, 1, 2, 3], [0, 1, 2, 3]]
+    # Each round, both datasets were split for the size that ran it: every row on exactly one
+    # rank, each rank rows / size of them.
+    for step, group in frame.groupby("step"):
+        size = int(group["world_size"].max())
+        for name in ("native", "on_ray"):
+            shards = list(group[name])
+            assert all(len(shard) == rows // size for shard in shards), (step, name, shards)
+            assert sorted(i for shard in shards for i in shard) == list(range(rows)), (step, name)
+    assert committed(storage) == [f"checkpoint_{i:06d}" for i in range(4)]
+    assert result.metrics["world_size"] == 4 and result.metrics["step"] == 3
+
+
+def _fit_or_error(trainer):
+    try:
+        return trainer.fit()
+    except BaseException as exc:
+        return exc

@@ -18,6 +18,11 @@ from phalanx._internal.engines.ray.placement import (
 )
 from phalanx.data._ray_data import RayDataShard, is_ray_dataset
 
+try:  # here, not in a test: importing Ray sets RAY_CLIENT_MODE, and a test must leave the env
+    from phalanx._internal.engines.ray import elastic
+except ImportError:  # Ray is not installed
+    elastic = None  # type: ignore[assignment]
+
 # -- engine choice ----------------------------------------------------------------------------
 
 
@@ -236,3 +241,31 @@ def test_a_report_returns_once_the_driver_confirmed_it_or_the_worker_stops():
     assert not done.wait(0.2)
     buffer.close()  # stop(): the driver is tearing the group down, nothing will confirm
     assert done.wait(5)
+
+
+def test_a_released_group_counts_as_free_until_ray_s_view_shows_it(monkeypatch):
+    if elastic is None:
+        pytest.skip("needs ray")
+    # Node a held 2 of the group's bundles, node b 1; a had 1 slot free before the removal.
+    released = elastic.Released(
+        at=elastic.time.monotonic(),
+        free_before={"a": {"slot": 1.0}, "b": {"slot": 0.0}},
+        freed={"a": {"slot": 2.0}, "b": {"slot": 1.0}},
+    )
+    stale = {"a": {"slot": 1.0}, "b": {"slot": 0.0}, "c": {"slot": 2.0}}  # as before the removal
+    caught_up = {"a": {"slot": 3.0}, "b": {"slot": 1.0}, "c": {"slot": 2.0}}
+    taken_by_another_job = {"a": {"slot": 3.0}, "b": {"slot": 1.0}, "c": {"slot": 0.0}}
+    bundle = {"slot": 1.0}
+    for view, want in ((stale, 6), (caught_up, 6), (taken_by_another_job, 4)):
+        monkeypatch.setattr(elastic.gcs, "available_per_node", lambda view=view: view)
+        assert elastic.placeable_now(bundle, 1, 10, (), released) == want
+        assert elastic.placeable_now(bundle, 1, 5, (), released) == min(want, 5)
+    monkeypatch.setattr(elastic.gcs, "available_per_node", lambda: stale)
+    assert elastic.placeable_now(bundle, 1, 10, ("a",), released) == 3  # a lost node: no credit
+    assert elastic.placeable_now(bundle, 1, 10) == 3  # no group released: Ray's view as it is
+    expired = elastic.Released(
+        elastic.time.monotonic() - elastic.RELEASE_CREDIT_S - 1,
+        released.free_before,
+        released.freed,
+    )
+    assert elastic.placeable_now(bundle, 1, 10, (), expired) == 3

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -34,20 +35,83 @@ FIRST_RECHECKS_S, FIRST_RECHECK_S = 3.0, 0.2
 
 MakeGroup = Callable[[int], PlacementGroup]
 
+# How long a removed group's resources are counted as free where Ray's view does not show them
+# yet. Here they show ~0.1 s after the removal; a busy cluster takes longer.
+RELEASE_CREDIT_S = 10.0
+RELEASE_QUERY_S = 5.0  # the bound on reading a group before its removal (a teardown waits on it)
+
+
+@dataclass(frozen=True)
+class Released:
+    """A placement group this driver removed: what it held on each node, and each node's free
+    resources just before. Ray's view of the free resources shows them free again only some time
+    after the removal, and a size estimated in between (the next attempt's, started at once)
+    would not count them: a group restarted to grow came back at its old size, again and again.
+    Until the view catches up, a node counts as ``free_before + freed``."""
+
+    at: float
+    free_before: Mapping[str, Mapping[str, float]]
+    freed: Mapping[str, Mapping[str, float]]
+
+    @classmethod
+    def of(cls, group: PlacementGroup, bundle: Mapping[str, float]) -> Released | None:
+        """Read before ``group`` is removed; None where the GCS does not say (a group never
+        placed holds nothing)."""
+        from ray.util import placement_group_table
+
+        try:
+            where = gcs.bounded(
+                lambda: placement_group_table(group).get("bundles_to_node_id") or {},
+                "placement_group_table()",
+                timeout_s=RELEASE_QUERY_S,
+            )
+            if not where:
+                return None
+            before = gcs.available_per_node(RELEASE_QUERY_S)
+        except Exception:  # no credit: the next estimate may then be low, never wrong
+            logger.debug("Reading the group to be released failed", exc_info=True)
+            return None
+        if before is None:
+            return None
+        freed: dict[str, dict[str, float]] = {}
+        for node in where.values():
+            held = freed.setdefault(node, {})
+            for key, amount in bundle.items():
+                held[key] = held.get(key, 0.0) + amount
+        return cls(time.monotonic(), before, freed)
+
+    def free(self, node: str, now_free: Mapping[str, float]) -> Mapping[str, float]:
+        """``node``'s free resources, counting what this group held there if Ray's view does not
+        show it yet."""
+        freed = self.freed.get(node)
+        if freed is None or time.monotonic() - self.at > RELEASE_CREDIT_S:
+            return now_free
+        before = self.free_before.get(node, {})
+        credited = dict(now_free)
+        for key, amount in freed.items():
+            credited[key] = max(now_free.get(key, 0.0), before.get(key, 0.0) + amount)
+        return credited
+
 
 def placeable_now(
-    bundle: Mapping[str, float], low: int, high: int, avoid_nodes: Collection[str] = ()
+    bundle: Mapping[str, float],
+    low: int,
+    high: int,
+    avoid_nodes: Collection[str] = (),
+    released: Released | None = None,
 ) -> int:
     """An upper bound, clamped to ``high``, of how many bundles the free resources hold: node by
     node (a bundle never spans two), not counting ``avoid_nodes`` (nodes whose actors were just
     lost: until the GCS declares such a node dead, ~15-30 s with Ray's default health checks, it
-    looks alive). Where Ray does not give the free resources per node, from the cluster's sum."""
+    looks alive), counting what ``released`` (a group this driver just removed) held where Ray's
+    view does not show it free yet. Where Ray does not give the free resources per node, from the
+    cluster's sum."""
     per_node = gcs.available_per_node()
     if per_node is None:
         count = _capacity(bundle, visible_resources(gcs.available_resources()))
     else:
         count = sum(
-            _capacity(bundle, visible_resources(free))
+            _capacity(bundle, visible_resources(released.free(node, free) if released else free))
             for node, free in per_node.items()
             if node not in avoid_nodes
         )
@@ -60,15 +124,16 @@ def place_elastic(
     make_group: MakeGroup,
     log_every_s: float,
     avoid_nodes: Collection[str] = (),
+    released: Released | None = None,
 ) -> tuple[PlacementGroup, int]:
     """A ready placement group of n bundles, min_workers <= n <= num_workers, and n
-    (``make_group`` keeps the bundles off ``avoid_nodes``)."""
+    (``make_group`` keeps the bundles off ``avoid_nodes``; ``released``: see :class:`Released`)."""
     assert spec.min_workers is not None
     low, high = spec.min_workers, spec.num_workers
     started = time.monotonic()
     last_log = started - log_every_s  # the first wait is said at once, then every log_every_s
     while True:
-        placed = _try_sizes(bundle, low, high, make_group, avoid_nodes)
+        placed = _try_sizes(bundle, low, high, make_group, avoid_nodes, released)
         if placed is not None:
             group, size = placed
             if size < high:
@@ -107,9 +172,10 @@ def _try_sizes(
     high: int,
     make_group: MakeGroup,
     avoid_nodes: Collection[str],
+    released: Released | None = None,
 ) -> tuple[PlacementGroup, int] | None:
     """The largest size from the estimate down to ``low`` whose group becomes ready."""
-    for size in range(placeable_now(bundle, low, high, avoid_nodes), low - 1, -1):
+    for size in range(placeable_now(bundle, low, high, avoid_nodes, released), low - 1, -1):
         group = make_group(size)
         if ray.wait([group.ready()], timeout=PROBE_S)[0]:
             return group, size

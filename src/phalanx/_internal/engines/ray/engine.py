@@ -29,7 +29,7 @@ from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle
 from phalanx._internal.engines.messages import Events
 from phalanx._internal.engines.ray import gcs
 from phalanx._internal.engines.ray.actor import PhalanxWorker
-from phalanx._internal.engines.ray.elastic import place_elastic, placeable_now
+from phalanx._internal.engines.ray.elastic import Released, place_elastic, placeable_now
 from phalanx._internal.engines.ray.handle import DrainPoller, RayWorkerHandle
 from phalanx._internal.engines.ray.placement import (
     _fmt,
@@ -71,10 +71,12 @@ START_HINT = (
 
 @dataclass
 class _Attempt:
-    """One launch: its placement group and its actors."""
+    """One launch: its placement group and its actors; ``elastic_bundle``: each worker's bundle,
+    where the group was sized elastically (the next attempt counts it free once released)."""
 
     group: PlacementGroup
     handles: list[RayWorkerHandle]
+    elastic_bundle: dict[str, float] | None = None
 
 
 def ensure_ray() -> None:
@@ -110,6 +112,7 @@ class RayEngine(Engine):
         self._poller: DrainPoller | None = None
         self._attempts: list[_Attempt] = []
         self._lost_nodes: dict[str, float] = {}  # node id -> when its actors were lost
+        self._released: Released | None = None  # the last elastic group this engine removed
 
     def _avoid_nodes(self) -> list[str]:
         now = time.monotonic()
@@ -156,12 +159,15 @@ class RayEngine(Engine):
         if avoid:
             logger.info("Placing the workers off the node(s) lost last attempt: %s", avoid)
         make_group = partial(_placement_group, spec, bundle, avoid_nodes=avoid)
-        if spec.min_workers is not None:
-            group, size = place_elastic(spec, bundle, make_group, WAIT_LOG_EVERY_S, avoid)
+        elastic = spec.min_workers is not None
+        if elastic:
+            group, size = place_elastic(
+                spec, bundle, make_group, WAIT_LOG_EVERY_S, avoid, self._released
+            )
             spec = replace(spec, num_workers=size)
         else:
             group = make_group(spec.num_workers)
-        attempt = _Attempt(group, [])
+        attempt = _Attempt(group, [], bundle if elastic else None)
         self._attempts.append(attempt)
         try:
             # The actors and their hellos go out before the group is placed: Ray queues them
@@ -284,6 +290,8 @@ class RayEngine(Engine):
         for handle in attempt.handles:
             if handle.is_alive():
                 handle.kill()
+        if attempt.elastic_bundle is not None:
+            self._released = Released.of(attempt.group, attempt.elastic_bundle)
         try:
             remove_placement_group(attempt.group)
         except Exception:

@@ -80,13 +80,14 @@ def available_resources() -> dict[str, float]:
     return bounded(ray.available_resources, "ray.available_resources()")
 
 
-def available_per_node() -> dict[str, dict[str, float]] | None:
-    """The free resources of each live node, by node id, bounded; None where this Ray does not
-    say (it is Ray's own private accessor, the one ``ray.available_resources()`` sums)."""
+def available_per_node(timeout_s: float | None = None) -> dict[str, dict[str, float]] | None:
+    """The free resources of each live node, by node id, bounded (``timeout_s``, or
+    ``PHALANX_RAY_GCS_TIMEOUT_S``); None where this Ray does not say (it is Ray's own private
+    accessor, the one ``ray.available_resources()`` sums)."""
     try:
         from ray._private.state import state
 
         per_node = state.available_resources_per_node
     except (ImportError, AttributeError):
         return None
-    return bounded(per_node, "the free resources per node")
+    return bounded(per_node, "the free resources per node", timeout_s)
