@@ -243,7 +243,7 @@ def test_a_report_returns_once_the_driver_confirmed_it_or_the_worker_stops():
     assert done.wait(5)
 
 
-def test_a_released_group_counts_as_free_until_ray_s_view_shows_it(monkeypatch):
+def test_the_next_placement_waits_until_ray_s_view_shows_a_removed_group_free(monkeypatch):
     if elastic is None:
         pytest.skip("needs ray")
     # Node a held 2 of the group's bundles, node b 1; a had 1 slot free before the removal.
@@ -253,19 +253,25 @@ def test_a_released_group_counts_as_free_until_ray_s_view_shows_it(monkeypatch):
         freed={"a": {"slot": 2.0}, "b": {"slot": 1.0}},
     )
     stale = {"a": {"slot": 1.0}, "b": {"slot": 0.0}, "c": {"slot": 2.0}}  # as before the removal
+    half = {"a": {"slot": 3.0}, "b": {"slot": 0.0}, "c": {"slot": 2.0}}
     caught_up = {"a": {"slot": 3.0}, "b": {"slot": 1.0}, "c": {"slot": 2.0}}
-    taken_by_another_job = {"a": {"slot": 3.0}, "b": {"slot": 1.0}, "c": {"slot": 0.0}}
-    bundle = {"slot": 1.0}
-    for view, want in ((stale, 6), (caught_up, 6), (taken_by_another_job, 4)):
-        monkeypatch.setattr(elastic.gcs, "available_per_node", lambda view=view: view)
-        assert elastic.placeable_now(bundle, 1, 10, (), released) == want
-        assert elastic.placeable_now(bundle, 1, 5, (), released) == min(want, 5)
-    monkeypatch.setattr(elastic.gcs, "available_per_node", lambda: stale)
-    assert elastic.placeable_now(bundle, 1, 10, ("a",), released) == 3  # a lost node: no credit
-    assert elastic.placeable_now(bundle, 1, 10) == 3  # no group released: Ray's view as it is
-    expired = elastic.Released(
-        elastic.time.monotonic() - elastic.RELEASE_CREDIT_S - 1,
-        released.free_before,
-        released.freed,
+    assert not released.shown(stale, ()) and not released.shown(half, ())
+    assert released.shown(caught_up, ())
+    assert released.shown(half, ("b",))  # a lost node's part is not waited for
+    assert released.shown({"a": {"slot": 3.0}}, ())  # nor the part of a node that left
+
+    views = iter([stale, stale, half, caught_up])
+    monkeypatch.setattr(elastic.gcs, "available_per_node", lambda: next(views))
+    released.wait_shown(())
+    assert next(views, None) is None  # it asked until the view showed all of it, no longer
+
+    monkeypatch.setattr(elastic.gcs, "available_per_node", lambda: stale)  # another job took it
+    started = elastic.time.monotonic()
+    released.wait_shown((), timeout_s=0.3)
+    assert 0.3 <= elastic.time.monotonic() - started < 2
+    old = elastic.Released(
+        elastic.time.monotonic() - elastic.RELEASE_FRESH_S, released.free_before, released.freed
     )
-    assert elastic.placeable_now(bundle, 1, 10, (), expired) == 3
+    started = elastic.time.monotonic()
+    old.wait_shown(())  # long since removed: nothing to wait for
+    assert elastic.time.monotonic() - started < 0.1

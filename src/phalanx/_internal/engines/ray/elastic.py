@@ -35,9 +35,11 @@ FIRST_RECHECKS_S, FIRST_RECHECK_S = 3.0, 0.2
 
 MakeGroup = Callable[[int], PlacementGroup]
 
-# How long a removed group's resources are counted as free where Ray's view does not show them
-# yet. Here they show ~0.1 s after the removal; a busy cluster takes longer.
-RELEASE_CREDIT_S = 10.0
+# How long the next placement waits for Ray's view to show a removed group's resources free
+# again (here ~0.1 s after the removal; a busy cluster takes longer), and how long after the
+# removal that is still worth waiting for.
+RELEASE_WAIT_S = 5.0
+RELEASE_FRESH_S = 10.0
 RELEASE_QUERY_S = 5.0  # the bound on reading a group before its removal (a teardown waits on it)
 
 
@@ -45,9 +47,9 @@ RELEASE_QUERY_S = 5.0  # the bound on reading a group before its removal (a tear
 class Released:
     """A placement group this driver removed: what it held on each node, and each node's free
     resources just before. Ray's view of the free resources shows them free again only some time
-    after the removal, and a size estimated in between (the next attempt's, started at once)
-    would not count them: a group restarted to grow came back at its old size, again and again.
-    Until the view catches up, a node counts as ``free_before + freed``."""
+    after the removal. A size estimated in between (the next attempt's, started at once) did not
+    count them: a group restarted to grow came back at its old size, again and again; and a
+    group asked for while the removal was still on its way was not placed within the probe."""
 
     at: float
     free_before: Mapping[str, Mapping[str, float]]
@@ -68,7 +70,7 @@ class Released:
             if not where:
                 return None
             before = gcs.available_per_node(RELEASE_QUERY_S)
-        except Exception:  # no credit: the next estimate may then be low, never wrong
+        except Exception:  # then the next placement does not wait: its size may be low
             logger.debug("Reading the group to be released failed", exc_info=True)
             return None
         if before is None:
@@ -80,17 +82,26 @@ class Released:
                 held[key] = held.get(key, 0.0) + amount
         return cls(time.monotonic(), before, freed)
 
-    def free(self, node: str, now_free: Mapping[str, float]) -> Mapping[str, float]:
-        """``node``'s free resources, counting what this group held there if Ray's view does not
-        show it yet."""
-        freed = self.freed.get(node)
-        if freed is None or time.monotonic() - self.at > RELEASE_CREDIT_S:
-            return now_free
-        before = self.free_before.get(node, {})
-        credited = dict(now_free)
-        for key, amount in freed.items():
-            credited[key] = max(now_free.get(key, 0.0), before.get(key, 0.0) + amount)
-        return credited
+    def shown(self, per_node: Mapping[str, Mapping[str, float]], avoid: Collection[str]) -> bool:
+        """Whether ``per_node`` (Ray's view) shows every node's part free again; lost nodes and
+        nodes that left do not count."""
+        for node, freed in self.freed.items():
+            if node in avoid or node not in per_node:
+                continue
+            before, now = self.free_before.get(node, {}), per_node[node]
+            if any(now.get(k, 0.0) < before.get(k, 0.0) + v - 1e-6 for k, v in freed.items()):
+                return False
+        return True
+
+    def wait_shown(self, avoid: Collection[str], timeout_s: float = RELEASE_WAIT_S) -> None:
+        """Return once Ray's view shows this group's resources free again, after ``timeout_s``
+        (another job may have taken them), or at once if the removal is old news."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() - self.at < RELEASE_FRESH_S:
+            per_node = gcs.available_per_node()
+            if per_node is None or self.shown(per_node, avoid) or time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
 
 def placeable_now(
@@ -98,20 +109,17 @@ def placeable_now(
     low: int,
     high: int,
     avoid_nodes: Collection[str] = (),
-    released: Released | None = None,
 ) -> int:
     """An upper bound, clamped to ``high``, of how many bundles the free resources hold: node by
     node (a bundle never spans two), not counting ``avoid_nodes`` (nodes whose actors were just
     lost: until the GCS declares such a node dead, ~15-30 s with Ray's default health checks, it
-    looks alive), counting what ``released`` (a group this driver just removed) held where Ray's
-    view does not show it free yet. Where Ray does not give the free resources per node, from the
-    cluster's sum."""
+    looks alive). Where Ray does not give the free resources per node, from the cluster's sum."""
     per_node = gcs.available_per_node()
     if per_node is None:
         count = _capacity(bundle, visible_resources(gcs.available_resources()))
     else:
         count = sum(
-            _capacity(bundle, visible_resources(released.free(node, free) if released else free))
+            _capacity(bundle, visible_resources(free))
             for node, free in per_node.items()
             if node not in avoid_nodes
         )
@@ -130,10 +138,12 @@ def place_elastic(
     (``make_group`` keeps the bundles off ``avoid_nodes``; ``released``: see :class:`Released`)."""
     assert spec.min_workers is not None
     low, high = spec.min_workers, spec.num_workers
+    if released is not None:
+        released.wait_shown(avoid_nodes)
     started = time.monotonic()
     last_log = started - log_every_s  # the first wait is said at once, then every log_every_s
     while True:
-        placed = _try_sizes(bundle, low, high, make_group, avoid_nodes, released)
+        placed = _try_sizes(bundle, low, high, make_group, avoid_nodes)
         if placed is not None:
             group, size = placed
             if size < high:
@@ -172,10 +182,9 @@ def _try_sizes(
     high: int,
     make_group: MakeGroup,
     avoid_nodes: Collection[str],
-    released: Released | None = None,
 ) -> tuple[PlacementGroup, int] | None:
     """The largest size from the estimate down to ``low`` whose group becomes ready."""
-    for size in range(placeable_now(bundle, low, high, avoid_nodes, released), low - 1, -1):
+    for size in range(placeable_now(bundle, low, high, avoid_nodes), low - 1, -1):
         group = make_group(size)
         if ray.wait([group.ready()], timeout=PROBE_S)[0]:
             return group, size
