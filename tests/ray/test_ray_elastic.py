@@ -33,7 +33,8 @@ ELASTIC = {"elastic": 1}
 
 
 def elastic_loop(config):
-    """Rounds from the checkpoint on; every rank reports the world size it sees. Attempt 0 stops
+    """Rounds from the checkpoint on; every rank reports the world size it sees and, for each
+    dataset named in ``config["shards"]`` (name -> column), the rows of its shard. Attempt 0 stops
     after round ``hold_after`` and waits to be torn down (a node is removed under it)."""
     ctx = train.get_context()
     start = 0
@@ -42,11 +43,20 @@ def elastic_loop(config):
         with checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
             start = json.load(f)["round"] + 1
     for step in range(start, config["rounds"]):
+        shards = {
+            name: [row[column] for row in train.get_dataset_shard(name).iter_rows()]
+            for name, column in config.get("shards", {}).items()
+        }
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "state.json"), "w") as f:
                 json.dump({"round": step}, f)
             train.report(
-                {"step": step, "world_size": ctx.get_world_size(), "try": ctx.get_attempt()},
+                {
+                    "step": step,
+                    "world_size": ctx.get_world_size(),
+                    "try": ctx.get_attempt(),
+                    **shards,
+                },
                 checkpoint=Checkpoint.from_directory(d) if ctx.get_world_rank() == 0 else None,
             )
         if ctx.get_attempt() == 0 and step == config["hold_after"]:
@@ -54,13 +64,14 @@ def elastic_loop(config):
                 time.sleep(0.1)
 
 
-def start_fit(scaling, storage, config, max_failures=1):
+def start_fit(scaling, storage, config, max_failures=1, datasets=None):
     """fit() in a thread; the queue gets its Result or its exception."""
     outcome: queue.Queue = queue.Queue()
     trainer = DataParallelTrainer(
         elastic_loop,
         train_loop_config=config,
         scaling_config=scaling,
+        datasets=datasets,
         run_config=RunConfig(
             name="elastic",
             storage_path=storage,
@@ -210,36 +221,6 @@ def test_a_healthy_group_grows_when_capacity_frees_without_using_the_failure_bud
     assert committed(storage) == [f"checkpoint_{i:06d}" for i in range(4)]
 
 
-def shard_loop(config):
-    """Every round, each rank reads its shard of both datasets whole and reports the rows it got;
-    rank 0 checkpoints the round. Attempt 0 holds after round ``hold_after``."""
-    ctx = train.get_context()
-    start = 0
-    checkpoint = train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
-            start = json.load(f)["round"] + 1
-    for step in range(start, config["rounds"]):
-        native = [row["i"] for row in train.get_dataset_shard("native").iter_rows()]
-        on_ray = [row["id"] for row in train.get_dataset_shard("on_ray").iter_rows()]
-        with tempfile.TemporaryDirectory() as d:
-            with open(os.path.join(d, "state.json"), "w") as f:
-                json.dump({"round": step}, f)
-            train.report(
-                {
-                    "step": step,
-                    "world_size": ctx.get_world_size(),
-                    "try": ctx.get_attempt(),
-                    "native": native,
-                    "on_ray": on_ray,
-                },
-                checkpoint=Checkpoint.from_directory(d) if ctx.get_world_rank() == 0 else None,
-            )
-        if ctx.get_attempt() == 0 and step == config["hold_after"]:
-            while True:
-                time.sleep(0.1)
-
-
 @pytest.mark.timeout(300)
 def test_a_node_added_mid_run_grows_the_group_and_the_shards_are_split_again(cluster, storage):
     import ray
@@ -252,26 +233,16 @@ def test_a_node_added_mid_run_grows_the_group_and_the_shards_are_split_again(clu
     rows = 24  # splits evenly into 2 and 4: no row is left out by the equal split
     added = None
     try:
-        # max_failures=0: growing must not use the failure budget.
-        trainer = DataParallelTrainer(
-            shard_loop,
-            train_loop_config={"rounds": 4, "hold_after": 1},
-            scaling_config=ScalingConfig(
-                num_workers=(2, 4),
-                resources_per_worker=ELASTIC,
-                elastic_resize_monitor_interval_s=1,
-            ),
-            datasets={
-                "native": from_items([{"i": i} for i in range(rows)]),
-                "on_ray": ray.data.range(rows),
-            },
-            run_config=RunConfig(
-                name="elastic", storage_path=storage, failure_config=FailureConfig(max_failures=0)
-            ),
+        scaling = ScalingConfig(
+            num_workers=(2, 4), resources_per_worker=ELASTIC, elastic_resize_monitor_interval_s=1
         )
-        outcome: queue.Queue = queue.Queue()
-        runner = threading.Thread(target=lambda: outcome.put(_fit_or_error(trainer)))
-        runner.start()
+        datasets = {
+            "native": from_items([{"i": i} for i in range(rows)]),
+            "on_ray": ray.data.range(rows),
+        }
+        config = {"rounds": 4, "hold_after": 1, "shards": {"native": "i", "on_ray": "id"}}
+        # max_failures=0: growing must not use the failure budget.
+        runner, outcome = start_fit(scaling, storage, config, 0, datasets)
         wait_for(lambda: len(committed(storage)) == 2, 120, "attempt 0's two checkpoints")
         added = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
         runner.join(180)
@@ -302,10 +273,3 @@ def test_a_node_added_mid_run_grows_the_group_and_the_shards_are_split_again(clu
             assert sorted(i for shard in shards for i in shard) == list(range(rows)), (step, name)
     assert committed(storage) == [f"checkpoint_{i:06d}" for i in range(4)]
     assert result.metrics["world_size"] == 4 and result.metrics["step"] == 3
-
-
-def _fit_or_error(trainer):
-    try:
-        return trainer.fit()
-    except BaseException as exc:
-        return exc

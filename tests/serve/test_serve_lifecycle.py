@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import numpy as np
@@ -164,16 +166,14 @@ def test_workers_are_processes_sharing_one_port(runs):
     assert all(p.poll() is not None for p in server._processes)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("workers", [1, 2])
-def test_cli_serves_a_torch_run_and_exits_cleanly_on_sigterm(runs, tmp_path, workers):
-    result = runs("torch")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, *sys.path]))
-    command = [sys.executable, "-m", "phalanx", "serve", result.path, "--port", "0"]
-    command += ["--model", "serve_models:make_net", "--checkpoint", "latest"]
-    command += ["--workers", str(workers)]
+@contextmanager
+def cli_server(tmp_path, args: list[str], **env: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``phalanx serve <args> --port 0`` in a subprocess (this directory importable, ``env``
+    added); yields it and its URL once ``/readyz`` says 200; kills it if the test did not stop it."""
+    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, *sys.path]), **env)
+    command = [sys.executable, "-m", "phalanx", "serve", *args, "--port", "0"]
     log = open(tmp_path / "serve.log", "w+")
-    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, env=full_env, stdout=log, stderr=subprocess.STDOUT)
     try:
 
         def url() -> str | None:
@@ -183,9 +183,24 @@ def test_cli_serves_a_torch_run_and_exits_cleanly_on_sigterm(runs, tmp_path, wor
             return found.group(1) if found else None
 
         base = wait_for(url, 60, "the server's address")
+        # With --workers N, a connection waits in the backlog until a worker has loaded.
         wait_for(
             lambda: httpx.get(f"{base}/readyz", timeout=60).status_code == 200, 60, "readiness"
         )
+        yield process, base
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_cli_serves_a_torch_run_and_exits_cleanly_on_sigterm(runs, tmp_path, workers):
+    result = runs("torch")
+    args = [result.path, "--model", "serve_models:make_net", "--checkpoint", "latest"]
+    with cli_server(tmp_path, [*args, "--workers", str(workers)]) as (process, base):
         rows = raw_frame(5, seed=9).drop(columns=["y"])
         got = httpx.post(f"{base}/predict", json={"columns": rows.to_dict("list")}).json()
         import torch
@@ -201,11 +216,6 @@ def test_cli_serves_a_torch_run_and_exits_cleanly_on_sigterm(runs, tmp_path, wor
         assert process.wait(60) == 0
         assert not listening(int(base.rsplit(":", 1)[1]))
         assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in servers)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 @pytest.mark.slow
@@ -215,28 +225,10 @@ def test_with_workers_no_request_meets_a_model_still_loading(runs, tmp_path):
     # accepts connections only after its model is loaded (before, the slow one took its share
     # of them and answered 503 "still loading" while /readyz, answered by its sibling, said 200).
     result = runs("torch")
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([HERE, *sys.path]),
-        PHALANX_TEST_STAGGER_MARKER=str(tmp_path / "first_loaded"),
-    )
-    command = [sys.executable, "-m", "phalanx", "serve", result.path, "--port", "0"]
-    command += ["--model", "serve_models:make_net", "--checkpoint", "latest", "--workers", "2"]
-    command += ["--predictor", "serve_models:StaggeredTorchPredictor"]
-    log = open(tmp_path / "serve.log", "w+")
-    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-
-        def url() -> str | None:
-            log.seek(0)
-            found = re.search(r"Serving on (http://127\.0\.0\.1:\d+)", log.read())
-            assert process.poll() is None, log.read()
-            return found.group(1) if found else None
-
-        base = wait_for(url, 60, "the server's address")
-        wait_for(
-            lambda: httpx.get(f"{base}/readyz", timeout=60).status_code == 200, 60, "readiness"
-        )
+    args = [result.path, "--model", "serve_models:make_net", "--checkpoint", "latest"]
+    args += ["--workers", "2", "--predictor", "serve_models:StaggeredTorchPredictor"]
+    marker = str(tmp_path / "first_loaded")
+    with cli_server(tmp_path, args, PHALANX_TEST_STAGGER_MARKER=marker) as (process, base):
         rows = raw_frame(3, seed=4).drop(columns=["y"])
         body = {"columns": rows.to_dict("list")}
         servers = {p.pid for p in psutil.Process(process.pid).children()}
@@ -252,11 +244,6 @@ def test_with_workers_no_request_meets_a_model_still_loading(runs, tmp_path):
             answered_by.add(httpx.get(f"{base}/metadata").json()["pid"])
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 def test_cli_names_what_is_wrong_before_serving(tmp_path, capsys):

@@ -20,7 +20,7 @@ from phalanx.serve._metrics import ServeMetrics
 from phalanx.serve._model import ModelSpec, ServedModel
 from phalanx.serve._requests import RequestError, check_columns, encode_predictions, parse_body
 
-__all__ = ["ServeAPI", "build_app"]
+__all__ = ["ServeAPI", "build_app", "load_logged"]
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def build_app(api: ServeAPI, load_in_background: bool = True) -> Any:
     async def lifespan(app: Any) -> Any:
         loading = None
         if load_in_background:
-            loading = asyncio.get_running_loop().run_in_executor(None, _load_logged, api)
+            loading = asyncio.get_running_loop().run_in_executor(None, load_logged, api)
         try:
             yield
         finally:
@@ -207,7 +207,8 @@ def build_app(api: ServeAPI, load_in_background: bool = True) -> Any:
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def _load_logged(api: ServeAPI) -> None:
+def load_logged(api: ServeAPI) -> None:
+    """``api.load()``; a failure is logged and kept for ``/readyz``, not raised."""
     try:
         api.load()
     except BaseException:

@@ -15,6 +15,7 @@ and fork would copy a parent's threads' locks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -29,17 +30,13 @@ def main() -> None:
 
     spec, config, fd, ready_fd = cloudpickle.load(stream)
     logging.basicConfig(level=logging.WARNING, format="phalanx serve worker: %(message)s")
+    from phalanx.serve._app import load_logged
     from phalanx.serve._server import uvicorn_server
 
     server = uvicorn_server(spec, config, load_in_background=False)
-    try:
-        server.api.load()
-    except Exception:
-        logging.getLogger("phalanx.serve").exception("Could not load the model for serving")
-    try:
+    load_logged(server.api)
+    with contextlib.suppress(BrokenPipeError):  # the CLI does not wait for it
         os.write(ready_fd, b"R" if server.api.model is not None else b"E")
-    except BrokenPipeError:  # the CLI does not wait for it
-        pass
     os.close(ready_fd)
     server.run([socket.socket(fileno=fd)])
 

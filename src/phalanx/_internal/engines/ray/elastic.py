@@ -105,10 +105,7 @@ class Released:
 
 
 def placeable_now(
-    bundle: Mapping[str, float],
-    low: int,
-    high: int,
-    avoid_nodes: Collection[str] = (),
+    bundle: Mapping[str, float], low: int, high: int, avoid_nodes: Collection[str] = ()
 ) -> int:
     """An upper bound, clamped to ``high``, of how many bundles the free resources hold: node by
     node (a bundle never spans two), not counting ``avoid_nodes`` (nodes whose actors were just

@@ -72,7 +72,8 @@ START_HINT = (
 @dataclass
 class _Attempt:
     """One launch: its placement group and its actors; ``elastic_bundle``: each worker's bundle,
-    where the group was sized elastically (the next attempt counts it free once released)."""
+    where the group was sized elastically (once it is removed, the next elastic placement waits
+    for Ray's view to show its resources free)."""
 
     group: PlacementGroup
     handles: list[RayWorkerHandle]
