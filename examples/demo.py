@@ -1,8 +1,13 @@
 """Demo: train a small MLP with DDP on 2 local workers, on synthetic data, with checkpoints.
 
-    python examples/demo.py [--workers 2] [--epochs 5] [--storage /tmp/phalanx_demo]
+    python examples/demo.py [--workers 2] [--epochs 5] [--lr 0.05] [--name demo] [--storage DIR]
 
-Run it twice with the same --storage and --name: the second run resumes from the last checkpoint.
+The run goes to ~/phalanx_results/demo (--storage: else $PHALANX_STORAGE_PATH, else
+~/phalanx_results). Run it again with the same --name and more --epochs: it resumes from the last
+checkpoint. Each checkpoint holds model.pt (the weights, what ``phalanx serve`` loads) and
+state.pt (optimizer and epoch, to resume); from the repository's root:
+
+    phalanx serve ~/phalanx_results/demo --model examples.demo:make_model
 """
 
 from __future__ import annotations
@@ -19,19 +24,26 @@ import phalanx as train
 from phalanx import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
 from phalanx.torch import TorchTrainer, prepare_model
 
+FEATURES, CLASSES = 8, 4
+
 
 def make_data(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """A learnable synthetic classification task: labels from a hidden random linear map."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, 32, generator=g)
-    labels = (x @ torch.randn(32, 4, generator=g)).argmax(dim=1)
+    x = torch.randn(rows, FEATURES, generator=g)
+    labels = (x @ torch.randn(FEATURES, CLASSES, generator=g)).argmax(dim=1)
     return x, labels
+
+
+def make_model() -> nn.Module:
+    """The MLP, untrained: `phalanx serve --model examples.demo:make_model` loads model.pt into it."""
+    return nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES))
 
 
 def train_func(config: dict) -> dict:
     ctx = train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    model = prepare_model(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))  # DDP
+    model = prepare_model(make_model())  # DDP
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     start_epoch = 0
     if checkpoint := train.get_checkpoint():
@@ -43,6 +55,7 @@ def train_func(config: dict) -> dict:
     x, y = make_data(config["rows"])
     x, y = x[rank::world], y[rank::world]  # this rank's shard
     loss_fn = nn.CrossEntropyLoss()
+    accuracy = float("nan")  # a run resumed after its last epoch trains no more
     for epoch in range(start_epoch, config["epochs"]):
         for i in range(0, len(x), config["batch_size"]):
             optimizer.zero_grad()
@@ -53,6 +66,7 @@ def train_func(config: dict) -> dict:
             accuracy = (model(x).argmax(dim=1) == y).float().mean().item()
         with tempfile.TemporaryDirectory() as d:
             if rank == 0:
+                torch.save(model.module.state_dict(), os.path.join(d, "model.pt"))
                 torch.save(
                     {
                         "model": model.module.state_dict(),
@@ -73,13 +87,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--storage", default=os.path.join(tempfile.gettempdir(), "phalanx_demo"))
-    parser.add_argument("--name", default=f"demo-{int(time.time())}")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--name", default="demo")
+    parser.add_argument("--storage", help="default: $PHALANX_STORAGE_PATH or ~/phalanx_results")
     args = parser.parse_args()
 
     trainer = TorchTrainer(
         train_func,
-        train_loop_config={"lr": 0.05, "epochs": args.epochs, "rows": 20_000, "batch_size": 128},
+        train_loop_config={"lr": args.lr, "epochs": args.epochs, "rows": 20_000, "batch_size": 128},
         scaling_config=ScalingConfig(num_workers=args.workers),
         run_config=RunConfig(
             name=args.name,

@@ -2,7 +2,9 @@
 
     python examples/serve_xgboost.py
 
-The same from a shell, once the run exists:
+The run goes to ~/phalanx_results/serve_xgboost (under $PHALANX_STORAGE_PATH if set; run again,
+the script resumes it: its model has all its rounds, so nothing is trained twice). The same from
+a shell, once the run exists:
 
     phalanx serve ~/phalanx_results/serve_xgboost       # the run's best checkpoint, port 8000
     curl -s localhost:8000/predict -d '{"records": [{"a": 10.5, "b": -3.9}]}'
@@ -11,7 +13,6 @@ The same from a shell, once the run exists:
 from __future__ import annotations
 
 import json
-import tempfile
 import urllib.request
 
 import numpy as np
@@ -45,7 +46,7 @@ def main() -> None:
         num_boost_round=20,
         preprocessor=StandardScaler(["a", "b"]),  # saved in the checkpoint, applied when serving
         scaling_config=phalanx.ScalingConfig(num_workers=2),
-        run_config=phalanx.RunConfig(name="serve_xgboost", storage_path=tempfile.mkdtemp()),
+        run_config=phalanx.RunConfig(name="serve_xgboost"),  # ~/phalanx_results/serve_xgboost
     ).fit()
 
     rows = make_data(5, 1).drop(columns=["y"])

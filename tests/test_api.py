@@ -51,11 +51,13 @@ PUBLIC_MODULES = {
     "phalanx.jax": "ray.train.v2.jax",
     "phalanx.lightgbm": "ray.train.lightgbm",
     "phalanx.lightning": "ray.train.lightning",
+    "phalanx.migrate": "phalanx migrate: the codemod that ports Ray Train code (migrate_source)",
     "phalanx.predict": "ray.train.predictor, ray.train.batch_predictor (AIR)",
     "phalanx.preprocess": "ray.data.preprocessors",
     "phalanx.tensorflow": "ray.train.tensorflow",
     "phalanx.torch": "ray.train.torch",
     "phalanx.serve": "phalanx serve / Ray Serve deployments of predictors",
+    "phalanx.sklearn": "ray.train.sklearn (AIR's SklearnTrainer)",
     "phalanx.xgboost": "ray.train.xgboost",
     # Modules inside packages that mirror a Ray module path.
     "phalanx.integrations.logger": "ray.tune.logger",

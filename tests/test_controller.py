@@ -123,7 +123,7 @@ def test_retention_without_score_keeps_the_newest(storage):
     assert kept == ["checkpoint_000002", "checkpoint_000003"]
 
 
-def test_missing_score_attribute_is_a_config_error_and_the_checkpoint_is_kept(storage):
+def test_missing_score_attribute_is_a_config_error_before_the_checkpoint_is_committed(storage):
     def loop():
         report_with_files({"acc": 0.9}, {"w": "1"})
 
@@ -136,7 +136,8 @@ def test_missing_score_attribute_is_a_config_error_and_the_checkpoint_is_kept(st
         )
     assert "acc" in str(info.value)
     reloaded = Result.from_path(os.path.join(storage, "run"))
-    assert reloaded.checkpoint is not None
+    assert reloaded.checkpoint is None
+    assert not [d for d in os.listdir(reloaded.path) if d.startswith("checkpoint_0")]
 
 
 def test_different_report_counts_commit_every_round(storage):

@@ -65,9 +65,9 @@ def test_a_failure_right_after_a_report_loses_no_round_in_20_runs(tmp_path):
         ).fit()
         assert result.attempts == 2
         rows = result.all_ranks_metrics_dataframe
-        retry = rows[rows["attempt"] == 2]
+        retry = rows[rows["_phalanx_attempt"] == 2]
         assert retry["step"].min() == k + 1, f"repetition {repetition} lost round {k}"
-        failed = rows[(rows["attempt"] == 1) & (rows["rank"] == 1)]
+        failed = rows[(rows["_phalanx_attempt"] == 1) & (rows["rank"] == 1)]
         assert math.isnan(failed["loss"].iloc[-1])  # the failing rank's last report is kept
         assert list(result.metrics_dataframe["step"]) == list(range(steps))
         assert result.checkpoint.path.endswith(f"checkpoint_{steps - 1:06d}")
@@ -96,6 +96,6 @@ def test_a_rank_killed_right_after_its_report_loses_no_round_in_20_runs(tmp_path
         assert result.attempts == 2
         assert "SIGKILL" in result.attempt_errors[0]
         rows = result.all_ranks_metrics_dataframe
-        retry = rows[rows["attempt"] == 2]
+        retry = rows[rows["_phalanx_attempt"] == 2]
         assert retry["step"].min() == k + 1, f"repetition {repetition} lost round {k}"
         assert list(result.metrics_dataframe["step"]) == list(range(steps))

@@ -65,7 +65,7 @@ def test_values_json_cannot_hold_are_refused_with_the_key_and_a_hint(value, show
 
 
 @pytest.mark.parametrize(
-    "key", ["training_iteration", "timestamp", "checkpoint_dir_name", "attempt"]
+    "key", ["training_iteration", "timestamp", "checkpoint_dir_name", "_phalanx_attempt"]
 )
 def test_reserved_keys_are_refused(key, storage):
     # Before: the user's value silently replaced phalanx's column (or the reverse).

@@ -123,6 +123,7 @@ except ModuleNotFoundError as exc:
 CASES = [
     ("xgboost", "import phalanx.xgboost", "phalanx.xgboost", "xgboost"),
     ("lightgbm", "import phalanx.lightgbm", "phalanx.lightgbm", "lightgbm"),
+    ("sklearn", "import phalanx.sklearn", "phalanx.sklearn", "sklearn"),
     ("pandas", "import phalanx.xgboost", "phalanx.xgboost", "xgboost"),
     ("torch", "import phalanx.torch", "phalanx.torch", "torch"),
     ("numpy", "import phalanx.torch", "phalanx.torch", "torch"),

@@ -206,13 +206,15 @@ def test_a_round_every_rank_reported_survives_a_failure_right_after_it(storage, 
     )
     assert result.attempts == 2
     everything = result.all_ranks_metrics_dataframe
-    second = everything[everything["attempt"] == 2]
+    second = everything[everything["_phalanx_attempt"] == 2]
     assert second["step"].min() == 4  # the retry started after round 3's checkpoint
     nan_rows = everything[everything["loss"].isna()]
-    assert list(zip(nan_rows["rank"], nan_rows["attempt"], nan_rows["step"])) == [(1, 1, 3)]
+    assert list(zip(nan_rows["rank"], nan_rows["_phalanx_attempt"], nan_rows["step"])) == [
+        (1, 1, 3)
+    ]
     df = result.metrics_dataframe
     assert list(df["training_iteration"]) == [1, 2, 3, 4, 5, 6]
-    assert list(df["attempt"]) == [1, 1, 1, 1, 2, 2]
+    assert list(df["_phalanx_attempt"]) == [1, 1, 1, 1, 2, 2]
 
 
 def test_reports_past_the_failed_ranks_last_round_are_recorded_not_committed(storage):
@@ -257,10 +259,10 @@ def test_a_retry_supersedes_the_rows_after_the_checkpoint(storage):
     df = result.metrics_dataframe
     assert list(df["training_iteration"]) == [1, 2, 3, 4, 5, 6]
     assert list(df["step"]) == [0, 1, 2, 3, 4, 5]
-    assert list(df["attempt"]) == [1, 1, 1, 2, 2, 2]  # step 3 of attempt 1 was superseded
+    assert list(df["_phalanx_attempt"]) == [1, 1, 1, 2, 2, 2]  # step 3 of attempt 1 was superseded
     everything = result.all_ranks_metrics_dataframe
     assert len(everything) == 2 * (4 + 3)
-    assert set(everything.columns) >= {"rank", "attempt", "training_iteration", "step"}
+    assert set(everything.columns) >= {"rank", "_phalanx_attempt", "training_iteration", "step"}
     reloaded = Result.from_path(result.path)
     assert reloaded.metrics_dataframe.equals(df)
     assert reloaded.all_ranks_metrics_dataframe.equals(everything)

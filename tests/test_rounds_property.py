@@ -130,13 +130,13 @@ def check_run(run_path: str, model: Model, scripts: dict[int, list[dict]]) -> No
     assert on_disk == committed
     rows = read_jsonl(os.path.join(run_path, "metrics.jsonl"))
     for attempt, iterations in model.rows:
-        got = [r["training_iteration"] for r in rows if r["attempt"] == attempt]
+        got = [r["training_iteration"] for r in rows if r["_phalanx_attempt"] == attempt]
         assert got == iterations, f"attempt {attempt}: rounds {got}, expected {iterations}"
     reports = read_jsonl(os.path.join(run_path, "metrics_all_ranks.jsonl"))
     for attempt, script in scripts.items():
         complete = len(dict(model.rows)[attempt])
         counts = [
-            sum(1 for r in reports if r["attempt"] == attempt and r["rank"] == rank)
+            sum(1 for r in reports if r["_phalanx_attempt"] == attempt and r["rank"] == rank)
             for rank in range(len(script))
         ]
         for s, count in zip(script, counts, strict=True):

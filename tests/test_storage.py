@@ -252,6 +252,43 @@ def test_no_upload_mode_commits_a_checkpoint_written_in_place(storage):
     assert os.listdir(result.checkpoint.path) == ["w"]
 
 
+def empty_checkpoints_loop():
+    """Ray's fault-tolerance guide: the save is a comment, so each checkpoint is empty."""
+    restored = None
+    if checkpoint := train.get_checkpoint():
+        with checkpoint.as_directory() as d:
+            restored = os.listdir(d)
+    for epoch in range(2):
+        with tempfile.TemporaryDirectory() as d:
+            train.report(
+                {"epoch": epoch, "restored": restored}, checkpoint=Checkpoint.from_directory(d)
+            )
+
+
+@pytest.mark.slow
+def test_s3_an_empty_checkpoint_is_committed_and_read_back(s3):
+    """An object store has no empty directories: the commit leaves a marker, so the checkpoint
+    resumes a run and downloads (as an empty directory)."""
+    name = f"empty-{uuid.uuid4().hex[:6]}"
+
+    def run():
+        return DataParallelTrainer(
+            empty_checkpoints_loop,
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(
+                name=name, storage_path="s3://phalanx-runs/exp", storage_filesystem=s3
+            ),
+        ).fit()
+
+    first = run()
+    assert first.metrics == {"epoch": 1, "restored": None}
+    resumed = run()  # resumes from the latest, empty, checkpoint
+    assert resumed.metrics == {"epoch": 1, "restored": []}
+    reloaded = Result.from_path(resumed.path, storage_filesystem=s3)
+    with reloaded.checkpoint.as_directory() as d:
+        assert os.listdir(d) == []
+
+
 def test_no_upload_mode_rejects_a_checkpoint_outside_the_run(storage, tmp_path):
     def loop(config):
         train.report(

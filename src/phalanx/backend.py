@@ -36,6 +36,8 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from phalanx._internal.keywords import KeywordChecked
+
 if TYPE_CHECKING:
     from phalanx.config import ScalingConfig
 
@@ -137,7 +139,7 @@ class Backend:
 
 
 @dataclass
-class BackendConfig:
+class BackendConfig(KeywordChecked):
     """Configuration of a framework's backend; ``backend_cls`` names the Backend to use."""
 
     @property

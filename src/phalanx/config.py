@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from phalanx._internal.keywords import KeywordChecked
 from phalanx.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def _check_resources(cls: str, name: str, resources: Any) -> None:
 
 
 @dataclass(frozen=True)
-class ScalingConfig:
+class ScalingConfig(KeywordChecked):
     """How many workers to start and what each one gets.
 
     Example::
@@ -235,7 +236,7 @@ class ScalingConfig:
 
 
 @dataclass(frozen=True)
-class FailureConfig:
+class FailureConfig(KeywordChecked):
     """What happens when an attempt fails: retry from the latest checkpoint, or raise.
 
     Two budgets, counted separately:
@@ -297,7 +298,7 @@ class FailureConfig:
 
 
 @dataclass(frozen=True)
-class CheckpointConfig:
+class CheckpointConfig(KeywordChecked):
     """Which checkpoints to keep.
 
     With ``checkpoint_score_attribute`` the ``num_to_keep`` best by that metric are kept (the
@@ -345,7 +346,7 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(KeywordChecked):
     """Which datasets are split across ranks (``"all"`` or a list of names); others go whole.
 
     ``execution_options``: Ray Data ``ExecutionOptions`` (one for all datasets, or a dict by
@@ -398,7 +399,7 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class LoggingConfig:
+class LoggingConfig(KeywordChecked):
     """The level of phalanx's own log messages (the ``phalanx`` logger), e.g. ``"DEBUG"``.
 
     Example::
@@ -419,7 +420,7 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
-class SyncConfig:
+class SyncConfig(KeywordChecked):
     """Accepted so Ray scripts run unchanged; it changes nothing.
 
     Every checkpoint goes to ``storage_path`` as it is reported, and every log and metric is
@@ -433,7 +434,7 @@ class SyncConfig:
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(KeywordChecked):
     """Where a run lives and how it behaves.
 
     ``(storage_path, name)`` identifies a run: running again with the same pair resumes it from

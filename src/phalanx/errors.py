@@ -5,6 +5,9 @@ The tree::
     Exception
     ├── ValueError
     │   └── ConfigError                  bad configuration, raised as early as possible
+    │       └── UnknownArgumentError     a misspelt keyword argument (also a TypeError)
+    ├── KeyError
+    │   └── KeyNotFoundError             a name (a dataset, a metric) that is not there
     ├── RuntimeError
     │   ├── SessionMisuseError           a worker-only API called outside a worker
     │   ├── StorageError                 storage_path unreachable, not writable, or a commit failed
@@ -35,6 +38,7 @@ __all__ = [
     "ConfigError",
     "ControllerError",
     "HangError",
+    "KeyNotFoundError",
     "NCCLHangError",
     "PreemptionError",
     "RayClusterUnresponsiveError",
@@ -42,6 +46,7 @@ __all__ = [
     "SessionMisuseError",
     "StorageError",
     "TrainingFailedError",
+    "UnknownArgumentError",
     "WorkerFailure",
     "WorkerGroupError",
     "WorkerStartupError",
@@ -50,6 +55,20 @@ __all__ = [
 
 class ConfigError(ValueError):
     """A configuration value is invalid. The message names the field, the value and what is allowed."""
+
+
+class UnknownArgumentError(ConfigError, TypeError):
+    """A class got a keyword argument it does not take; the message suggests the closest name.
+    Also a ``TypeError``, what Python raises for an unexpected keyword argument."""
+
+
+class KeyNotFoundError(KeyError):
+    """A name looked up is not there (a dataset, a metric). It is a ``KeyError``, so
+    ``except KeyError`` works as in Ray, but prints its message as written: ``KeyError``'s own
+    ``str()`` is the ``repr`` of its argument, which shows a HINT's newline as ``\\n``."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
 
 
 class SessionMisuseError(RuntimeError):

@@ -14,8 +14,9 @@ __all__ = ["CheckpointConsistencyMode", "ReportedCheckpoint", "ReportedCheckpoin
 class CheckpointConsistencyMode(enum.Enum):
     """What :func:`phalanx.get_all_reported_checkpoints` waits for.
 
-    ``COMMITTED``: every checkpoint this rank reported is committed. ``VALIDATED``: and every
-    validation requested with ``report(validation=...)`` has finished.
+    ``COMMITTED``: every round this rank reported is processed (its checkpoint, from whichever
+    rank passed it, committed). ``VALIDATED``: and every validation requested with
+    ``report(validation=...)`` has finished.
     """
 
     COMMITTED = "COMMITTED"

@@ -65,7 +65,8 @@ class Result:
     @property
     def metrics_dataframe(self) -> pd.DataFrame:
         """The run's trajectory: every round's rank-0 metrics, oldest first, each
-        ``training_iteration`` once (with ``timestamp``, ``checkpoint_dir_name`` and ``attempt``).
+        ``training_iteration`` once (with ``timestamp``, ``checkpoint_dir_name`` and
+        ``_phalanx_attempt``; a metric named ``attempt`` is yours).
 
         After a retry (or a re-run of an interrupted script) the training function continues from
         the latest checkpoint; the rounds an abandoned attempt reported after that checkpoint are
@@ -77,7 +78,7 @@ class Result:
 
     @property
     def all_ranks_metrics_dataframe(self) -> pd.DataFrame:
-        """Every report of every rank, in arrival order, with ``rank`` and ``attempt`` columns:
+        """Every report of every rank, in arrival order, with ``rank`` and ``_phalanx_attempt``:
         also rounds that never completed (the reports of a rank that failed, superseded rows)."""
         pd = require("pandas", "Result.all_ranks_metrics_dataframe")
         rows = read_history(self._storage, all_ranks=True) if self._storage else []
@@ -113,8 +114,10 @@ class Result:
         if not scored:
             known = sorted({k for _, m in self.best_checkpoints for k in m})
             raise RuntimeError(
-                f"No checkpoint of this run has the metric {metric!r}.\nHINT: pick one of the "
-                f"metrics reported with the checkpoints: {known}."
+                # Ray's wording first: scripts and Ray's own tests match on it
+                f"Invalid metric name {metric}! No checkpoint of this run has the metric "
+                f"{metric!r}.\nHINT: pick one of the metrics reported with the checkpoints: "
+                f"{known}."
             )
         pick = max if mode == "max" else min
         return pick(scored, key=lambda pair: pair[1])[0]

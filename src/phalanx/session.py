@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,7 @@ from phalanx._internal.worker.uploader import CheckpointUploadMode
 from phalanx.checkpoint import Checkpoint
 from phalanx.constants import TRAIN_DATASET_KEY
 from phalanx.context import PreemptionInfo, TrainContext
+from phalanx.errors import KeyNotFoundError
 from phalanx.reported_checkpoint import CheckpointConsistencyMode, ReportedCheckpoint
 
 if TYPE_CHECKING:
@@ -40,7 +42,8 @@ def report(
     Every rank must call ``report`` the same number of times: the k-th call of each rank forms
     round k, and rank 0's metrics are the run's. Without a checkpoint this never waits for the
     driver. The checkpoint is committed once every rank that passed one in this round has saved
-    its part; the parts merge into one directory. A missing or empty directory is an error.
+    its part; the parts merge into one directory. A missing directory is an error; an empty
+    one is a checkpoint, as in Ray.
 
     The directory you pass is yours (as in Ray Train). ``checkpoint_upload_mode``:
 
@@ -112,11 +115,20 @@ def get_dataset_shard(dataset_name: str | None = None) -> Any:
             return None
         name = next(iter(shards)) if len(shards) == 1 else TRAIN_DATASET_KEY
     if name not in shards:
-        raise KeyError(
-            f"No dataset named {name!r}; the trainer was given {sorted(shards) or 'no datasets'}."
-            "\nHINT: pass it as Trainer(datasets={" + repr(name) + ": ...})."
-        )
+        raise KeyNotFoundError(_no_dataset_message(name, sorted(shards)))
     return shards[name]
+
+
+def _no_dataset_message(name: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = (
+        f"did you mean {close[0]!r}?"
+        if close
+        else "pass it as Trainer(datasets={" + repr(name) + ": ...})."
+    )
+    return (
+        f"No dataset named {name!r}; the trainer was given {names or 'no datasets'}.\nHINT: {hint}"
+    )
 
 
 def get_preemption_info() -> PreemptionInfo | None:
@@ -134,9 +146,10 @@ def get_all_reported_checkpoints(
 ) -> list[ReportedCheckpoint]:
     """Every checkpoint of this run still kept, oldest first, with its metrics and status.
 
-    Waits until every checkpoint this rank reported is committed (and, with ``VALIDATED``, its
-    requested validation has finished), at most ``timeout_s`` seconds (None: no limit); then
-    raises TimeoutError.
+    Waits, as Ray does, until every report this rank made is processed: each of those rounds
+    reported by every rank and its checkpoint (whichever rank passed it) committed; with
+    ``VALIDATED`` also until every requested validation has finished. At most ``timeout_s``
+    seconds (None: no limit); then raises TimeoutError.
 
     Example::
 

@@ -11,9 +11,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
-
 from phalanx._internal import env
+from phalanx._internal.keywords import KeywordChecked
+from phalanx._internal.picklable import check_picklable
+from phalanx._internal.worker.code_origins import dump_function
 from phalanx.backend import BackendConfig
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
@@ -34,9 +35,17 @@ logger = logging.getLogger(__name__)
 LARGE_TRAIN_FN_BYTES = 50_000_000
 
 
-class BaseTrainer:
+class BaseTrainer(KeywordChecked):
     """Shared by every trainer: configuration checks at construction, ``fit()``, and Ray's
     ``restore``/``can_restore`` (a run resumes from its directory)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        from phalanx._internal.restore import init_arguments
+
+        trainer = super().__new__(cls, *args, **kwargs)
+        # What restore() rebuilds the trainer from (saved by fit(), as Ray V1's trainer.pkl).
+        trainer._init_arguments = init_arguments(cls, args, kwargs)
+        return trainer
 
     def fit(self) -> Result:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -60,14 +69,16 @@ class BaseTrainer:
         is called (phalanx resumes any run started again with the same ``storage_path`` and
         ``name``; this is that, from the run's directory).
 
-        Pass the training function and everything else the trainer takes again (functions
-        and datasets are not saved in the run directory); ``run_config`` may be given, its
-        ``name`` and ``storage_path`` are set from ``path``.
+        As in Ray, ``fit()`` saved the trainer's arguments in the run directory
+        (``trainer.pkl``): they are used again, except those given here. Datasets are saved by
+        key only: pass ``datasets=`` again, with the same keys. ``run_config`` may be given;
+        its ``name`` and ``storage_path`` are set from ``path``. ``trainer.pkl`` is a pickle:
+        restoring runs code from the run directory, so restore only runs you trust (as Ray).
 
         Example::
 
             if TorchTrainer.can_restore(path):
-                trainer = TorchTrainer.restore(path, train_func, scaling_config=scaling)
+                trainer = TorchTrainer.restore(path, datasets={"train": ds})
             result = trainer.fit()
         """
         from phalanx._internal.restore import restore_kwargs
@@ -76,7 +87,7 @@ class BaseTrainer:
             kwargs["train_loop_per_worker"] = train_loop_per_worker
         if train_loop_config is not None:
             kwargs["train_loop_config"] = train_loop_config
-        return cls(**restore_kwargs(cls.__name__, path, kwargs))
+        return cls(**restore_kwargs(cls, path, kwargs))
 
 
 class DataParallelTrainer(BaseTrainer):
@@ -136,6 +147,8 @@ class DataParallelTrainer(BaseTrainer):
         # num_workers=0 calls the function as is, in this process: it need not pickle
         in_process = self.scaling_config.num_workers == 0
         self._payload = b"" if in_process else _pickle_train_fn(train_loop_per_worker)
+        if not in_process:  # before any run directory exists
+            check_picklable("train_loop_config", self.train_loop_config)
 
     def _validate(self) -> None:
         _check_type("scaling_config", self.scaling_config, ScalingConfig)
@@ -172,6 +185,10 @@ class DataParallelTrainer(BaseTrainer):
             # The user pressed Ctrl-C: show where their program was, not phalanx's internals
             # (the workers are stopped and a line said how to resume).
             raise exc.with_traceback(None) from None
+        except ConfigError as exc:
+            # The user's configuration is wrong (found once the run started, e.g. a
+            # checkpoint_score_attribute no report has): phalanx's frames do not help.
+            raise exc.with_traceback(None) from exc.__cause__
 
     def _fit_with_signals(self) -> Result:
         from phalanx._internal.controller.interrupt import sigterm_interrupts
@@ -230,11 +247,18 @@ class DataParallelTrainer(BaseTrainer):
         from phalanx._internal.controller.controller import Controller
         from phalanx._internal.controller.resume import log_resume
         from phalanx._internal.controller.spec import RunSpec
+        from phalanx._internal.restore import save_trainer
         from phalanx._internal.storage.checkpoint_manager import CheckpointManager
-        from phalanx._internal.storage.run_record import describe_run, recorded_run
+        from phalanx._internal.storage.run_record import (
+            describe_run,
+            recorded_run,
+            start_afresh_after_config_error,
+        )
 
         run_config = self.run_config
         storage.prepare()
+        start_afresh_after_config_error(storage)  # a fixed config error is not resumed
+        save_trainer(storage, self)  # what restore(path) rebuilds this trainer from
         manager = CheckpointManager(storage, run_config.checkpoint_config)
         if manager.load():
             log_resume(name, manager)
@@ -256,7 +280,7 @@ class DataParallelTrainer(BaseTrainer):
             train_fn=self.train_loop_per_worker,
             total_rounds=getattr(self, "num_boost_round", None),
         )
-        with recorded_run(storage, describe_run(spec)):  # <run>/run.json: config and status
+        with recorded_run(storage, describe_run(spec, self)):  # <run>/run.json: config, status
             return Controller(spec, engine, storage, manager).run()
 
 
@@ -355,7 +379,7 @@ def _short(value: Any) -> str:
 
 def _pickle_train_fn(fn: Callable[..., Any]) -> bytes:
     try:
-        payload = bytes(cloudpickle.dumps(fn))
+        payload = dump_function(fn)
     except Exception as exc:
         raise ConfigError(
             f"train_loop_per_worker cannot be pickled to send it to the workers: "

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from phalanx._internal.keywords import KeywordChecked
 from phalanx.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ class ValidationFn(Protocol):
 
 
 @dataclass
-class ValidationTaskConfig:
+class ValidationTaskConfig(KeywordChecked):
     """One validation's settings, passed as ``report(validation=ValidationTaskConfig(...))``.
 
     ``fn_kwargs`` override the trainer's defaults; ``timeout_s`` (None: no limit) marks the
@@ -65,7 +66,7 @@ class ValidationTaskConfig:
             )
 
 
-class ValidationConfig:
+class ValidationConfig(KeywordChecked):
     """The validation function of a trainer and its default settings.
 
     ``ray_remote_kwargs`` is accepted for Ray scripts: phalanx runs the function in a thread of

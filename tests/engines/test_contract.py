@@ -282,8 +282,8 @@ def test_a_retry_resumes_from_the_last_committed_checkpoint(storage, engine):
     result = fit(loop, storage, engine, failure_config=FailureConfig(max_failures=1))
     frame = result.metrics_dataframe
     assert list(frame["step"]) == [0, 1, 2, 3]
-    first, second = frame["attempt"].iloc[0], frame["attempt"].iloc[2]
-    assert list(frame["attempt"]) == [first, first, second, second] and second == first + 1
+    first, second = frame["_phalanx_attempt"].iloc[0], frame["_phalanx_attempt"].iloc[2]
+    assert list(frame["_phalanx_attempt"]) == [first, first, second, second] and second == first + 1
     with open(os.path.join(result.checkpoint.path, "step")) as f:
         assert f.read() == "3"
 

@@ -71,7 +71,7 @@ def test_a_rank_that_dies_right_after_its_report_loses_no_round(tmp_path, how):
         assert result.error is None
         assert result.attempts == 2
         rows = result.all_ranks_metrics_dataframe
-        retry = rows[rows["attempt"] == 2]
+        retry = rows[rows["_phalanx_attempt"] == 2]
         assert retry["step"].min() == K + 1, f"repetition {repetition} lost round {K}"
         assert list(result.metrics_dataframe["step"]) == list(range(STEPS))
         assert result.checkpoint.path.endswith(f"checkpoint_{STEPS - 1:06d}")

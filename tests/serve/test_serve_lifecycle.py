@@ -251,7 +251,7 @@ def test_cli_names_what_is_wrong_before_serving(tmp_path, capsys):
     assert "no such directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main(["serve", str(tmp_path / "empty")]) == 2
-    assert "predictor=" in capsys.readouterr().err
+    assert "--predictor torch" in capsys.readouterr().err
     assert main(["serve", str(tmp_path / "empty"), "--predictor", "nope:Nothing"]) == 2
     assert "cannot be imported" in capsys.readouterr().err
 

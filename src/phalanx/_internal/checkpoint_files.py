@@ -36,8 +36,9 @@ MODEL_FILES: dict[str, tuple[str, ...]] = {
     "torch": ("model.pt",),
     "xgboost": ("model.ubj", "model.json"),
     "lightgbm": ("model.txt",),
+    "sklearn": ("model.pkl",),
 }
-DISPLAY = {"torch": "PyTorch", "xgboost": "XGBoost", "lightgbm": "LightGBM"}
+DISPLAY = {"torch": "PyTorch", "xgboost": "XGBoost", "lightgbm": "LightGBM", "sklearn": "Sklearn"}
 
 
 def framework_of(checkpoint: Checkpoint) -> str | None:

@@ -23,6 +23,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "torch": ("torch", "torch"),
     "xgboost": ("xgboost", "xgboost"),
     "lightgbm": ("lightgbm", "lightgbm"),
+    "sklearn": ("sklearn", "scikit-learn"),
     "ray": ("ray", "ray[data]"),
     "s3fs": ("s3", "s3fs"),
     "gcsfs": ("gcs", "gcsfs"),
@@ -41,6 +42,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "jax": ("jax", "jax"),
     "starlette": ("serve", "starlette"),
     "uvicorn": ("serve", "uvicorn"),
+    "libcst": ("migrate", "libcst"),
 }
 
 

@@ -11,6 +11,8 @@ from phalanx.cli import _text as text
 from phalanx.cli._runs import CLIError, RunView, flatten, is_number
 
 Out = Callable[[str], None]
+# run.json's configuration, as `show` lists it and `compare` sets it side by side
+CONFIG_KEYS = ("trainer", "train_loop_config", "scaling_config", "run_config", "backend_config")
 
 # --- ls ----------------------------------------------------------------------------------------
 
@@ -138,7 +140,7 @@ def _show_config(record: dict[str, Any], out: Out) -> None:
         out("config:       (not recorded: the run predates run.json)")
         return
     out("config:")
-    for key in ("train_loop_config", "scaling_config", "run_config", "backend_config"):
+    for key in CONFIG_KEYS:
         if key not in record:
             continue
         for name, item in text.flat_config(record[key], f"{key}.").items():
@@ -151,10 +153,16 @@ def _show_config(record: dict[str, Any], out: Out) -> None:
 def metrics(run: RunView, all_ranks: bool, out: Out) -> None:
     pd = require("pandas", "`phalanx metrics`")
 
-    from phalanx._internal.storage.history import read_history
+    from phalanx._internal.storage.history import ATTEMPT_COLUMN, read_history
 
     rows = read_history(run.storage, all_ranks=True) if all_ranks else run.history
     frame = pd.DataFrame(rows)
+    if "timestamp" in frame:  # seconds since 1970 tell a reader nothing: the local date
+        frame["timestamp"] = [
+            text.short_when(t, seconds=True) if is_number(t) else t for t in frame["timestamp"]
+        ]
+    if ATTEMPT_COLUMN in frame and "attempt" not in frame:  # a user's "attempt" keeps its name
+        frame = frame.rename(columns={ATTEMPT_COLUMN: "attempt"})
     out(frame.to_string(index=False) if len(frame) else "(no reports)")
 
 
@@ -193,9 +201,8 @@ def _labels(runs: list[RunView]) -> list[str]:
 
 
 def _comparable_config(record: dict[str, Any]) -> dict[str, Any]:
-    keep = ("train_loop_config", "scaling_config", "run_config", "backend_config", "versions")
     flat: dict[str, Any] = {}
-    for key in keep:
+    for key in (*CONFIG_KEYS, "versions"):
         if key in record:
             flat.update(text.flat_config(record[key], f"{key}."))
     flat.pop("run_config.name", None)  # differs by definition

@@ -1,12 +1,13 @@
 """The phalanx command: look at runs in storage (a local path or a URI: s3://, gs://, ...).
 
-phalanx ls <storage_path> [--sort METRIC] [--desc]   every run: status, attempts, time, metrics
+phalanx ls [<storage_path>] [--sort METRIC] [--desc] every run: status, attempts, time, metrics
 phalanx show <run>                                   status, attempts and errors, config, checkpoints
 phalanx logs <run> [--rank N] [--follow]             each rank's stdout and stderr
 phalanx plot <run>... [--metric M ...] [-o FILE]     metric curves (FILE: .png/.svg; else text)
 phalanx compare <run> <run>...                       configs and metrics side by side
 phalanx metrics <run> [--all-ranks]                  the full metrics history as a table
 phalanx serve <checkpoint or run> [--port P] [--ray]  answer HTTP requests with the model
+phalanx migrate <path>... [--write | --check]        port Ray Train code to phalanx
 
 <run> is a run directory (result.path): <storage_path>/<name>. Remote storage uses its SDK's
 usual credentials (for S3: the AWS_* variables; AWS_ENDPOINT_URL for S3-compatible stores).
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from phalanx._internal.optional import MissingDependencyError
 from phalanx._version import __version__
 from phalanx.cli import _commands as commands
+from phalanx.cli import _migrate as migrate
 from phalanx.cli import _serve as serve
 from phalanx.cli._runs import CLIError, RunView, find_runs, open_run
 from phalanx.errors import StorageError
@@ -38,7 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
     ls = sub.add_parser("ls", help="list the runs in a storage path")
-    ls.add_argument("storage_path")
+    ls.add_argument(
+        "storage_path",
+        nargs="?",
+        help="default: $PHALANX_STORAGE_PATH or ~/phalanx_results, where runs go by default",
+    )
     ls.add_argument("--sort", metavar="KEY", help="a metric (last value) or name/started/duration")
     ls.add_argument("--desc", action="store_true", help="largest first")
     show = sub.add_parser("show", help="summarise a run")
@@ -58,12 +64,17 @@ def _parser() -> argparse.ArgumentParser:
     metrics.add_argument("run")
     metrics.add_argument("--all-ranks", action="store_true", help="every rank's reports")
     serve.add_parser(sub)
+    migrate.add_parser(sub)
     return parser
 
 
 def _run(args: argparse.Namespace, out: Callable[[str], None]) -> None:
     if args.command == "ls":
-        commands.ls(find_runs(args.storage_path), args.sort, args.desc, out)
+        from phalanx._internal.env import default_storage_path
+
+        commands.ls(
+            find_runs(args.storage_path or default_storage_path()), args.sort, args.desc, out
+        )
     elif args.command == "show":
         commands.show(open_run(args.run), out)
     elif args.command == "logs":
@@ -105,9 +116,15 @@ def _print(line: str) -> None:
     print(line, flush=True)
 
 
+def _print_err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "migrate":
+            return migrate.migrate(args, _print, _print_err)
         _run(args, _print)
     except (CLIError, StorageError, MissingDependencyError) as exc:
         print(f"phalanx: {exc}", file=sys.stderr)

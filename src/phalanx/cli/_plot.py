@@ -59,6 +59,7 @@ def build_figure(curves: dict[str, list[Curve]]) -> Figure:
     """A matplotlib Figure (no pyplot, no display): one panel per metric, a line per run."""
     try:
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
     except ImportError as exc:
         raise CLIError(
             "`phalanx plot -o FILE` draws with matplotlib, which is not installed.\n"
@@ -81,6 +82,8 @@ def build_figure(curves: dict[str, list[Curve]]) -> Figure:
             )
         ax.set_title(metric)
         ax.set_xlabel("training_iteration")
+        if all(float(x).is_integer() for curve in lines for x in curve.xs):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no tick at round 2.5
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     for ax in axes[panels:]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 from typing import Any
 
 from phalanx.cli._runs import CLIError
@@ -47,17 +49,23 @@ def add_parser(sub: Any) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    """Serve until SIGTERM or Ctrl-C; a model that cannot be loaded is a CLIError at once."""
     from phalanx.errors import ConfigError
     from phalanx.serve import ModelSpec, ServeConfig, _require_serve_extra
 
     logging.basicConfig(level=logging.INFO, format="phalanx serve: %(message)s")
+    # As `python -m` and uvicorn do: --model and --predictor modules import from where you run.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         _require_serve_extra()
         kwargs: dict[str, Any] = {}
         if args.model:
             kwargs["model"] = _model(args.model)
         columns = tuple(c.strip() for c in args.columns.split(",")) if args.columns else None
-        spec = ModelSpec(args.checkpoint, args.predictor, kwargs, {}, columns, args.select)
+        spec = ModelSpec(
+            args.checkpoint, args.predictor, kwargs, {}, columns, args.select, cli=True
+        )
         config = ServeConfig(
             host=args.host,
             port=args.port,
@@ -69,11 +77,8 @@ def serve(args: argparse.Namespace) -> None:
         if args.ray:
             _serve_on_ray(spec, config, args.num_replicas, args.ray_address)
             return
-        from phalanx.serve._model import predictor_class, resolve_checkpoint
         from phalanx.serve._server import run_forever
 
-        # Fail here, with the reason, rather than in a server that never gets ready.
-        predictor_class(spec.predictor, resolve_checkpoint(spec.checkpoint, spec.choice))
         run_forever(spec, config)
     except (ConfigError, ImportError) as exc:
         raise CLIError(str(exc)) from exc

@@ -18,11 +18,11 @@ def when(timestamp: float | None, now: float | None = None) -> str:
     return f"{stamp} ({duration(ago)} ago)" if ago >= 0 else stamp
 
 
-def short_when(timestamp: float | None) -> str:
-    """``2026-11-22 23:10`` (for tables)."""
+def short_when(timestamp: float | None, seconds: bool = False) -> str:
+    """``2026-11-22 23:10`` (for tables); ``seconds``: ``2026-11-22 23:10:05``."""
     if timestamp is None:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
+    return time.strftime("%Y-%m-%d %H:%M" + ":%S" * seconds, time.localtime(timestamp))
 
 
 def duration(seconds: float | None) -> str:

@@ -7,6 +7,24 @@ so ``import phalanx.huggingface`` works without ``transformers`` installed.
 Accelerate needs no helper (Ray removed its ``AccelerateTrainer`` too): create an
 ``accelerate.Accelerator()`` inside a :class:`phalanx.torch.TorchTrainer` training function; the
 README's "Hugging Face" section shows the recipe, with checkpoints.
+
+AIR's deprecated ``TransformersTrainer`` and ``AccelerateTrainer`` (``ray.train.huggingface``'s
+names in Ray 2.5-2.7) are here too, imported on first use.
 """
 
-__all__: list[str] = []  # the API is in the subpackage phalanx.huggingface.transformers
+from __future__ import annotations
+
+__all__ = ["AccelerateTrainer", "TransformersTrainer"]
+
+
+def __getattr__(name: str) -> object:
+    # Imported on first use: they need torch and transformers / accelerate.
+    if name == "TransformersTrainer":
+        from phalanx.huggingface._transformers_trainer import TransformersTrainer
+
+        return TransformersTrainer
+    if name == "AccelerateTrainer":
+        from phalanx.huggingface._accelerate_trainer import AccelerateTrainer
+
+        return AccelerateTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phalanx._internal.gbdt.predictor import BoosterPredictor, as_features, prediction_columns
+from phalanx._internal.gbdt.predictor import (
+    BoosterPredictor,
+    as_features,
+    check_width,
+    prediction_columns,
+)
 from phalanx.lightgbm._library import LIGHTGBM
 
 __all__ = ["LightGBMPredictor"]
@@ -35,4 +40,6 @@ class LightGBMPredictor(BoosterPredictor):
         return super().predict(data, feature_columns=feature_columns, **predict_kwargs)
 
     def _predict_pandas(self, data: pd.DataFrame, **kwargs: Any) -> pd.DataFrame:
-        return prediction_columns(np.asarray(self.model.predict(as_features(data), **kwargs)))
+        features = as_features(data)
+        check_width(features, self.model.num_feature(), self.model.feature_name())
+        return prediction_columns(np.asarray(self.model.predict(features, **kwargs)))

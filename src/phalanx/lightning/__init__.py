@@ -33,6 +33,10 @@ _import_lightning()  # a clear error naming the extra when Lightning is missing
 
 from phalanx.lightning._callback import RayTrainReportCallback  # noqa: E402
 from phalanx.lightning._environment import RayLightningEnvironment  # noqa: E402
+from phalanx.lightning._legacy_trainer import (  # noqa: E402
+    LightningConfigBuilder,
+    LightningTrainer,
+)
 from phalanx.lightning._prepare import prepare_trainer  # noqa: E402
 from phalanx.lightning._strategies import (  # noqa: E402
     RayDDPStrategy,
@@ -41,6 +45,8 @@ from phalanx.lightning._strategies import (  # noqa: E402
 )
 
 __all__ = [
+    "LightningConfigBuilder",
+    "LightningTrainer",
     "RayDDPStrategy",
     "RayDeepSpeedStrategy",
     "RayFSDPStrategy",

@@ -29,6 +29,7 @@ from phalanx.predict._batch import BatchPredictor
 
 if _typing.TYPE_CHECKING:
     from phalanx.lightgbm import LightGBMPredictor
+    from phalanx.sklearn import SklearnPredictor
     from phalanx.torch import TorchPredictor
     from phalanx.xgboost import XGBoostPredictor
 
@@ -39,6 +40,7 @@ _LAZY = {
     "TorchPredictor": "phalanx.torch",
     "XGBoostPredictor": "phalanx.xgboost",
     "LightGBMPredictor": "phalanx.lightgbm",
+    "SklearnPredictor": "phalanx.sklearn",
 }
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "Predictor",
     "PredictorNotSerializableError",
     "PredictorNotSerializableException",
+    "SklearnPredictor",
     "TorchPredictor",
     "XGBoostPredictor",
     "checkpoint_framework",

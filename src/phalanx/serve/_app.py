@@ -58,7 +58,8 @@ class ServeAPI:
             model, self.config.max_batch_size, self.config.batch_wait_ms, self.metrics
         )
         self.model = model
-        logger.info("Model loaded: %s", model.metadata())
+        columns = ", ".join(model.input_columns or []) or "not named by the model"
+        logger.info("Model loaded: %s; input columns: %s", type(model.predictor).__name__, columns)
 
     async def close(self) -> None:
         if self._batcher is not None:

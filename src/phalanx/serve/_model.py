@@ -12,7 +12,6 @@ import importlib
 import itertools
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +21,7 @@ import pandas as pd
 from phalanx.checkpoint import Checkpoint
 from phalanx.errors import ConfigError
 from phalanx.predict import Predictor, checkpoint_framework
+from phalanx.serve._columns import input_columns, model_columns
 
 __all__ = ["ModelSpec", "ServedModel", "resolve_checkpoint"]
 
@@ -31,9 +31,9 @@ PREDICTORS = {
     "torch": "phalanx.torch:TorchPredictor",
     "xgboost": "phalanx.xgboost:XGBoostPredictor",
     "lightgbm": "phalanx.lightgbm:LightGBMPredictor",
+    "sklearn": "phalanx.sklearn:SklearnPredictor",
 }
 CHOICES = ("best", "latest")
-GENERATED_NAME = re.compile(r"f\d+|Column_\d+")  # xgboost's and lightgbm's names for a matrix
 
 
 @dataclass(frozen=True)
@@ -52,15 +52,27 @@ class ModelSpec:
     predict_kwargs: dict[str, Any] = field(default_factory=dict)
     columns: tuple[str, ...] | None = None
     choice: str = "best"
+    cli: bool = False  # errors name command-line options (--model), not keyword arguments
 
-    def check(self) -> None:
-        """Raise now (ConfigError) if the checkpoint or the predictor class cannot be found."""
-        predictor_class(self.predictor, resolve_checkpoint(self.checkpoint, self.choice))
+    def check(self) -> Checkpoint:
+        """The checkpoint to serve; raise now (ConfigError) if it or the predictor class cannot
+        be found."""
+        checkpoint = resolve_checkpoint(self.checkpoint, self.choice)
+        predictor_class(self.predictor, checkpoint, self.cli)
+        source = self.checkpoint
+        if not isinstance(source, Checkpoint) and Checkpoint(os.fspath(source)) != checkpoint:
+            run = os.fspath(source)
+            logger.info("Serving %s checkpoint %s of run %s", self.choice, checkpoint.path, run)
+        return checkpoint
 
     def load(self) -> ServedModel:
+        """The loaded model; a ConfigError saying why and what to change if it cannot be."""
         checkpoint = resolve_checkpoint(self.checkpoint, self.choice)
-        cls = predictor_class(self.predictor, checkpoint)
-        predictor = cls.from_checkpoint(checkpoint, **self.predictor_kwargs)
+        cls = predictor_class(self.predictor, checkpoint, self.cli)
+        try:
+            predictor = cls.from_checkpoint(checkpoint, **self.predictor_kwargs)
+        except Exception as exc:
+            raise ConfigError(explain_load_failure(exc, cls, checkpoint, self)) from exc
         return ServedModel(predictor, checkpoint, self)
 
 
@@ -71,7 +83,8 @@ class ServedModel:
         self.predictor = predictor
         self.checkpoint = checkpoint
         self.predict_kwargs = _default_predict_kwargs(predictor, spec.predict_kwargs)
-        self.columns = list(spec.columns) if spec.columns else _model_columns(predictor)
+        self.columns = list(spec.columns) if spec.columns else model_columns(predictor)
+        self.input_columns = self.columns or input_columns(predictor)
         self.framework = checkpoint_framework(checkpoint)
 
     def predict(self, frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -110,7 +123,8 @@ class ServedModel:
             "framework": self.framework,
             "predictor": type(self.predictor).__name__,
             "checkpoint": self.checkpoint.path,
-            "feature_columns": self.columns,
+            "feature_columns": self.columns,  # required in every request
+            "input_columns": self.input_columns,  # what the model and preprocessor read
             "preprocessor": None if preprocessor is None else type(preprocessor).__name__,
             "phalanx_version": __version__,
             "pid": os.getpid(),  # which server process answered (with --workers N)
@@ -146,7 +160,6 @@ def resolve_checkpoint(source: Any, choice: str = "best") -> Checkpoint:
             "names (--checkpoint on the command line); a run keeps checkpoints only when "
             "report() is given one."
         )
-    logger.info("Serving %s checkpoint %s of run %s", choice, picked.path, os.fspath(source))
     return picked
 
 
@@ -172,47 +185,101 @@ def _listing(checkpoint: Checkpoint) -> set[str]:
     return {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(checkpoint.path, detail=False)}
 
 
-def predictor_class(predictor: Any, checkpoint: Checkpoint) -> type[Predictor]:
-    """The Predictor class: given, named (framework or ``module:Class``), or the checkpoint's."""
+def predictor_class(predictor: Any, checkpoint: Checkpoint, cli: bool = False) -> type[Predictor]:
+    """The Predictor class: given, named (framework or ``module:Class``), or the checkpoint's.
+    ``cli``: errors name ``--predictor`` rather than ``predictor=``."""
     if isinstance(predictor, type) and issubclass(predictor, Predictor):
         return predictor
     if predictor is None:
         predictor = checkpoint_framework(checkpoint)
         if predictor is None:
+            names = (
+                f"--predictor {', '.join(PREDICTORS)} or my_module:MyPredictor"
+                if cli
+                else f"predictor={', '.join(map(repr, PREDICTORS))} or 'my_module:MyPredictor'"
+            )
             raise ConfigError(
                 f"Cannot tell which framework trained {checkpoint.path!r}: its metadata names "
-                "none and it holds no model.pt, model.ubj/json or model.txt.\nHINT: pass "
-                "predictor='torch', 'xgboost', 'lightgbm' or 'module:PredictorClass'."
+                f"none and it holds no model.pt, model.ubj/json or model.txt.\nHINT: pass {names}."
             )
     if not isinstance(predictor, str):
         raise ConfigError(
             f"predictor={predictor!r} is not a Predictor class or a name.\nHINT: pass e.g. "
             "TorchPredictor, 'torch' or 'my_module:MyPredictor'."
         )
-    found = import_object(PREDICTORS.get(predictor, predictor), "predictor")
+    what = "--predictor" if cli else "predictor"
+    found = import_object(PREDICTORS.get(predictor, predictor), what)
     if not (isinstance(found, type) and issubclass(found, Predictor)):
         raise ConfigError(
-            f"predictor={predictor!r} names {found!r}, which is not a Predictor subclass.\n"
+            f"{setting(what, predictor)} names {found!r}, which is not a Predictor subclass.\n"
             "HINT: subclass phalanx.predict.Predictor and implement from_checkpoint."
         )
     return found
 
 
 def import_object(path: str, what: str) -> Any:
-    """``"package.module:attr"`` imported; a ConfigError naming ``what`` if it cannot be."""
+    """``"package.module:attr"`` imported; a ConfigError naming ``what`` (a keyword argument, or
+    an option such as ``--model``) if it cannot be."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ConfigError(
-            f"{what}={path!r} is not a known name or 'module:attribute'.\nHINT: use e.g. "
-            f"'torch', 'xgboost', 'lightgbm' or 'my_package.models:Thing'."
+            f"{setting(what, path)} is not a known name or 'module:attribute'.\nHINT: use e.g. "
+            f"torch, xgboost, lightgbm or my_package.models:Thing."
         )
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(
-            f"{what}={path!r} cannot be imported: {type(exc).__name__}: {exc}.\nHINT: check "
-            "the spelling, and that the module is on PYTHONPATH (run from its directory)."
+            f"{setting(what, path)} cannot be imported: {type(exc).__name__}: {exc}.\nHINT: "
+            "check the spelling, and that the module is on PYTHONPATH (run from its directory)."
         ) from exc
+
+
+def setting(what: str, value: str) -> str:
+    """How the user wrote it: ``--model m:f`` on the command line, ``model='m:f'`` in Python."""
+    return f"{what} {value}" if what.startswith("--") else f"{what}={value!r}"
+
+
+def explain_load_failure(
+    exc: Exception, cls: type[Predictor], checkpoint: Checkpoint, spec: ModelSpec
+) -> str:
+    """Why ``cls.from_checkpoint`` failed on ``checkpoint``, and what to change, in the caller's
+    terms (``--model`` on the command line, ``model=`` in Python)."""
+    model = "--model my_module:make_model" if spec.cli else "model=MyModel()"
+    own = "--predictor my_module:MyPredictor" if spec.cli else "predictor=MyPredictor"
+    where = f"Could not load the model of {checkpoint.path!r} with {cls.__name__}"
+    torch = _is_torch(cls)
+    if torch and "model.pt" not in _listing(checkpoint):
+        files = ", ".join(sorted(_listing(checkpoint))) or "nothing"
+        return (
+            f"{where}: the checkpoint holds {files}, not model.pt (what it loads).\nHINT: save "
+            "the weights in the training function (TorchCheckpoint.from_state_dict("
+            "model.state_dict()), or torch.save of the state dict to model.pt in the checkpoint "
+            f"directory) and serve with {model}; or load this checkpoint your own way with {own}."
+        )
+    if torch and isinstance(exc, ValueError) and "model" not in spec.predictor_kwargs:
+        tail = " (a function or nn.Module class, importable from where you run)" if spec.cli else ""
+        return (
+            f"{where}: its model.pt holds a state dict, the weights without the module.\nHINT: "
+            f"name the module to load them into: {model}{tail}."
+        )
+    said = str(exc).split("\nHINT:")[0].strip()
+    what = f"{where}: {type(exc).__name__}: {said}"
+    if "HINT:" in str(exc):
+        return f"{what}\nHINT:{str(exc).split('HINT:', 1)[1]}"
+    return (
+        f"{what}\nHINT: check that the checkpoint holds what {cls.__name__} loads (and for torch, "
+        f"that {model} builds the architecture it was trained with), or load it your own way "
+        f"with {own}."
+    )
+
+
+def _is_torch(cls: type[Predictor]) -> bool:
+    # By name: importing phalanx.torch to compare classes would import torch to serve xgboost.
+    return any(
+        c.__name__ == "TorchPredictor" and c.__module__.startswith("phalanx.torch")
+        for c in cls.__mro__
+    )
 
 
 def _default_predict_kwargs(predictor: Predictor, given: dict[str, Any]) -> dict[str, Any]:
@@ -235,16 +302,3 @@ def _column(values: Any) -> np.ndarray:
         if values.dtype == object and len(values) and isinstance(values[0], np.ndarray):
             values = np.stack(list(values))
     return np.asarray(values)
-
-
-def _model_columns(predictor: Predictor) -> list[str] | None:
-    """The booster's feature names when raw input goes to it (no preprocessor), else None."""
-    if predictor.get_preprocessor() is not None:
-        return None
-    model = getattr(predictor, "model", None)
-    names = getattr(model, "feature_names", None)  # xgboost
-    if names is None and hasattr(model, "feature_name"):  # lightgbm
-        names = model.feature_name()  # type: ignore[union-attr]
-    if not names or all(GENERATED_NAME.fullmatch(str(n)) for n in names):
-        return None  # generated names: the model was trained on a bare matrix
-    return [str(n) for n in names]

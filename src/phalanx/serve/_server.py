@@ -110,26 +110,71 @@ def start(spec: ModelSpec, config: ServeConfig, ready_timeout: float = 300.0) ->
 
 
 def run_forever(spec: ModelSpec, config: ServeConfig) -> None:
-    """Serve in the foreground until SIGTERM or Ctrl-C (the CLI): requests in flight finish,
-    new connections are refused."""
+    """Serve in the foreground until SIGTERM or Ctrl-C (the CLI). The model loads first, in
+    every server process: one that cannot load raises (a ConfigError saying why) and nothing is
+    served; "Serving on" is logged once the model is loaded. On a signal, requests in flight
+    finish and new connections are refused."""
+    spec.check()
     sock = _bind(config)
-    logger.warning("Serving on http://%s:%d", _url_host(config.host), sock.getsockname()[1])
-    if config.workers == 1:
-        uvicorn_server(spec, config).run([sock])
-        return
+    address = f"http://{_url_host(config.host)}:{sock.getsockname()[1]}"
+    if config.workers > 1:
+        _run_workers(spec, config, sock, address)
+    else:
+        server = uvicorn_server(spec, config, load_in_background=False)
+        try:
+            _load_until_signalled(server.api)
+        except BaseException:
+            sock.close()
+            raise
+        logger.info("Serving on %s", address)
+        server.run([sock])  # connections made while loading waited in the listener's backlog
+    logger.info("Stopped.")
+
+
+def _load_until_signalled(api: ServeAPI) -> None:
+    """``api.load()``; SIGTERM meanwhile stops it as Ctrl-C does (KeyboardInterrupt)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        api.load()
+    except KeyboardInterrupt:
+        logger.info("Stopped while loading the model.")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_workers(spec: ModelSpec, config: ServeConfig, sock: socket.socket, address: str) -> None:
     processes, ready = _start_workers(spec, config, sock)
     sock.close()  # the workers' now: it must close when they stop accepting (see start())
-    os.close(ready)  # the CLI's workers log their own readiness
+    stopping: list[str] = []
 
     def forward(signum: int, frame: Any) -> None:
+        if not stopping:
+            stopping.append(signal.Signals(signum).name)
+            logger.info(
+                "%s: stopping the %d server processes (requests in flight finish, new "
+                "connections are refused).",
+                stopping[0],
+                len(processes),
+            )
         for process in processes:
             if process.poll() is None:
                 process.terminate()
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        _wait_workers(processes, ready, None)
+        logger.info("Serving on %s (%d processes)", address, len(processes))
         for process in processes:
             process.wait()
+    except BaseException:
+        _stop_processes(processes, 10)
+        if not stopping:  # a worker that died because we stopped it is no failure
+            raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -175,6 +220,11 @@ def uvicorn_server(spec: ModelSpec, config: ServeConfig, load_in_background: boo
         def handle_exit(self, sig: int, frame: Any) -> None:
             # Not uvicorn's: it re-raises the signal after shutdown, which would end the
             # process with a signal status although the shutdown was clean.
+            if not self.should_exit:
+                logger.info(
+                    "%s: stopping (requests in flight finish, new connections are refused).",
+                    signal.Signals(sig).name,
+                )
             api.draining = True
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True  # a second Ctrl-C: stop waiting for requests
@@ -203,46 +253,73 @@ def uvicorn_server(spec: ModelSpec, config: ServeConfig, load_in_background: boo
 
 def _start_workers(
     spec: ModelSpec, config: ServeConfig, sock: socket.socket
-) -> tuple[list[subprocess.Popen[bytes]], int]:
+) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
+    """``config.workers`` server processes on ``sock``; each gets its own readiness pipe (the
+    read ends are returned), so a worker's reason for failing arrives whole."""
     import cloudpickle
 
-    ready_read, ready_write = os.pipe()
-    fds = (sock.fileno(), ready_write)
-    payload = pickle.dumps(list(sys.path)) + cloudpickle.dumps((spec, config, *fds))
-    processes = []
+    shared = pickle.dumps(list(sys.path)) + cloudpickle.dumps((spec, config))
+    processes: list[subprocess.Popen[bytes]] = []
+    readers: list[int] = []
     try:
         for _ in range(config.workers):
-            process = subprocess.Popen(
-                [sys.executable, "-m", "phalanx.serve._worker"],
-                stdin=subprocess.PIPE,
-                pass_fds=fds,
-            )
-            assert process.stdin is not None
-            process.stdin.write(payload)
-            process.stdin.close()
+            read, write = os.pipe()
+            readers.append(read)
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "phalanx.serve._worker"],
+                    stdin=subprocess.PIPE,
+                    pass_fds=(sock.fileno(), write),
+                )
+            finally:
+                os.close(write)  # the worker holds it now: EOF means it answered or died
             processes.append(process)
-    finally:
-        os.close(ready_write)  # the workers hold it now: EOF means every one has answered or died
-    return processes, ready_read
+            assert process.stdin is not None
+            process.stdin.write(shared + pickle.dumps((sock.fileno(), write)))
+            process.stdin.close()
+    except BaseException:
+        _stop_processes(processes, 5)
+        for fd in readers:
+            os.close(fd)
+        raise
+    return processes, readers
 
 
-def _wait_workers(processes: list[subprocess.Popen[bytes]], ready: int, timeout: float) -> None:
-    """One byte per worker on ``ready``: ``R`` loaded, ``E`` failed; EOF early: one died."""
-    deadline, answers = time.monotonic() + timeout, b""
+def _wait_workers(
+    processes: list[subprocess.Popen[bytes]], ready: list[int], timeout: float | None
+) -> None:
+    """Each worker writes ``R`` (loaded) or ``E`` and why (failed) on its pipe, then closes it;
+    nothing before EOF: it died. Raises at the first failure; closes ``ready``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    answers, pending = dict.fromkeys(ready, b""), list(ready)
     try:
-        while len(answers) < len(processes):
-            readable, _, _ = select.select([ready], [], [], max(0.0, deadline - time.monotonic()))
+        while pending:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            readable, _, _ = select.select(pending, [], [], wait)
             if not readable:
                 raise TimeoutError(f"The server workers were not ready after {timeout:.0f}s.")
-            got = os.read(ready, 64)
-            if not got or b"E" in got:
-                raise RuntimeError(
-                    "A server worker process could not load the model or exited while "
-                    "starting; its log above says why."
-                )
-            answers += got
+            for fd in readable:
+                got = os.read(fd, 65536)
+                answers[fd] += got
+                if not got:  # EOF: its whole answer is in
+                    pending.remove(fd)
+                    _check_answer(answers[fd], processes[ready.index(fd)])
     finally:
-        os.close(ready)
+        for fd in ready:
+            os.close(fd)
+
+
+def _check_answer(answer: bytes, process: subprocess.Popen[bytes]) -> None:
+    if answer.startswith(b"E"):
+        from phalanx.errors import ConfigError
+
+        raise ConfigError(answer[1:].decode(errors="replace"))
+    if answer != b"R":
+        raise RuntimeError(
+            f"Server worker process {process.pid} exited while loading the model (exit status "
+            f"{process.wait()}).\nHINT: its output above says why; a process killed by the "
+            "system (status -9) may have run out of memory: try fewer --workers."
+        )
 
 
 def _stop_processes(processes: list[subprocess.Popen[bytes]], timeout: float) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import tensorflow as tf
 
 import phalanx
+from phalanx.errors import KeyNotFoundError
 from phalanx.tensorflow._checkpoint import TensorflowCheckpoint
 
 __all__ = ["ReportCheckpointCallback"]
@@ -109,7 +110,7 @@ class ReportCheckpointCallback(tf.keras.callbacks.Callback):
             names = dict(wanted)
         missing = sorted(set(names.values()) - set(logs))
         if missing:
-            raise KeyError(
+            raise KeyNotFoundError(
                 f"ReportCheckpointCallback: Keras logs at {when!r} have no {missing} (they have "
                 f"{sorted(logs)}).\nHINT: name logs Keras reports at that event (compile the "
                 "metric, or add 'val_' only when fit() gets validation_data)."

@@ -52,8 +52,12 @@ class TorchCheckpoint(Checkpoint):
     @classmethod
     def from_model(cls, model: torch.nn.Module, *, preprocessor: Any = None) -> TorchCheckpoint:
         """A new checkpoint holding the whole pickled ``model``. Prefer :meth:`from_state_dict`:
-        loading a pickled model runs code from the checkpoint, so only load trusted ones."""
-        return cls._save(model, preprocessor)
+        loading a pickled model runs code from the checkpoint, so only load trusted ones.
+
+        A model wrapped by ``prepare_model`` (DistributedDataParallel, DataParallel) is saved
+        unwrapped, as AIR did: the wrapper holds a process group and cannot be loaded outside
+        the training workers, so ``get_model()`` returns the plain module."""
+        return cls._save(_unwrapped(model), preprocessor)
 
     @classmethod
     def _save(cls, obj: Any, preprocessor: Any) -> TorchCheckpoint:
@@ -97,6 +101,11 @@ class TorchCheckpoint(Checkpoint):
             )
         model.load_state_dict(saved)
         return model
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    return model.module if isinstance(model, wrappers) else model
 
 
 def _load(path: str, weights_only: bool | None) -> Any:

@@ -86,7 +86,8 @@ class TorchPredictor(Predictor):
     ) -> dict[str, np.ndarray]:
         inputs: Any
         if isinstance(data, np.ndarray):
-            inputs = self._tensor(None, data, dtype)
+            # A bare array keeps its shape, as AIR 2.4+'s TorchPredictor: [1, 2, 3] -> (3,).
+            inputs = self._tensor(None, data, dtype, column_vector=False)
         else:
             tensors = {c: self._tensor(c, v, dtype) for c, v in data.items()}
             # One column: the model gets the tensor itself, as AIR's DLPredictor did.
@@ -99,14 +100,17 @@ class TorchPredictor(Predictor):
             return {f"predictions_{i}": _array(v) for i, v in enumerate(output)}
         return {"predictions": _array(output)}
 
-    def _tensor(self, column: str | None, values: np.ndarray, dtype: Any) -> torch.Tensor:
+    def _tensor(
+        self, column: str | None, values: np.ndarray, dtype: Any, column_vector: bool = True
+    ) -> torch.Tensor:
         if isinstance(dtype, dict):
             dtype = dtype.get(column) if column is not None else None
         array = np.ascontiguousarray(values)
         if not array.flags.writeable:  # rows shared with Arrow: torch wants its own memory
             array = array.copy()
         tensor = torch.as_tensor(array, dtype=dtype, device=self.device)
-        return tensor.unsqueeze(1) if tensor.ndim == 1 else tensor
+        # A table column becomes a column vector (n, 1), as a model of one feature expects.
+        return tensor.unsqueeze(1) if column_vector and tensor.ndim == 1 else tensor
 
     def __repr__(self) -> str:
         return f"TorchPredictor(model={type(self.model).__name__}, device={self.device})"

@@ -7,7 +7,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phalanx._internal.gbdt.predictor import BoosterPredictor, as_features, prediction_columns
+from phalanx._internal.gbdt.predictor import (
+    BoosterPredictor,
+    as_features,
+    check_width,
+    prediction_columns,
+)
 from phalanx.xgboost._library import XGBOOST
 
 __all__ = ["XGBoostPredictor"]
@@ -43,5 +48,14 @@ class XGBoostPredictor(BoosterPredictor):
     ) -> pd.DataFrame:
         import xgboost
 
-        matrix = xgboost.DMatrix(as_features(data), **(dmatrix_kwargs or {}))
+        features = as_features(data)
+        options = dict(dmatrix_kwargs or {})
+        if isinstance(features, np.ndarray):
+            names = self.model.feature_names
+            check_width(features, self.model.num_features(), names)
+            # A model trained on named columns rejects a nameless matrix; AIR's predicted on
+            # it, reading the columns in the trained order.
+            if names is not None:
+                options.setdefault("feature_names", names)
+        matrix = xgboost.DMatrix(features, **options)
         return prediction_columns(np.asarray(self.model.predict(matrix, **kwargs)))

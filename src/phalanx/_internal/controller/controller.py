@@ -49,6 +49,7 @@ from phalanx._internal.controller.watchdog import ProgressWatchdog, hang_error
 from phalanx._internal.engines import messages
 from phalanx._internal.engines.base import Engine
 from phalanx._internal.engines.messages import Events
+from phalanx._internal.engines.rank_output import log_failures
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager, TrackedCheckpoint
 from phalanx._internal.storage.history import MetricsHistory
 from phalanx._internal.storage.run_storage import RunStorage
@@ -96,6 +97,7 @@ class Controller:
         self.return_value: Any = None
         self.validations = Validations(spec.validation_config)
         self._validation_requests: dict[int, Any] = {}  # round -> report(validation=...)
+        self._awaited_rounds: set[int] = set()  # get_all_reported_checkpoints waits for these
         self.watcher = RunWatcher(
             spec.run_name,
             max(1, spec.scaling_config.max_workers),
@@ -176,11 +178,13 @@ class Controller:
 
     def _new_attempt(self) -> Attempt:
         self.attempts += 1
+        # The training function restarts from the latest checkpoint, so the rounds do too: the
+        # retry's rows take the training_iteration of the rows they supersede. Set before the
+        # snapshot is written: ranks read there which rounds of theirs are processed.
+        self.manager.next_round = self.manager.resume_round()
+        self._awaited_rounds.clear()
         self.manager.begin_attempt()
         self.history.attempt = self.manager.attempts
-        # The training function restarts from the latest checkpoint, so the rounds do too: the
-        # retry's rows take the training_iteration of the rows they supersede.
-        self.manager.next_round = self.manager.resume_round()
         group = WorkerGroup(self.engine, group_spec(self.spec, self.storage, self.attempts - 1))
         n = group.spec.num_workers
         self.attempt = Attempt(
@@ -206,6 +210,7 @@ class Controller:
         for index, message in _drain(attempt.group.events, None):
             self._on_event(attempt, attempt.group.rank_of(index), message)
         self._commit_complete_rounds(attempt, set())
+        self._record_awaited_rounds()
         self.validations.collect(self.manager.update_validation)
 
     # -- RUNNING --------------------------------------------------------------------------------
@@ -221,6 +226,7 @@ class Controller:
         for index, message in events:
             self._on_event(attempt, attempt.group.rank_of(index), message)
         self._commit_complete_rounds(attempt, finished)
+        self._record_awaited_rounds()
         self._warn_silent_ranks(attempt, finished)
         self.validations.collect(self.manager.update_validation)
         self.history.maybe_flush()
@@ -279,7 +285,9 @@ class Controller:
     def _on_event(self, attempt: Attempt, rank: int, event: messages.Event) -> None:
         match event:
             case messages.Report(round=index, metrics=metrics, validation=validation):
-                report = Report(index, metrics, event.checkpoint_dir_name, event.time)
+                report = Report(
+                    index, metrics, event.checkpoint_dir_name, event.time, event.checkpoint_class
+                )
                 attempt.rounds.add(rank, report)
                 self.history.add_rank_report(rank, index, metrics)  # every report, complete or not
                 if validation:
@@ -291,8 +299,9 @@ class Controller:
                 attempt.on_exit(rank, returncode)
             case messages.Preempting():
                 self._on_preemption(attempt, rank)
-            case messages.Poll():
-                pass  # it woke the poll loop: that was all it was for
+            case messages.Poll(round=awaited):
+                if awaited is not None:  # else it woke the poll loop: that was all it was for
+                    self._awaited_rounds.add(awaited)
             case _:  # a bug (an engine that queues something else): never ignore it silently
                 raise TypeError(f"not an engine event: {event!r}")
 
@@ -310,6 +319,14 @@ class Controller:
     def _commit_complete_rounds(self, attempt: Attempt, finished: set[int]) -> None:
         for round_ in attempt.rounds.pop_complete(attempt.returned_ranks(finished)):
             self._commit_round(round_)
+
+    def _record_awaited_rounds(self) -> None:
+        """Rounds without a checkpoint write no snapshot: record that the rounds a rank waits for
+        in get_all_reported_checkpoints are processed, once they are."""
+        done = {r for r in self._awaited_rounds if r <= self.manager.next_round}
+        if done:
+            self._awaited_rounds -= done
+            self.manager.record_next_round()
 
     def _warn_silent_ranks(self, attempt: Attempt, finished: set[int]) -> None:
         """Once per run: rounds wait for ranks that have not reported at all (rank-0-only)."""
@@ -329,6 +346,8 @@ class Controller:
             )
         dir_name = next(iter(names), None)
         metrics = round_.run_metrics
+        if dir_name is not None and round_.index not in self._validation_requests:
+            self.manager.check_score(dir_name, metrics)  # a config error commits nothing
         self.last_metrics = metrics
         self.manager.next_round = round_.index + 1
         self.history.add_round(round_.index, metrics, dir_name)
@@ -339,7 +358,7 @@ class Controller:
             )
             self.history.flush()
             validation = self._validation_requests.pop(round_.index, None)
-            tracked = TrackedCheckpoint(dir_name, metrics, round_.index)
+            tracked = TrackedCheckpoint(dir_name, metrics, round_.index, round_.checkpoint_class)
             self.manager.register(tracked, pending_validation=validation is not None)
             checkpoint = self.manager.latest_checkpoint
             if validation is not None and checkpoint is not None:
@@ -360,6 +379,8 @@ class Controller:
         quietly("remove uncommitted checkpoint parts", self.storage.remove_staging)
         quietly("remove uncommitted checkpoints", self.manager.remove_orphans)
         self._end_attempt(failure.error)
+        failed_ranks = getattr(failure.error, "worker_failures", {})
+        log_failures(self.storage.local_log_dir(), attempt.number, failed_ranks)
         self._notify("after_exception", self.run_context, failure.exceptions())
         match self.policy.decide(failure.preempted):
             case FailureDecision.RETRY:

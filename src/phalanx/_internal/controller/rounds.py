@@ -24,6 +24,7 @@ class Report:
     metrics: dict[str, Any]
     checkpoint_dir_name: str | None
     time: float
+    checkpoint_class: str | None = None  # a Checkpoint subclass's name, None for Checkpoint
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,11 @@ class Round:
     @property
     def checkpoint_dir_names(self) -> set[str]:
         return {r.checkpoint_dir_name for r in self.reports if r and r.checkpoint_dir_name}
+
+    @property
+    def checkpoint_class(self) -> str | None:
+        """The class of the round's checkpoint: the lowest rank's that reported one."""
+        return next((r.checkpoint_class for r in self.reports if r and r.checkpoint_class), None)
 
 
 class ReportRounds:

@@ -4,9 +4,11 @@ Workers send plain tuples whose first item names them (pickled by ``report()`` i
 training step, where a tuple is the cheapest thing to pickle, and readable by
 ``runtime.undecodable_error`` when the rest is not)::
 
-    ("report", round, metrics, checkpoint_dir_name, time[, {"validation": spec}])
+    ("report", round, metrics, checkpoint_dir_name, time[, {"validation": spec,
+                                                             "checkpoint_class": name}])
     ("preempting", time)          # the local worker got SIGTERM
     ("poll",)                     # wake the driver: a rank waits for a validation to finish
+    ("poll", round)               # and: a rank waits until every round before `round` is processed
     ("ret", call_id, ok, value)   # a call's return value, or its RemoteException
     ("hello", pid, host)          # a local worker is ready
     ("out", stream, text)         # a Ray actor's output lines
@@ -34,6 +36,7 @@ class Report:
     checkpoint_dir_name: str | None
     time: float
     validation: Any = None  # report(validation=...): what to validate this round's checkpoint with
+    checkpoint_class: str | None = None  # "module:QualName" of a Checkpoint subclass reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +63,13 @@ class CallDone:
 
 @dataclass(frozen=True, slots=True)
 class Poll:
-    """Nothing to handle: the driver should look at its run again (a rank waits in
-    ``get_all_reported_checkpoints`` for validations, which the driver collects when it polls;
-    with ``num_workers=0`` it polls only when a message arrives)."""
+    """The driver should look at its run again: a rank waits in ``get_all_reported_checkpoints``
+    for validations, which the driver collects when it polls (with ``num_workers=0`` it polls
+    only when a message arrives), or, with ``round``, until every round before ``round`` is
+    processed, which the driver then records in the snapshot even if no checkpoint came with
+    them."""
+
+    round: int | None = None
 
 
 Event: TypeAlias = Report | Preempting | Exited | CallDone | Poll
@@ -113,7 +120,15 @@ def decode(wire: tuple[Any, ...]) -> Message:
     if kind == "report" and size == 5:
         return Report(wire[1], wire[2], wire[3], wire[4])
     if kind == "report" and size == 6:
-        return Report(wire[1], wire[2], wire[3], wire[4], wire[5].get("validation"))
+        extras = wire[5]
+        return Report(
+            wire[1],
+            wire[2],
+            wire[3],
+            wire[4],
+            extras.get("validation"),
+            extras.get("checkpoint_class"),
+        )
     if kind == "ret" and size == 4:
         return Return(wire[1], wire[2], wire[3])
     if kind == "out" and size == 3:
@@ -122,6 +137,8 @@ def decode(wire: tuple[Any, ...]) -> Message:
         return Preempting(wire[1])
     if kind == "poll" and size == 1:
         return Poll()
+    if kind == "poll" and size == 2:
+        return Poll(wire[1])
     if kind == "hello" and size == 3:
         return Hello(wire[1], wire[2])
     if kind == "closed" and size == 1:
@@ -136,7 +153,14 @@ def in_process_event(wire: tuple[Any, ...]) -> Event:
     change its dict after ``report()``."""
     match decode(wire):
         case Report() as r:
-            return Report(r.round, dict(r.metrics), r.checkpoint_dir_name, r.time, r.validation)
+            return Report(
+                r.round,
+                dict(r.metrics),
+                r.checkpoint_dir_name,
+                r.time,
+                r.validation,
+                r.checkpoint_class,
+            )
         case Preempting() | Poll() as event:
             return event
         case other:

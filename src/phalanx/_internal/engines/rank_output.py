@@ -3,11 +3,16 @@ written, unprefixed, to ``rank_<r>.log``. Shared by the local and Ray engines.""
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from typing import IO, Protocol
 
 from phalanx._internal.terminal import TERMINAL, LineState
 from phalanx._internal.worker.runtime import RemoteCallError, RemoteException
+from phalanx.errors import WorkerFailure
+
+logger = logging.getLogger(__name__)
 
 
 class RankedWorker(Protocol):
@@ -47,14 +52,37 @@ class RankOutput:
             return None
         if rank not in self._files:
             os.makedirs(self.log_dir, exist_ok=True)
-            self._files[rank] = open(
-                os.path.join(self.log_dir, f"rank_{rank}.log"), "a", buffering=1
-            )
+            log = open(os.path.join(self.log_dir, f"rank_{rank}.log"), "a", buffering=1)
+            # The file gathers every attempt (and every resumed run): say where each starts
+            log.write(f"{attempt_header(self.attempt + 1)}\n")
+            self._files[rank] = log
         return self._files[rank]
 
     def close(self) -> None:
         for f in self._files.values():
             f.close()
+
+
+def attempt_header(number: int, what: str = "") -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    return f"===== attempt {number}{what} ({stamp}) ====="
+
+
+def log_failures(log_dir: str | None, number: int, failures: dict[int, WorkerFailure]) -> None:
+    """Write each failed rank's error and traceback into its own log, so that ``phalanx logs
+    RUN --rank N`` shows why rank N failed (the driver's terminal shows the root cause only)."""
+    if log_dir is None:
+        return
+    for failure in failures.values():
+        if failure.rank < 0:
+            continue
+        text = failure.traceback.rstrip() or failure.summary()
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+            with open(os.path.join(log_dir, f"rank_{failure.rank}.log"), "a") as log:
+                log.write(f"{attempt_header(number, ': this rank failed')}\n{text}\n")
+        except OSError as exc:  # the run's own error is what the user must see
+            logger.warning("Could not write rank %d's error into its log: %s", failure.rank, exc)
 
 
 def reader_error(rank: int, exc: BaseException) -> RemoteCallError:

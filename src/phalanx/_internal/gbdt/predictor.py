@@ -18,7 +18,7 @@ from phalanx._internal.gbdt.library import BoostingLibrary
 from phalanx.checkpoint import Checkpoint
 from phalanx.predict._base import TENSOR_COLUMN, Predictor
 
-__all__ = ["BoosterPredictor", "as_features", "prediction_columns"]
+__all__ = ["BoosterPredictor", "as_features", "check_width", "prediction_columns"]
 
 SelfPredictor = TypeVar("SelfPredictor", bound="BoosterPredictor")
 
@@ -71,3 +71,19 @@ def as_features(data: Any) -> Any:
     if list(data.columns) == [TENSOR_COLUMN]:
         return np.stack(data[TENSOR_COLUMN].to_numpy())
     return data
+
+
+def check_width(features: Any, expected: int, names: list[str] | None) -> None:
+    """A matrix without column names is read in the trained feature order; it must have one
+    column per feature (the libraries' own errors name neither the features nor the fix)."""
+    if not isinstance(features, np.ndarray) or features.ndim != 2:
+        return
+    if features.shape[1] == expected:
+        return
+    shown = f" {names[:20]}" if names else ""
+    raise ValueError(
+        f"The array to predict on has {features.shape[1]} columns, but the model was trained "
+        f"on {expected} feature(s){shown}: an array without column names is read as those "
+        "features, in that order.\nHINT: pass exactly those columns, or a DataFrame or dict "
+        "of arrays with the feature names, or pick the columns with feature_columns=[...]."
+    )

@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from phalanx._internal.checkpoint_class import checkpoint_class
 from phalanx._internal.storage.filesystem import storage_errors
 from phalanx._internal.storage.history import encode_json
 from phalanx._internal.storage.paths import checkpoint_name_problem
@@ -35,6 +36,7 @@ class TrackedCheckpoint:
     dir_name: str
     metrics: dict[str, Any]
     round: int
+    checkpoint_class: str | None = None  # what the rank reported, e.g. a TorchCheckpoint
 
 
 @dataclass
@@ -59,6 +61,7 @@ class CheckpointManager:
     _journal_seq: int = field(default=0, repr=False)  # the last journal record written or read
     _journal_records: int | None = field(default=None, repr=False)  # None: compact next
     _compacted: int = field(default=0, repr=False)  # checkpoints in the last compaction
+    _written_round: int | None = field(default=None, repr=False)  # next_round on disk
 
     @property
     def attempts(self) -> int:
@@ -133,7 +136,8 @@ class CheckpointManager:
     def checkpoint(self, tracked: TrackedCheckpoint | None) -> Checkpoint | None:
         if tracked is None:
             return None
-        return Checkpoint(self.storage.checkpoint_path(tracked.dir_name), self.storage.filesystem)
+        cls = checkpoint_class(tracked.checkpoint_class)
+        return cls(self.storage.checkpoint_path(tracked.dir_name), self.storage.filesystem)
 
     @property
     def latest_checkpoint(self) -> Checkpoint | None:
@@ -147,7 +151,8 @@ class CheckpointManager:
     def register(self, tracked: TrackedCheckpoint, pending_validation: bool = False) -> None:
         """Record a committed checkpoint, write the snapshot, then delete evicted ones.
 
-        Raises ConfigError (after keeping the checkpoint) if the score attribute is missing.
+        Raises ConfigError (after keeping the checkpoint) if the score attribute is missing;
+        the controller calls :meth:`check_score` first, so that nothing is committed then.
         A checkpoint pending validation is never evicted, and its score may come from the
         validation's metrics.
         """
@@ -170,12 +175,20 @@ class CheckpointManager:
             future = self._deleter().submit(self.storage.delete_checkpoint, gone.dir_name)
             future.add_done_callback(_log_failed_deletion)
         if missing:
-            raise ConfigError(
-                f"CheckpointConfig(checkpoint_score_attribute={missing!r}) is invalid: the "
-                f"report with checkpoint {tracked.dir_name!r} has no metric {missing!r} (it has "
-                f"{sorted(_flatten(tracked.metrics))}).\nHINT: report that metric with every "
-                "checkpoint, or change checkpoint_score_attribute."
-            )
+            raise _missing_score_error(missing, tracked.dir_name, tracked.metrics)
+
+    def check_score(self, dir_name: str, metrics: dict[str, Any]) -> None:
+        """Raise ConfigError if the report of checkpoint ``dir_name`` lacks the score attribute
+        (before the checkpoint is committed)."""
+        missing = self._missing_score(metrics)
+        if missing:
+            raise _missing_score_error(missing, dir_name, metrics)
+
+    def record_next_round(self) -> None:
+        """Make ``next_round`` durable though no checkpoint came with the rounds since the last
+        write: a rank waits for them in ``get_all_reported_checkpoints``."""
+        if self._written_round != self.next_round:
+            self._record([], [], {})
 
     def pending_validations(self) -> list[str]:
         return [name for name, status in self.statuses.items() if status == PENDING_VALIDATION]
@@ -230,6 +243,7 @@ class CheckpointManager:
             remove_journal(self.storage)
         self._journal_records = 0
         self._compacted = len(self.checkpoints)
+        self._written_round = self.next_round
 
     def _record(
         self,
@@ -263,6 +277,7 @@ class CheckpointManager:
             raise
         self._journal_seq += 1
         self._journal_records = records + 1
+        self._written_round = self.next_round
 
     def _cache(self, tracked: TrackedCheckpoint) -> str:
         self._encoded_cache[tracked.dir_name] = cached = self._encoded(tracked)
@@ -272,7 +287,10 @@ class CheckpointManager:
         cached = self._encoded_cache.get(tracked.dir_name)
         if cached is not None and cached[0] is tracked:
             return cached
-        return tracked, encode_json(vars(tracked))
+        fields = dict(vars(tracked))
+        if fields["checkpoint_class"] is None:  # a plain Checkpoint: the entry stays as it was
+            del fields["checkpoint_class"]
+        return tracked, encode_json(fields)
 
     def _missing_score(self, metrics: dict[str, Any]) -> str | None:
         attr = self.config.checkpoint_score_attribute
@@ -330,3 +348,12 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
+
+
+def _missing_score_error(missing: str, dir_name: str, metrics: dict[str, Any]) -> ConfigError:
+    return ConfigError(
+        f"CheckpointConfig(checkpoint_score_attribute={missing!r}) is invalid: the report with "
+        f"checkpoint {dir_name!r} has no metric {missing!r} (it has "
+        f"{sorted(_flatten(metrics))}).\nHINT: report that metric with every checkpoint, or "
+        "change checkpoint_score_attribute."
+    )

@@ -1,6 +1,10 @@
 """The run's metrics history: one JSON line per round (rank 0) and per report (all ranks).
 
-Every row carries ``attempt`` (1-based, counted over the run's whole life, as in the snapshot).
+Every row carries ``_phalanx_attempt`` (1-based, counted over the run's whole life, as in the
+snapshot), a name no user writes, so a metric named ``attempt`` stays the user's (Ray reserves no
+such name). Runs written before the rename call it ``attempt``: :func:`read_history` reads that
+column as phalanx's.
+
 A retry restarts from the latest checkpoint, so its rows repeat the ``training_iteration`` of rows
 the abandoned attempt wrote after that checkpoint: :func:`final_trajectory` keeps the retry's.
 """
@@ -20,8 +24,10 @@ from phalanx._internal.storage.run_storage import ALL_RANKS_HISTORY_FILE, HISTOR
 logger = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_S = 1.0
+ATTEMPT_COLUMN = "_phalanx_attempt"
+LEGACY_ATTEMPT_COLUMN = "attempt"  # phalanx's name for it in runs written before
 # Columns phalanx adds to the rows of metrics.jsonl (stripped again for Result.metrics).
-AUTO_FILLED = ("training_iteration", "timestamp", "checkpoint_dir_name", "attempt")
+AUTO_FILLED = ("training_iteration", "timestamp", "checkpoint_dir_name", ATTEMPT_COLUMN)
 
 
 def _default(value: Any) -> Any:
@@ -119,7 +125,9 @@ class MetricsHistory:
                 return None
             rows = final_trajectory(read_history(self.storage))
         else:  # read once already, by _repair
-            rows = final_trajectory(decode_lines(self._remote_text[HISTORY_FILE].encode()))
+            rows = final_trajectory(
+                upgraded(decode_lines(self._remote_text[HISTORY_FILE].encode()))
+            )
         return user_metrics(rows[-1]) if rows else None
 
     def add_round(
@@ -129,13 +137,13 @@ class MetricsHistory:
         row.setdefault("training_iteration", round_index + 1)
         row.setdefault("timestamp", time.time())
         row["checkpoint_dir_name"] = checkpoint_dir_name
-        row.setdefault("attempt", self.attempt)
+        row[ATTEMPT_COLUMN] = self.attempt
         self._pending[HISTORY_FILE].append(encode_json(row))
 
     def add_rank_report(self, rank: int, round_index: int, metrics: dict[str, Any]) -> None:
         row = {
             "rank": rank,
-            "attempt": self.attempt,
+            ATTEMPT_COLUMN: self.attempt,
             "training_iteration": round_index + 1,
             **metrics,
         }
@@ -199,10 +207,23 @@ def _append(path: str, text: str) -> None:
 
 
 def read_history(storage: RunStorage, all_ranks: bool = False) -> list[dict[str, Any]]:
+    """The rows of a history file, phalanx's attempt column under its current name."""
     name = ALL_RANKS_HISTORY_FILE if all_ranks else HISTORY_FILE
     if storage.local:
-        return decode_lines(storage.read(name))
-    return decode_lines(parts.read_whole(storage, name)[0])
+        return upgraded(decode_lines(storage.read(name)))
+    return upgraded(decode_lines(parts.read_whole(storage, name)[0]))
+
+
+def upgraded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of a run written before the rename have ``attempt`` with phalanx's meaning (users
+    could not report one then): renamed, in its position. A row that has the new
+    column keeps ``attempt``: it is the user's metric."""
+    for i, row in enumerate(rows):
+        if ATTEMPT_COLUMN not in row and LEGACY_ATTEMPT_COLUMN in row:
+            rows[i] = {
+                (ATTEMPT_COLUMN if k == LEGACY_ATTEMPT_COLUMN else k): v for k, v in row.items()
+            }
+    return rows
 
 
 def final_trajectory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -213,8 +234,8 @@ def final_trajectory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     kept: list[dict[str, Any]] = []
     attempt: Any = None
     for row in rows:
-        if row.get("attempt") != attempt:
-            attempt = row.get("attempt")
+        if row.get(ATTEMPT_COLUMN) != attempt:
+            attempt = row.get(ATTEMPT_COLUMN)
             start: Any = row.get("training_iteration")
             if _is_number(start):
                 kept = [r for r in kept if not _superseded(r, float(start))]

@@ -2,8 +2,10 @@
 updated when it ends.
 
 It holds ``train_loop_config``, the scaling, run, failure, checkpoint and backend configs, the
-versions of phalanx, Python and the frameworks the driver imported, the driver's host and pid,
-the start and end times and the status (``running``, ``finished``, ``failed``, ``interrupted``).
+trainer's class and its constructor arguments that are plain data (``trainer``), the versions of phalanx, Python and the frameworks the driver imported, the driver's host and pid,
+the start and end times and the status (``running``, ``finished``, ``failed``, ``interrupted``),
+and ``config_error``, the first line of a ConfigError the run failed on (such a run, if it
+committed no checkpoint, starts afresh at the next ``fit()`` instead of resuming).
 Values JSON cannot hold are kept as ``{"__repr__": "..."}`` so the file always loads. Written
 through :meth:`RunStorage.write_atomic` (a rename locally, one PUT on object stores): a reader
 sees the old or the new record, never a mix.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import itertools
 import json
 import logging
 import os
@@ -32,8 +35,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from phalanx._internal.storage.run_storage import RunStorage
-from phalanx.errors import StorageError
+from phalanx._internal.storage.filesystem import storage_errors
+from phalanx._internal.storage.run_storage import (
+    ALL_RANKS_HISTORY_FILE,
+    ERROR_PICKLE_FILE,
+    ERROR_TEXT_FILE,
+    HISTORY_FILE,
+    SNAPSHOT_FILE,
+    RunStorage,
+)
+from phalanx._internal.storage.snapshot_journal import JOURNAL_FILE, read_state
+from phalanx.errors import ConfigError, StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +88,10 @@ def _short_repr(value: Any, limit: int = 500) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def describe_run(spec: Any) -> dict[str, Any]:
-    """The configuration part of the record, from the controller's ``RunSpec``."""
-    return {
+def describe_run(spec: Any, trainer: Any = None) -> dict[str, Any]:
+    """The configuration part of the record, from the controller's ``RunSpec`` and the trainer
+    (its class and its own constructor arguments: see :func:`trainer_arguments`)."""
+    record = {
         "name": spec.run_name,
         "train_loop_config": json_safe(spec.train_loop_config),
         "scaling_config": json_safe(spec.scaling_config),
@@ -90,6 +103,43 @@ def describe_run(spec: Any) -> dict[str, Any]:
         "datasets": sorted(spec.dataset_names),
         "metadata": json_safe(spec.metadata),
     }
+    if trainer is not None:
+        record["trainer"] = trainer_arguments(trainer)
+    return record
+
+
+# Recorded under their own keys: not repeated under "trainer".
+_RECORDED_APART = ("train_loop_config", "metadata")
+# What a GBDT trainer runs with, given or defaulted (num_boost_round has a default).
+_EFFECTIVE = ("label_column", "params", "num_boost_round")
+
+
+def trainer_arguments(trainer: Any) -> dict[str, Any]:
+    """``{"type": class, **arguments}``: the constructor arguments given to ``trainer`` that are
+    plain data (numbers, strings, lists and dicts of them, e.g. a GBDT trainer's ``params``,
+    ``label_column`` and ``num_boost_round``); configs are recorded under their own keys, and
+    functions and datasets are not data."""
+    given = getattr(trainer, "_init_arguments", None) or {}
+    plain = {k: v for k, v in given.items() if k not in _RECORDED_APART and _plain(v)}
+    plain.update({k: getattr(trainer, k) for k in _EFFECTIVE if getattr(trainer, k, None)})
+    return {"type": _public_name(type(trainer)), **json_safe(plain)}
+
+
+def _public_name(cls: type) -> str:
+    """``phalanx.xgboost.XGBoostTrainer``: where users import it from, not a private module."""
+    parts = cls.__module__.split(".")
+    public = list(itertools.takewhile(lambda part: not part.startswith("_"), parts)) or parts
+    return ".".join([*public, cls.__qualname__])
+
+
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
 
 
 def _run_config(run_config: Any) -> dict[str, Any]:
@@ -197,9 +247,56 @@ def start_record(storage: RunStorage, config: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def end_record(storage: RunStorage, record: dict[str, Any], status: str) -> None:
-    record.update(status=status, ended=time.time())
+def end_record(
+    storage: RunStorage, record: dict[str, Any], status: str, config_error: str | None = None
+) -> None:
+    record.update(status=status, ended=time.time(), config_error=config_error)
     _write(storage, record)
+
+
+# What a fit() leaves besides checkpoints, logs and run.json: a fresh start goes without them
+_RUN_STATE_FILES = (
+    SNAPSHOT_FILE,
+    JOURNAL_FILE,
+    HISTORY_FILE,
+    ALL_RANKS_HISTORY_FILE,
+    ERROR_TEXT_FILE,
+    ERROR_PICKLE_FILE,
+)
+
+
+def start_afresh_after_config_error(storage: RunStorage) -> bool:
+    """Whether the run's last ``fit()`` failed on a configuration error before committing a
+    checkpoint; if so, what it left is removed, so the fit() that starts now (the error fixed)
+    is a fresh run, not a resumed one. A checkpoint it committed is kept and resumed from."""
+    record = None
+    with contextlib.suppress(StorageError):
+        record = read_record(storage)
+    error = (record or {}).get("config_error")
+    if not error or record is None or record.get("status") != "failed":
+        return False
+    try:
+        state = read_state(storage)
+    except (ValueError, KeyError, TypeError):  # damaged: the resume reports it
+        return False
+    if state is not None and state.get("checkpoints"):
+        return False
+    # Set aside, never deleted: the failed fit()'s metrics are still the user's to read.
+    aside = f"config_error_{time.strftime('%Y%m%d-%H%M%S')}"
+    for relative in _RUN_STATE_FILES:
+        path = storage.path(relative)
+        with storage_errors("set aside", path):
+            if storage.filesystem.exists(path):
+                storage.filesystem.makedirs(storage.path(aside), exist_ok=True)
+                storage.filesystem.mv(path, storage.path(aside, relative), recursive=True)
+    logger.warning(
+        "Starting run %r afresh, not resuming it: its last fit() failed on a configuration "
+        "error before any checkpoint (%s). What it wrote is kept in %s.",
+        storage.name,
+        error,
+        storage.path(aside),
+    )
+    return True
 
 
 def status_of(exc: BaseException | None) -> str:
@@ -220,13 +317,16 @@ def recorded_run(storage: RunStorage, config: dict[str, Any]) -> Iterator[dict[s
     try:
         yield record
     except BaseException as exc:
-        _end_quietly(storage, record, status_of(exc))
+        config_error = str(exc).split("\n", 1)[0] if isinstance(exc, ConfigError) else None
+        _end_quietly(storage, record, status_of(exc), config_error)
         raise
     _end_quietly(storage, record, "finished")
 
 
-def _end_quietly(storage: RunStorage, record: dict[str, Any], status: str) -> None:
+def _end_quietly(
+    storage: RunStorage, record: dict[str, Any], status: str, config_error: str | None = None
+) -> None:
     try:
-        end_record(storage, record, status)
+        end_record(storage, record, status, config_error)
     except StorageError as exc:
         logger.error("Could not record the end of the run (%s): %s", status, exc)

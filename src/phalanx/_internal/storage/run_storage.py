@@ -227,6 +227,8 @@ class RunStorage:
             )
         if not fs.exists(final):  # object stores: the NO_UPLOAD parts may be listed late
             fs.makedirs(final, exist_ok=True)
+        if not fs.exists(final):  # an empty checkpoint on an object store: keep it readable
+            fs.pipe(final.rstrip("/") + "/", b"")  # a directory marker, as S3 consoles write
         if metadata:
             _merge_metadata(fs, final, metadata)
         _write_files(fs, final, extra_files)

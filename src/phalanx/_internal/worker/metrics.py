@@ -18,9 +18,10 @@ from typing import Any
 __all__ = ["RESERVED_METRIC_KEYS", "checked_metrics"]
 
 # Written by phalanx into every row of metrics.jsonl (history.py: AUTO_FILLED). ("rank", in the
-# all-ranks history, is left to users: reporting one's own rank is common and the values agree.)
+# all-ranks history, is left to users: reporting one's own rank is common and the values agree.
+# Its attempt column has a name no user writes: "attempt" is a common metric, and Ray's.)
 RESERVED_METRIC_KEYS = frozenset(
-    {"training_iteration", "timestamp", "checkpoint_dir_name", "attempt"}
+    {"training_iteration", "timestamp", "checkpoint_dir_name", "_phalanx_attempt"}
 )
 
 _PLAIN = frozenset({float, int, str, bool, type(None)})

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
-
+from phalanx._internal.checkpoint_class import class_name
 from phalanx._internal.storage.filesystem import is_local
 from phalanx._internal.storage.paths import check_checkpoint_dir_name, default_checkpoint_dir_name
 from phalanx._internal.storage.run_storage import RunStorage
+from phalanx._internal.worker.code_origins import load_function
 from phalanx._internal.worker.metrics import checked_metrics
 from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
 from phalanx._internal.worker.uploader import (
@@ -102,8 +102,9 @@ class Session:
             dir_name = self._dir_name(checkpoint, checkpoint_dir_name, mode, index)
             delete = self._delete(checkpoint, mode, delete_local_checkpoint_after_upload)
         message: tuple[Any, ...] = ("report", index, metrics, dir_name, time.time())
-        if validation:
-            message += ({"validation": validation},)
+        extras = _message_extras(validation, checkpoint)
+        if extras:
+            message += (extras,)
         self.next_round += 1
         if checkpoint is None:
             self._send(message)
@@ -205,10 +206,12 @@ class Session:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
         return dir_name
 
-    def nudge_driver(self) -> None:
+    def nudge_driver(self, until_round: int | None = None) -> None:
         """An empty message: with num_workers=0 the driver handles events (finished
-        validations too) only when one arrives."""
-        self._outbox.send(("poll",))
+        validations too) only when one arrives. ``until_round``: ask the driver to record in the
+        snapshot once every round before it is processed (rounds without a checkpoint write no
+        snapshot of their own)."""
+        self._outbox.send(("poll",) if until_round is None else ("poll", until_round))
 
     def finish_uploads(self) -> None:
         """Wait until every ASYNC checkpoint part of this rank is stored and reported."""
@@ -246,6 +249,18 @@ def _upload_mode(value: CheckpointUploadMode | str) -> CheckpointUploadMode:
             f"checkpoint_upload_mode={value!r} is invalid: use CheckpointUploadMode.SYNC, "
             "ASYNC or NO_UPLOAD."
         ) from None
+
+
+def _message_extras(validation: Any, checkpoint: Checkpoint | None) -> dict[str, Any]:
+    """The report message's optional part: what to validate, and the checkpoint's class (the
+    driver rebuilds ``result.checkpoint`` as that class, e.g. a ``TorchCheckpoint``)."""
+    extras: dict[str, Any] = {}
+    if validation:
+        extras["validation"] = validation
+    name = class_name(checkpoint) if checkpoint is not None else None
+    if name is not None:
+        extras["checkpoint_class"] = name
+    return extras
 
 
 def _check_validation(validation: Any, checkpoint: Checkpoint | None, configured: bool) -> None:
@@ -317,7 +332,7 @@ def require_session(api: str) -> Session:
 
 def run_train_fn(payload: Any, config: dict[str, Any] | None, context_factory: Any) -> Any:
     """Run the user's training function; only rank 0's return value is sent back."""
-    fn = cloudpickle.loads(payload) if isinstance(payload, bytes) else payload
+    fn = load_function(payload) if isinstance(payload, bytes) else payload
     session = get_session()
     try:
         with context_factory():

@@ -45,29 +45,14 @@ class CheckpointUploadMode(enum.Enum):
 
 
 def check_source(checkpoint: Checkpoint) -> None:
-    """A reported directory must exist and hold files: an empty checkpoint is never committed."""
+    """A reported checkpoint must be a directory. An empty one is a checkpoint, as in Ray (its
+    fault-tolerance guide reports a ``TemporaryDirectory`` with the save left as a comment)."""
     fs, path = checkpoint.filesystem, checkpoint.path
-    if is_local(fs):
-        try:
-            with os.scandir(path) as entries:
-                empty = next(entries, None) is None
-        except FileNotFoundError:
-            empty = None
-        except NotADirectoryError:
-            empty = None
-    else:
-        empty = None if not fs.isdir(path) else not fs.ls(path, detail=False)
-    if empty is None:
+    if not (os.path.isdir(path) if is_local(fs) else fs.isdir(path)):
         raise FileNotFoundError(
             f"report(checkpoint=...) was given {path!r}, which is not a directory (missing, or "
             "a file). A checkpoint is a directory of files.\nHINT: write your files into a "
             "directory first, then pass Checkpoint.from_directory(that_directory)."
-        )
-    if empty:
-        raise ValueError(
-            f"report(checkpoint=...) was given the empty directory {path!r}: nothing would be "
-            "saved. The files were probably written elsewhere, or not yet.\nHINT: save your "
-            "model into that directory before calling report(), or pass checkpoint=None."
         )
 
 

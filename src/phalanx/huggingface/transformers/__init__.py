@@ -37,4 +37,14 @@ if _missing := _missing_extra(
 from phalanx.huggingface.transformers._callback import RayTrainReportCallback
 from phalanx.huggingface.transformers._data import prepare_trainer
 
-__all__ = ["RayTrainReportCallback", "prepare_trainer"]
+__all__ = ["RayTrainReportCallback", "TransformersTrainer", "prepare_trainer"]
+
+
+def __getattr__(name: str) -> object:
+    # AIR's deprecated trainer (ray.train.huggingface.transformers.TransformersTrainer), on first
+    # use: its module imports this package's helpers, so importing it here would be circular.
+    if name == "TransformersTrainer":
+        from phalanx.huggingface._transformers_trainer import TransformersTrainer
+
+        return TransformersTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
