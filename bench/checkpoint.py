@@ -59,7 +59,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import MARKER_ENV, free_port, median, package_version, reap_marked, spin
+from common import MARKER_ENV, free_port, machine, median, package_version, reap_marked, spin
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "checkpoint.md"
@@ -735,16 +735,9 @@ def _read(path: str) -> str:
 
 
 def machine_info(workdir: Path) -> Record:
-    cpuinfo = _read("/proc/cpuinfo")
-    models = [ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if "model name" in ln]
-    meminfo = _read("/proc/meminfo").splitlines()
-    mem_kb = next((int(ln.split()[1]) for ln in meminfo if ln.startswith("MemTotal")), 0)
     return {
-        "nproc": os.cpu_count(),
-        "memory_gib": round(mem_kb / 2**20, 1),
-        "cpu_model": models[0] if models else platform.processor(),
+        **machine(),
         "disk_free_gib": round(shutil.disk_usage(workdir).free / 2**30, 1),
-        "platform": platform.platform(),
         "loadavg_start": os.getloadavg(),
     }
 

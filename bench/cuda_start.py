@@ -2,7 +2,9 @@
 """A driver that initialised CUDA, then fit() with 2 local workers that use CUDA (needs a GPU).
 
     python bench/cuda_start.py fork_clean   # CUDA untouched in the driver: the fork path
-    python bench/cuda_start.py auto         # CUDA initialised first: phalanx spawns the workers
+    python bench/cuda_start.py auto         # CUDA initialised first: workers fork from a fresh
+                                            # interpreter that imported torch (one import)
+    PHALANX_START_METHOD=spawn python bench/cuda_start.py spawn_each  # one interpreter per worker
     PHALANX_START_METHOD=fork python bench/cuda_start.py forced_fork   # a ConfigError with a HINT
     python bench/cuda_start.py unprotected_fork  # the check disabled: what it prevents
 
@@ -53,7 +55,7 @@ def fit() -> dict[str, Any]:
 def main(mode: str) -> None:
     if mode != "fork_clean":
         torch.zeros(1, device="cuda")  # the driver initialises CUDA (a model moved to the GPU)
-    if mode in ("fork_clean", "auto"):
+    if mode in ("fork_clean", "auto", "spawn_each"):
         print(mode, json.dumps(fit()))
     elif mode == "forced_fork":
         try:

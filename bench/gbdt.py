@@ -29,35 +29,28 @@ XGBoost: ``tree_method="hist"``, ``max_depth=8``; LightGBM: ``num_leaves=255``. 
   thread; timed from the DataFrame to the booster back in the driver).
 
 AUC is measured on the test set afterwards, outside the timings. Every run is a fresh
-subprocess (this script with ``--one``), interleaved (single phalanx raytrain, per library),
-with ``OMP_NUM_THREADS=MKL_NUM_THREADS=1`` and ``OMP_WAIT_POLICY=PASSIVE`` for every system:
-on this shared, oversubscribed machine OpenMP's default spin-waiting makes every run 10-30x
-slower and the timings meaningless. Each run is its own session; what it leaves behind is
-counted and killed. Results go to bench/results/gbdt.{md,json}. Only the standard library is
-imported at module level.
+subprocess (this script with ``--one LIB-SYSTEM``), interleaved (rep 0 of every library and
+system, then rep 1, ...), with ``OMP_NUM_THREADS=MKL_NUM_THREADS=1`` and
+``OMP_WAIT_POLICY=PASSIVE`` for every system: on a shared, oversubscribed machine OpenMP's
+default spin-waiting makes every run many times slower and the timings meaningless. Each run
+is its own session; what it leaves behind is counted and killed. Results go to
+bench/results/gbdt.{md,json}. Only the standard library is imported at module level.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import json
-import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import median, reap_session
+import harness
+from common import median
 
-REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("single", "phalanx", "raytrain", "collective")
 LIBS = ("xgboost", "lightgbm")
+# What the harness runs: one system on one library, "xgboost-phalanx".
+RUNS = tuple(f"{lib}-{system}" for lib in LIBS for system in SYSTEMS)
 WORKERS = 2
 FEATURES = 28
 TEST_ROWS = 100_000
@@ -312,29 +305,27 @@ def _raytrain(lib: str, train: Any, rounds: int, tmp: Path) -> tuple[Any, Record
 
 
 def run_one(args: argparse.Namespace) -> Record:
+    lib, system = args.one.split("-")
     t0 = time.perf_counter()
     import numpy  # noqa: F401  (a user's script has these before it trains)
     import pandas  # noqa: F401
 
-    __import__(args.lib)
+    __import__(lib)
     import_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     train, test = make_data(args.rows)
     data_s = time.perf_counter() - t0
-    tmp = Path(tempfile.mkdtemp(prefix=f"phxgbdt-{args.one}-"))
-    try:
-        if args.one == "single":
-            model, rec = _single(args.lib, train, args.rounds)
-        elif args.one == "collective":
-            model, rec = _collective(args.lib, train, args.rounds)
-        elif args.one == "phalanx":
-            model, rec = _phalanx(args.lib, train, args.rounds, tmp)
-        else:
-            model, rec = _raytrain(args.lib, train, args.rounds, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    tmp = Path(args.work_dir)
+    if system == "single":
+        model, rec = _single(lib, train, args.rounds)
+    elif system == "collective":
+        model, rec = _collective(lib, train, args.rounds)
+    elif system == "phalanx":
+        model, rec = _phalanx(lib, train, args.rounds, tmp)
+    else:
+        model, rec = _raytrain(lib, train, args.rounds, tmp)
     x, y = test.drop(columns=LABEL), test[LABEL].to_numpy()
-    if args.lib == "xgboost":
+    if lib == "xgboost":
         import xgboost
 
         rounds = model.num_boosted_rounds()
@@ -342,100 +333,29 @@ def run_one(args: argparse.Namespace) -> Record:
     else:
         rounds = model.current_iteration()
         score = model.predict(x)
-    return {**rec, "import_s": import_s, "data_s": data_s, "rounds": rounds, "auc": auc(y, score)}
-
-
-# --------------------------------------------------------------------------- orchestration
-
-
-def launch(lib: str, system: str, rep: int, args: argparse.Namespace, logs: Path) -> Record:
-    stem = f"{lib}-{system}-{rep}"
-    json_out, log = logs / f"{stem}.json", logs / f"{stem}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", system, "--lib", lib,
-           "--json-out", str(json_out), "--rows", str(args.rows), "--rounds", str(args.rounds)]  # fmt: skip
-    env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
-    t0 = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True)  # fmt: skip
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-    e2e_s = time.perf_counter() - t0
-    time.sleep(1.0)  # let what exits on its own do so
-    left = reap_session(proc.pid)
-    rec: Record = {"lib": lib, "system": system, "rep": rep, "e2e_s": e2e_s, "ok": False}
-    rec["leftover"] = left
-    if rc == 0 and json_out.exists():
-        rec.update(json.loads(json_out.read_text()))
-        rec["ok"] = rec.get("rounds") == args.rounds
-    if not rec["ok"]:
-        rec["log_tail"] = f"rc={rc}: " + log.read_text(errors="replace")[-3000:]
-    print(f"{stem}: " + ("ok" if rec["ok"] else "FAILED"), {k: rec.get(k) for k in KEYS})
-    return rec
-
-
-KEYS = ("fit_s", "e2e_s", "auc", "ray_init_s")
-
-
-def _vals(runs: list[Record], lib: str, system: str, key: str) -> dict[int, float]:
     return {
-        r["rep"]: r[key]
-        for r in runs
-        if (r["lib"], r["system"]) == (lib, system) and r["ok"] and r.get(key) is not None
+        **rec,
+        "import_s": import_s,
+        "data_s": data_s,
+        "rounds": rounds,
+        "rounds_asked": args.rounds,
+        "auc": auc(y, score),
     }
 
 
-def _cell(runs: list[Record], lib: str, system: str, key: str, digits: int = 2) -> str:
-    v = list(_vals(runs, lib, system, key).values())
-    if not v:
-        return "n/a"
-    return f"{median(v):.{digits}f} ({min(v):.{digits}f}..{max(v):.{digits}f})"
+# --------------------------------------------------------------------------- report
 
 
-def _ratio(runs: list[Record], lib: str, key: str, a: str, b: str) -> str:
-    va, vb = _vals(runs, lib, a, key), _vals(runs, lib, b, key)
-    ratios = [va[k] / vb[k] for k in va.keys() & vb.keys() if vb[k] > 0]
-    return f"{median(ratios):.3f}x" if ratios else "n/a"
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, default=500_000)
+    p.add_argument("--rounds", type=int, default=100)
+    p.add_argument(
+        "--libs", default=",".join(LIBS), help="runs each --systems entry on each library"
+    )
 
 
-def machine() -> Record:
-    mem = 0.0
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                mem = int(line.split()[1]) / 2**20
-    model = platform.processor()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {"nproc": os.cpu_count(), "memory_gib": round(mem, 1), "cpu_model": model}
-
-
-def versions() -> Record:
-    out = {"python": platform.python_version()}
-    for name in ("xgboost", "lightgbm", "ray", "phalanx", "numpy", "pandas", "pyarrow"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "n/a"
-    return out
-
-
-def report(runs: list[Record], meta: Record) -> str:
-    m, v = meta["machine"], meta["versions"]
-    lines = [
-        "# B6 XGBoost / B7 LightGBM: phalanx vs single process vs Ray Train 2.60",
-        "",
-        f"- date: {meta['date']}; command: `{meta['command']}`",
-        f"- machine: {m['nproc']} CPUs, {m['memory_gib']} GiB, {m['cpu_model']}; load avg "
-        f"{meta['load_start']:.2f} at start, {meta['load_end']:.2f} at end (shared, noisy)",
-        f"- versions: Python {v['python']}, xgboost {v['xgboost']}, lightgbm {v['lightgbm']}, "
-        f"ray {v['ray']}, phalanx {v['phalanx']}, numpy {v['numpy']}, pandas {v['pandas']}",
+def workload(meta: Record) -> list[str]:
+    return [
         f"- workload: {meta['rows']:,} x {FEATURES} synthetic float32 rows (BENCHMARKS.md "
         f"asks 2M: shrunk {2_000_000 / meta['rows']:.0f}x to fit this shared machine), "
         f"{meta['rounds']} rounds, binary objective, train logloss every round; XGBoost hist "
@@ -444,23 +364,34 @@ def report(runs: list[Record], meta: Record) -> str:
         "workers x 1 thread (Ray: V2 trainer, user loop, Ray Data input; collective: the "
         "library's own collective in forked processes, no framework). "
         "OMP_WAIT_POLICY=PASSIVE, OMP_NUM_THREADS=1 for all.",
-        f"- {meta['reps']} reps, interleaved, each run in its own subprocess. fit_s: DataFrame "
-        "in hand -> trained booster in hand (phalanx/raytrain: trainer construction, fit(), "
-        "load from result.checkpoint; raytrain excludes ray.init, given apart). whole process: "
-        "the subprocess, incl. imports and making the data. Median (min..max), seconds.",
-        "",
+        "- fit_s: DataFrame in hand -> trained booster in hand (phalanx/raytrain: trainer "
+        "construction, fit(), load from result.checkpoint; raytrain excludes ray.init, given "
+        "apart). whole process: the subprocess, incl. imports and making the data. Seconds.",
+    ]
+
+
+def _libs_and_systems(meta: Record) -> tuple[list[str], list[str]]:
+    runs = [name.split("-") for name in meta["systems"]]
+    libs = [lib for lib in LIBS if any(r[0] == lib for r in runs)]
+    systems = [s for s in SYSTEMS if any(r[1] == s for r in runs)]
+    return libs, systems
+
+
+def report(runs: list[Record], meta: Record) -> list[str]:
+    libs, systems = _libs_and_systems(meta)
+    lines = [
         "| library | system | ok | fit_s | whole process | ray.init | test AUC |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for lib in meta["libs"]:
-        for system in meta["systems"]:
-            ok = sum(1 for r in runs if (r["lib"], r["system"]) == (lib, system) and r["ok"])
-            total = sum(1 for r in runs if (r["lib"], r["system"]) == (lib, system))
+    for lib in libs:
+        for system in systems:
+            name = f"{lib}-{system}"
+            ok = sum(1 for r in runs if r["system"] == name and r["ok"])
+            total = sum(1 for r in runs if r["system"] == name)
+            cells = [harness.cell(runs, name, key) for key in ("fit_s", "e2e_s", "ray_init_s")]
             lines.append(
-                f"| {lib} | {system} | {ok}/{total} | {_cell(runs, lib, system, 'fit_s')} | "
-                f"{_cell(runs, lib, system, 'e2e_s')} | "
-                f"{_cell(runs, lib, system, 'ray_init_s')} | "
-                f"{_cell(runs, lib, system, 'auc', 4)} |"
+                f"| {lib} | {system} | {ok}/{total} | {' | '.join(cells)} | "
+                f"{harness.cell(runs, name, 'auc', 4)} |"
             )
     lines += [
         "",
@@ -470,70 +401,47 @@ def report(runs: list[Record], meta: Record) -> str:
         "/ raytrain | fit_s phalanx / collective | AUC phalanx - single |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for lib in meta["libs"]:
-        a, s = _vals(runs, lib, "phalanx", "auc"), _vals(runs, lib, "single", "auc")
-        diff = median([a[k] - s[k] for k in a.keys() & s.keys()])
-        lines.append(
-            f"| {lib} | {_ratio(runs, lib, 'fit_s', 'phalanx', 'single')} | "
-            f"{_ratio(runs, lib, 'fit_s', 'phalanx', 'raytrain')} | "
-            f"{_ratio(runs, lib, 'e2e_s', 'phalanx', 'raytrain')} | "
-            f"{_ratio(runs, lib, 'fit_s', 'phalanx', 'collective')} | "
-            + (f"{diff:+.5f}" if diff is not None else "n/a")
-            + " |"
-        )
-    failed = [r for r in runs if not r["ok"]]
-    left = [f"{r['lib']}-{r['system']}-{r['rep']}: {r['leftover']}" for r in runs if r["leftover"]]
+    for lib in libs:
+        a = harness.vals(runs, f"{lib}-phalanx", "auc")
+        s = harness.vals(runs, f"{lib}-single", "auc")
+        diffs = [a[k] - s[k] for k in a.keys() & s.keys()]
+        ratios = [
+            harness.ratio(runs, key, f"{lib}-phalanx", f"{lib}-{other}")
+            for key, other in (("fit_s", "single"), ("fit_s", "raytrain"), ("e2e_s", "raytrain"))
+        ]
+        ratios.append(harness.ratio(runs, "fit_s", f"{lib}-phalanx", f"{lib}-collective"))
+        diff = f"{median(diffs):+.5f}" if diffs else "-"
+        lines.append(f"| {lib} | {' | '.join(ratios)} | {diff} |")
+    left = [f"{r['system']}-{r['rep']}: {r['leftover']}" for r in runs if r.get("leftover")]
     lines += ["", "- B6/B7 targets: fit_s <= 1.1x single; AUC within 1e-3 of single."]
-    lines.append(f"- failed runs: {len(failed)}; processes left after a run: {left or 'none'}")
-    return "\n".join(lines) + "\n"
+    lines.append(f"- processes left after a run: {left or 'none'}")
+    return lines
+
+
+BENCH = harness.Bench(
+    name="gbdt",
+    title="B6 XGBoost / B7 LightGBM: phalanx vs single process vs Ray Train 2.60",
+    systems=RUNS,
+    run_one=run_one,
+    add_arguments=add_arguments,
+    workload=workload,
+    report=report,
+    summary_keys=("fit_s", "e2e_s", "auc", "ray_init_s"),
+    ok=lambda rec: rec.get("rounds") == rec.get("rounds_asked"),
+    extra_versions=("xgboost", "lightgbm", "numpy", "pandas"),
+    own_session=True,
+    env=dict(THREAD_ENV),
+)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=500_000)
-    p.add_argument("--rounds", type=int, default=100)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--libs", default=",".join(LIBS))
-    p.add_argument("--systems", default=",".join(SYSTEMS[:3]))
-    p.add_argument("--timeout", type=float, default=900.0, help="per run, seconds")
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "gbdt"))
-    p.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
-    p.add_argument("--lib", choices=LIBS, help=argparse.SUPPRESS)
-    p.add_argument("--json-out", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.one:
-        rec = run_one(args)
-        Path(args.json_out).write_text(json.dumps(rec))
-        return
-    libs, systems = args.libs.split(","), args.systems.split(",")
-    logs = Path(tempfile.mkdtemp(prefix="phxgbdt-logs-"))
-    meta: Record = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": "python bench/gbdt.py " + " ".join(sys.argv[1:]),
-        "machine": machine(),
-        "versions": versions(),
-        "load_start": os.getloadavg()[0],
-        "rows": args.rows,
-        "rounds": args.rounds,
-        "reps": args.reps,
-        "libs": libs,
-        "systems": systems,
-        "env": THREAD_ENV,
-    }
-    runs = [
-        launch(lib, system, rep, args, logs)
-        for lib in libs
-        for rep in range(args.reps)
-        for system in systems
-    ]
-    meta["load_end"] = os.getloadavg()[0]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{out}.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
-    text = report(runs, meta)
-    Path(f"{out}.md").write_text(text)
-    print(text)
-    print(f"logs: {logs}")
+    args = harness.parse_args(BENCH)
+    if not args.one:
+        # --systems names systems (collective is opt-in), each run on every one of --libs.
+        given = SYSTEMS[:3] if args.systems == ",".join(RUNS) else args.systems.split(",")
+        libs = args.libs.split(",")
+        args.systems = ",".join(s if "-" in s else f"{lib}-{s}" for lib in libs for s in given)
+    harness.main(BENCH, args)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ Run from the repository root, alone on the machine:
     python bench/imports.py              # 7 reps
     python bench/imports.py --reps 3
 
-Each measurement is a fresh interpreter (interleaved, systems innermost) that times one import
-statement with ``time.perf_counter`` after a first statement that is not timed:
+Each measurement is a fresh interpreter (interleaved, systems innermost; started by the
+harness's run of this script with ``--one CASE``) that times one import statement with
+``time.perf_counter`` after a first statement that is not timed:
 
   phalanx.torch after torch    ``import phalanx.torch`` after ``import torch`` (target: <= 50 ms)
   ray.train.torch after torch    ``import ray.train.torch`` after ``import torch`` (what Ray users pay)
@@ -18,8 +19,8 @@ statement with ``time.perf_counter`` after a first statement that is not timed:
   phalanx                    ``import phalanx`` in an empty interpreter
   ray.train                  ``from ray import train`` in an empty interpreter
 
-Bytecode is compiled first (into a private cache, as ``pip install`` compiles it), so the figures
-are those of an installed package. Also counted: modules each import adds. Results go to
+Bytecode is compiled first by an untimed probe of the same case (into the run's private cache, as
+``pip install`` compiles it), so the figures are those of an installed package. Also counted: modules each import adds. Results go to
 bench/results/imports.{md,json}. Only the standard library is imported here.
 """
 
@@ -30,11 +31,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import machine, median, versions
+import harness
+from common import median
 
 REPO = Path(__file__).resolve().parent.parent
 CASES: dict[str, tuple[str, str]] = {
@@ -74,15 +75,15 @@ def probe(case: str, cache: str) -> dict[str, Any]:
     return {"case": case, **json.loads(out.stdout.splitlines()[-1])}
 
 
-def report(runs: list[dict[str, Any]]) -> list[str]:
+def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     lines = [
         "| import | median ms | min ms | max ms | modules added | runs with a full GC pass |",
         "|---|---|---|---|---|---|",
     ]
-    for case in CASES:
-        ok = [r for r in runs if r["case"] == case and "ms" in r]
+    for case in meta["systems"]:
+        ok = [r for r in runs if r["system"] == case and r["ok"]]
         if not ok:
-            err = next((r.get("error") for r in runs if r["case"] == case), "")
+            err = next((r.get("error") for r in runs if r["system"] == case), "")
             lines.append(f"| `{case}` | failed: {err} | | | | |")
             continue
         ms = [r["ms"] for r in ok]
@@ -100,42 +101,38 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def _med(runs: list[dict[str, Any]], case: str) -> float | None:
-    ms = [r["ms"] for r in runs if r["case"] == case and "ms" in r]
+    ms = [r["ms"] for r in runs if r["system"] == case and r["ok"]]
     return median(ms) if ms else None
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "imports"))
-    args = p.parse_args()
-    runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="phxpyc-") as cache:
-        for case in CASES:  # compile every module once, as an installed package has it
-            probe(case, cache)
-        for rep in range(args.reps):
-            for case in CASES:
-                rec = probe(case, cache)
-                runs.append({**rec, "rep": rep})
-                print(rep, case, rec.get("ms", rec.get("error")), flush=True)
-    meta = {"machine": machine(), "versions": versions(), "reps": args.reps,
-            "load_end": os.getloadavg()[0]}  # fmt: skip
-    body = report(runs)
-    m = meta["machine"]
-    head = [
-        "# Import cost (issue 19)",
-        "",
-        f"Fresh interpreter per run, {args.reps} reps interleaved, compiled bytecode. "
-        f"{m['nproc']} cores, {m['memory_gib']} GiB, {m['cpu_model']}; "
-        + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
-        + f"; load {m['load_start']:.2f} at the start, {meta['load_end']:.2f} at the end.",
-        "",
+def run_one(args: argparse.Namespace) -> dict[str, Any]:
+    cache = str(Path(args.work_dir) / "pycache")
+    probe(args.one, cache)  # compiles every module once, as an installed package has it
+    return probe(args.one, cache)
+
+
+def workload(meta: dict[str, Any]) -> list[str]:
+    return [
+        "- each run: a fresh interpreter per measurement, after an untimed one that compiled "
+        "the bytecode (as an installed package has it); the case's setup statement untimed, "
+        "then the import timed."
     ]
-    Path(args.out + ".md").write_text("\n".join(head + body) + "\n")
-    Path(args.out + ".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
-    print("\n".join(body))
+
+
+BENCH = harness.Bench(
+    name="imports",
+    title="Import cost (issue 19)",
+    systems=tuple(CASES),
+    run_one=run_one,
+    add_arguments=lambda p: None,
+    workload=workload,
+    report=report,
+    summary_keys=("ms",),
+    ok=lambda rec: "ms" in rec,
+    reps=7,
+    timeout_s=600.0,
+)
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(BENCH)

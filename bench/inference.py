@@ -22,22 +22,18 @@ by the driver; the subprocess wall time (incl. python + torch import) is reporte
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import shutil
-import signal
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
+from typing import Any
 
+import harness
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from common import median
 
 N_FEATURES = 100
 FEATURES = [f"f{i}" for i in range(N_FEATURES)]
@@ -180,207 +176,133 @@ def run_ray(root: str) -> dict:  # type: ignore[type-arg]
     }
 
 
-def child(system: str, root: str) -> None:
+def child(system: str, root: str) -> dict[str, Any]:
     torch.set_num_threads(1)
     if system.startswith("single"):
-        res = run_single(root, int(system[-1]))
-    elif system == "phalanx":
-        res = run_phalanx(root)
-    else:
-        res = run_ray(root)
-    print("RESULT " + json.dumps(res), flush=True)
+        return run_single(root, int(system[-1]))
+    if system == "phalanx":
+        return run_phalanx(root)
+    return run_ray(root)
 
 
 # --------------------------------------------------------------------------- driver
 
 
-def machine() -> dict:  # type: ignore[type-arg]
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    for mod in ("ray", "pyarrow", "numpy", "phalanx"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except Exception:
-            versions[mod] = "?"
-    return {
-        "nproc": os.cpu_count(),
-        "memory_gib": round(mem, 1),
-        "cpu": cpu,
-        "versions": versions,
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    }
+def run_one(args: argparse.Namespace) -> dict[str, Any]:
+    # The model and the Ray scorer are pickled by reference to this module as ``inference``
+    # (importable in the workers: PYTHONPATH has bench/), not by value from ``__main__``.
+    import inference
+
+    return inference.child(args.one, args.data_root)
 
 
-def spawn(system: str, root: str, timeout: float) -> dict:  # type: ignore[type-arg]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", BENCH_TORCH_THREADS="1")
-    env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
-    env["RAY_DEDUP_LOGS"] = "0"
-    cmd = [sys.executable, "-c", f"import inference; inference.child({system!r}, {root!r})"]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=HERE,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return {"error": f"timeout after {timeout}s", "stderr": err[-2000:]}
-    wall = time.perf_counter() - t0
-    for line in out.splitlines():
-        if line.startswith("RESULT "):
-            res = json.loads(line[7:])
-            res["wall_seconds"] = wall
-            return res
-    return {"error": f"rc={proc.returncode}", "stderr": err[-3000:]}
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--files", type=int, default=8)
+    p.add_argument("--data-root", help=argparse.SUPPRESS)
 
 
-def med(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+NAMES = {
+    "single1": "single-process loop, torch 1 thread",
+    "single2": "single-process loop, torch 2 threads",
+    "phalanx": f"phalanx BatchPredictor, {WORKERS} workers",
+    "ray": f"Ray Data map_batches, actor pool {WORKERS}",
+}
+RATIOS = [
+    ("single1", "steady_seconds", "phalanx e2e / single 1-thread steady state", 0.9),
+    ("single2", "steady_seconds", "phalanx e2e / single 2-thread steady state", 0.9),
+    ("single1", "seconds", "phalanx e2e / single 1-thread e2e", None),
+    ("single2", "seconds", "phalanx e2e / single 2-thread e2e", None),
+    ("ray", "seconds", "phalanx e2e / Ray Data e2e", 1.5),
+]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--files", type=int, default=8)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
-    parser.add_argument("--timeout", type=float, default=300)
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "inference"))
-    args = parser.parse_args()
-    systems = args.systems.split(",")
-    info = machine()
-    info["load_average_start"] = os.getloadavg()
-    root = tempfile.mkdtemp(prefix="phalanx_bench_inference_")
-    try:
-        setup(root, args.rows, args.files)
-        runs: dict[str, list[dict]] = {s: [] for s in systems}  # type: ignore[type-arg]
-        for rep in range(args.reps):
-            for s in systems:
-                res = spawn(s, root, args.timeout)
-                runs[s].append(res)
-                print(f"rep {rep} {s}: {json.dumps(res)[:300]}", flush=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    info["load_average_end"] = os.getloadavg()
-    report(args, info, runs)
-
-
-def rate(r: dict, key: str = "seconds") -> float:  # type: ignore[type-arg]
-    return r["rows"] / r[key] if "rows" in r and r.get(key) else float("nan")
-
-
-def report(args: argparse.Namespace, info: dict, runs: dict) -> None:  # type: ignore[type-arg]
-    ok = {s: [r for r in rs if "error" not in r] for s, rs in runs.items()}
-    names = {
-        "single1": "single-process loop, torch 1 thread",
-        "single2": "single-process loop, torch 2 threads",
-        "phalanx": f"phalanx BatchPredictor, {WORKERS} workers",
-        "ray": f"Ray Data map_batches, actor pool {WORKERS}",
-    }
-    summary: dict[str, dict] = {}  # type: ignore[type-arg]
-    rows_md = [
-        "| system | ok reps | end-to-end s (median) | rows/s end to end | rows/s steady state "
-        "| subprocess wall s |",
-        "|---|---|---|---|---|---|",
-    ]
-    for s, rs in ok.items():
-        e2e = med([r["seconds"] for r in rs])
-        thr = med([rate(r) for r in rs])
-        steady = med([rate(r, "steady_seconds") for r in rs]) if s.startswith("single") else None
-        wall = med([r["wall_seconds"] for r in rs])
-        summary[s] = {"seconds": e2e, "rows_per_s": thr, "steady_rows_per_s": steady, "wall": wall}
-        st = f"{steady:,.0f}" if steady else "-"
-        rows_md.append(
-            f"| {names.get(s, s)} | {len(rs)}/{len(runs[s])} | {e2e:.2f} | {thr:,.0f} | {st} "
-            f"| {wall:.2f} |"
-        )
-
-    def ratio(a: str, b: str, key_b: str = "seconds") -> float:
-        pairs = [
-            rate(x) / rate(y, key_b)
-            for x, y in zip(runs.get(a, []), runs.get(b, []), strict=False)
-            if "error" not in x and "error" not in y
-        ]
-        return med(pairs)
-
-    ratios = {}
-    if "phalanx" in runs:
-        for other, key, label, target in [
-            ("single1", "steady_seconds", "phalanx e2e / single 1-thread steady state", 0.9),
-            ("single2", "steady_seconds", "phalanx e2e / single 2-thread steady state", 0.9),
-            ("single1", "seconds", "phalanx e2e / single 1-thread e2e", None),
-            ("single2", "seconds", "phalanx e2e / single 2-thread e2e", None),
-            ("ray", "seconds", "phalanx e2e / Ray Data e2e", 1.5),
-        ]:
-            if other in runs:
-                ratios[label] = {"ratio": ratio("phalanx", other, key), "target": target}
-    ratio_md = ["| ratio (median of per-rep ratios of rows/s) | value | target | met |"]
-    ratio_md.append("|---|---|---|---|")
-    for label, v in ratios.items():
-        t = v["target"]
-        met = "-" if t is None else ("yes" if v["ratio"] >= t else "**no**")
-        ratio_md.append(f"| {label} | {v['ratio']:.2f}x | {f'≥ {t:.1f}x' if t else '-'} | {met} |")
-    errors = [
-        f"- {s} rep {i}: {r['error']}: `{r.get('stderr', '')[-300:]!r}`"
-        for s, rs in runs.items()
-        for i, r in enumerate(rs)
-        if "error" in r
-    ]
-    v = info["versions"]
-    header = [
-        "# B9 batch inference",
-        "",
-        f"MLP {N_FEATURES} -> 256 -> 256 -> 1 (float32) over {args.rows:,} rows in {args.files} "
-        f"Parquet files, batch {BATCH}, {WORKERS} workers; {args.reps} reps, systems interleaved, "
-        "each run in its own subprocess; OMP/MKL_NUM_THREADS=1 and torch 1 thread in every "
-        "worker (single-process loop: 1 and 2 threads).",
-        "",
-        f"- machine: {info['nproc']} cores, {info['memory_gib']} GiB, {info['cpu']} (shared, noisy)",
-        "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-        f"- date: {info['date']}",
-        "- load average (1/5/15 min) at start: "
-        + "/".join(f"{x:.2f}" for x in info["load_average_start"])
-        + ", at end: "
-        + "/".join(f"{x:.2f}" for x in info["load_average_end"]),
+def workload(meta: dict[str, Any]) -> list[str]:
+    return [
+        f"- workload: MLP {N_FEATURES} -> 256 -> 256 -> 1 (float32) over {meta['rows']:,} rows "
+        f"in {meta['files']} Parquet files, batch {BATCH}, {WORKERS} workers; "
+        "OMP/MKL_NUM_THREADS=1 and torch 1 thread in every worker (single-process loop: 1 and "
+        "2 threads).",
         "- end to end: from before the system's own imports (phalanx / ray, incl. ray.init and "
         "worker start-up) to every prediction in the driver's memory; the single loop's steady "
         "state excludes the model load only (reading is included). Subprocess wall adds "
         "Python + torch import.",
-        "",
     ]
-    md = header + rows_md + [""] + ratio_md + [""]
-    if errors:
-        md += ["Failed runs:", "", *errors, ""]
-    text = "\n".join(md)
-    print(text)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".md", "w") as f:
-        f.write(text)
-    with open(args.out + ".json", "w") as f:
-        json.dump(
-            {
-                "machine": info,
-                "args": vars(args),
-                "summary": summary,
-                "ratios": ratios,
-                "runs": runs,
-            },
-            f,
-            indent=1,
+
+
+def rate(r: dict[str, Any], key: str = "seconds") -> float:
+    return r["rows"] / r[key] if "rows" in r and r.get(key) else float("nan")
+
+
+def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    lines = [
+        "| system | ok reps | end-to-end s (median) | rows/s end to end | rows/s steady state "
+        "| subprocess wall s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in meta["systems"]:
+        rs = [r for r in runs if r["system"] == s and r["ok"]]
+        total = sum(1 for r in runs if r["system"] == s)
+        if not rs:
+            lines.append(f"| {NAMES.get(s, s)} | 0/{total} | - | - | - | - |")
+            continue
+        steady = median([rate(r, "steady_seconds") for r in rs]) if s.startswith("single") else None
+        lines.append(
+            f"| {NAMES.get(s, s)} | {len(rs)}/{total} | {median([r['seconds'] for r in rs]):.2f} "
+            f"| {median([rate(r) for r in rs]):,.0f} | {f'{steady:,.0f}' if steady else '-'} "
+            f"| {median([r['e2e_s'] for r in rs]):.2f} |"
         )
+    lines += ["", "| ratio (median of per-rep ratios of rows/s) | value | target | met |"]
+    lines.append("|---|---|---|---|")
+    for other, key, label, target in RATIOS:
+        if "phalanx" not in meta["systems"] or other not in meta["systems"]:
+            continue
+        a = {r["rep"]: rate(r) for r in runs if r["system"] == "phalanx" and r["ok"]}
+        b = {r["rep"]: rate(r, key) for r in runs if r["system"] == other and r["ok"]}
+        value = median([a[k] / b[k] for k in a.keys() & b.keys()])
+        if value is None:
+            lines.append(f"| {label} | - | - | - |")
+            continue
+        met = "-" if target is None else ("yes" if value >= target else "**no**")
+        lines.append(
+            f"| {label} | {value:.2f}x | {f'≥ {target:.1f}x' if target else '-'} | {met} |"
+        )
+    return lines
+
+
+BENCH = harness.Bench(
+    name="inference",
+    title="B9 batch inference",
+    systems=tuple(SYSTEMS),
+    run_one=run_one,
+    add_arguments=add_arguments,
+    workload=workload,
+    report=report,
+    summary_keys=("seconds",),
+    ok=lambda rec: "rows" in rec,
+    extra_versions=("pyarrow", "numpy"),
+    timeout_s=300.0,
+    own_session=True,
+    env={
+        **harness.THREAD_ENV,
+        "BENCH_TORCH_THREADS": "1",
+        "RAY_DEDUP_LOGS": "0",
+        "PYTHONPATH": os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p),
+    },
+)
+
+
+def main() -> None:
+    args = harness.parse_args(BENCH)
+    if args.one or args.render:
+        harness.main(BENCH, args)
+        return
+    args.data_root = tempfile.mkdtemp(prefix="phalanx_bench_inference_")
+    try:
+        setup(args.data_root, args.rows, args.files)
+        harness.main(BENCH, args)
+    finally:
+        shutil.rmtree(args.data_root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,10 @@ Workloads (scale ones at every size):
              script kills the node (not the driver's) hosting most ranks. From the loss: detect
              (the trainer's after_exception callback), the new group's first line and first step
              (first rank, all ranks); checked: resumed after the latest committed checkpoint, at
-             full size, off the lost node, no checkpoint lost, fit() succeeded.
+             full size, off the lost node, no checkpoint lost, fit() succeeded. phalanx on Ray
+             recovers as ``--restore-mode`` says: in-place (the default: the surviving actors
+             serve the new group, only the lost ranks get new actors) or full (every rank a new
+             actor, as Ray Train); run the script once per mode, each with its own ``--out``.
   restore_elastic  the same with elastic num_workers=(ceil(n * --elastic-min-frac), n) and no
              spare node, so the run continues smaller. Checked as in restore, but at the new
              size: one world size w for the whole new group, all w ranks stepped, min <= w < n.
@@ -560,6 +563,7 @@ def run_one(args: argparse.Namespace) -> Record:
             ray, cluster = _ray_cluster(args, n, workload)
         setup_s = time.perf_counter() - t0
         cfg = _workload_cfg(args, system, workload, n, out)
+        os.environ["PHALANX_RESTORE_MODE"] = args.restore_mode  # read by phalanx's Ray engine
         if workload in RESTORES:
             rec = _fit_restore(system, n, cfg, tmp / "store", cluster)
         elif system == "ray_actors":
@@ -773,7 +777,7 @@ def launch(system: str, workload: str, n: int, rep: int, args: argparse.Namespac
 WORKLOAD_ARGS = ("nodes", "report_seconds", "ray_reports", "commits", "ray_commits", "part_bytes",
                  "commit_gap", "keep_rounds", "ray_keep_rounds", "b2_rows", "b2_epochs",
                  "restore_rounds", "round_s", "loss_round", "health_check_ms", "peers_fail",
-                 "elastic_min_frac", "start_timeout_s")  # fmt: skip
+                 "elastic_min_frac", "start_timeout_s", "restore_mode")  # fmt: skip
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
@@ -1047,6 +1051,11 @@ def _restore_header(a: Record, workloads: set[str]) -> list[str]:
         "start timeout (its after_exception callback is not called for that), then restart "
         "smaller.",
     ]
+    mode = (
+        "in place: the surviving actors serve the new group, only the lost ranks get new actors"
+        if a.get("restore_mode", "full") == "in-place"
+        else "in full: every rank gets a new actor, as Ray Train"
+    )
     return [
         f"- restore: fixed num_workers=n, FailureConfig(max_failures=1), {a['nodes']} nodes + 1 "
         f"spare; {a['restore_rounds']} rounds of {a['round_s']} s (rank 0 checkpoints each"
@@ -1058,7 +1067,7 @@ def _restore_header(a: Record, workloads: set[str]) -> list[str]:
         "node, no checkpoint lost, fit() succeeds. detect: phalanx's callback fires after the "
         "failed group was torn down, Ray Train's when its controller's poll finds the error. "
         f"Worker-group start timeouts {a.get('start_timeout_s', 600):g} s for both "
-        "(defaults: 60 s).",
+        f"(defaults: 60 s). phalanx on Ray restarts {mode}.",
     ] + (elastic if "restore_elastic" in workloads else [])
 
 
@@ -1131,6 +1140,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=600.0,
         help="restore workloads: worker-group start timeout of both systems (defaults: 60 s). "
         "Ray Train's elastic restart waits it out once (see restore_elastic)",
+    )
+    add(
+        "--restore-mode",
+        default="in-place",
+        choices=("in-place", "full"),
+        help="restore workloads: how phalanx on Ray restarts the group (PHALANX_RESTORE_MODE)",
     )
     add("--sample-interval", type=float, default=0.1)
     add("--timeout", type=float, default=900.0, help="per-run limit in seconds")

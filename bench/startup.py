@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import MARKER_ENV, free_port, median, package_version, reap_marked, spin
+from common import MARKER_ENV, free_port, machine, median, package_version, reap_marked, spin
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("phalanx", "phalanx_spawn", "phalanx_ray", "raytrain", "raw")
@@ -513,24 +513,9 @@ def _read(path: str) -> str:
 
 
 def machine_info() -> Record:
-    cpuinfo = _read("/proc/cpuinfo")
-    models = [
-        ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")
-    ]
-    mem_kb = next(
-        (
-            int(ln.split()[1])
-            for ln in _read("/proc/meminfo").splitlines()
-            if ln.startswith("MemTotal")
-        ),
-        0,
-    )
     return {
-        "nproc": os.cpu_count(),
+        **machine(),
         "affinity": len(os.sched_getaffinity(0)),
-        "memory_gib": round(mem_kb / 2**20, 1),
-        "cpu_model": models[0] if models else platform.processor(),
-        "platform": platform.platform(),
         "loadavg_start": os.getloadavg(),
     }
 

@@ -1,17 +1,40 @@
-"""Shared fixtures. Every test fails if it leaks child processes, phalanx threads or env vars."""
+"""Shared fixtures. HOME is a temp directory for the session; every test fails if it leaks child
+processes, phalanx threads, env vars or files outside its temp directory (tests/_leaks.py)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from _leaks import no_leaks as check_no_leaks
 from _leaks import wait_until_settled
+from _skips import pytest_addoption, pytest_configure  # noqa: F401  (the skip check's hooks)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """HOME is a temp directory for the whole session, so the default storage path
+    (~/phalanx_results), the log cache (~/.cache) and anything else a code path puts under ~ stay
+    in the session's temp dir; PHALANX_STORAGE_PATH is unset so the default is that one. Set
+    before any test's leak snapshot; restored at the end."""
+    saved = {key: os.environ.get(key) for key in ("HOME", "PHALANX_STORAGE_PATH")}
+    home = tmp_path_factory.mktemp("home")
+    os.environ["HOME"] = str(home)
+    os.environ.pop("PHALANX_STORAGE_PATH", None)
+    try:
+        yield str(home)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @pytest.fixture(autouse=True)
-def no_leaks() -> Iterator[None]:
+def no_leaks(isolated_home: str) -> Iterator[None]:
     with check_no_leaks():
         yield
 

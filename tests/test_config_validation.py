@@ -56,7 +56,8 @@ BAD = [
     (F, "max_failures", 1.0, "integer >= -1"),
     (F, "max_preemption_failures", "1", "integer >= -1"),
     (F, "hang_timeout_s", True, "number of seconds > 0"),
-    (F, "hang_timeout_s", 0, "number of seconds > 0"),
+    (F, "hang_timeout_s", -1, "number of seconds > 0"),
+    (F, "hang_timeout_s", "off", "number of seconds > 0"),
     (F, "hang_timeout_s", math.nan, "number of seconds > 0"),
     (F, "hang_timeout_s", math.inf, "finite"),
     (F, "hang_timeout_s", "10", "number of seconds > 0"),
@@ -147,6 +148,8 @@ def test_good_values_are_accepted(tmp_path):
     ScalingConfig(trainer_resources={"CPU": 0}, accelerator_type="A100")
     ScalingConfig(resources_per_worker={"CPU": 0.5, "memory": 10**9})
     FailureConfig(hang_timeout_s=0.5, preemption_grace_s=0, max_failures=-1)
+    for off_or_auto in (None, 0, "auto"):
+        FailureConfig(hang_timeout_s=off_or_auto)
     CheckpointConfig(checkpoint_at_end=False, num_to_keep=None)
     DataConfig(datasets_to_split=["train"], equal_split=False)
     for path in (pathlib.Path(tmp_path), "s3://bucket/x", "memory://x", "file:///tmp/x"):

@@ -12,12 +12,27 @@ import signal
 import tempfile
 import time
 
+import psutil
 import pytest
 
 import phalanx as train
 from phalanx import Checkpoint, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
 
 pytestmark = pytest.mark.slow
+
+
+def wait_for(condition, what, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def gone(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def loop(config):
@@ -34,17 +49,24 @@ def loop(config):
             loss = math.nan if first and step == k else 1.0 / (step + 1)
             train.report({"step": step, "loss": loss})
             if first and step == k:
-                open(config["marker"], "w").close()
+                with open(config["marker"] + ".tmp", "w") as f:
+                    f.write(str(os.getpid()))
+                os.replace(config["marker"] + ".tmp", config["marker"])
                 if config.get("kill"):  # a lost machine: nothing runs after report() returns
                     os.kill(os.getpid(), signal.SIGKILL)
                 raise FloatingPointError("loss is NaN")
             continue
         with tempfile.TemporaryDirectory() as d:
             if first and step == k:
-                deadline = time.monotonic() + 10
-                while not os.path.exists(config["marker"]) and time.monotonic() < deadline:
-                    time.sleep(0.002)
-                time.sleep(0.2)  # the driver has seen rank 1 fail by now
+                # Round k's checkpoint is written only once rank 1 has reported round k and
+                # failed (its process gone, when killed). Which of the two the driver sees first
+                # is the processes' own order, over 20 runs; each order is pinned step by step
+                # in tests/controller/test_drain_order.py.
+                wait_for(lambda: os.path.exists(config["marker"]), "rank 1's failure")
+                if config.get("kill"):
+                    with open(config["marker"]) as f:
+                        pid = int(f.read())
+                    wait_for(lambda p=pid: gone(p), "rank 1's process to be gone")
             with open(os.path.join(d, "step"), "w") as f:
                 f.write(str(step))
             train.report({"step": step, "loss": 1.0 / (step + 1)}, Checkpoint.from_directory(d))

@@ -30,7 +30,11 @@ from phalanx import (
 from phalanx._internal.controller.watchdog import innermost_user_frame, roll_call
 
 pytestmark = pytest.mark.slow
-torch = pytest.importorskip("torch")
+try:  # only the tests that train a model need torch; Ctrl-C, SIGTERM, crashes and retries do not
+    import torch
+except ImportError:
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install phalanx[torch])")
 
 
 def _warm_torch() -> None:
@@ -42,7 +46,8 @@ def _warm_torch() -> None:
     optimizer.step()
 
 
-_warm_torch()
+if torch is not None:
+    _warm_torch()
 
 
 def free_port() -> int:
@@ -93,6 +98,7 @@ def hanging_loop(config):
         train.report({"step": step})
 
 
+@needs_torch
 def test_a_rank_stuck_outside_a_collective_is_named_with_every_stack(storage):
     start = time.monotonic()
     with pytest.raises(HangError) as info:
@@ -228,6 +234,7 @@ def deterministic_ddp_loop(config):
     return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 
 
+@needs_torch
 def test_kill_9_at_random_steps_resumes_to_the_same_model(storage):
     steps = 12
     reference = fit(
@@ -343,14 +350,14 @@ def test_a_crashed_driver_is_resumed_by_running_it_again(driver_script, tmp_path
 
 def test_ctrl_c_stops_every_worker_and_keeps_committed_checkpoints(driver_script, tmp_path):
     run_dir = tmp_path / "runs" / "crashy"
-    driver = start_driver(driver_script, tmp_path, 0.2)
+    driver = start_driver(driver_script, tmp_path, 0.5)
     try:
         wait_for(lambda: (run_dir / "checkpoint_000002").exists(), 30, "a few checkpoints")
         pids = worker_pids(tmp_path)
         driver.send_signal(signal.SIGINT)
         start = time.monotonic()
         _, err = driver.communicate(timeout=10)
-        assert time.monotonic() - start < 2.0
+        assert time.monotonic() - start < 5.0  # not after the ~8 s of rounds left
     finally:
         if driver.poll() is None:
             driver.kill()

@@ -16,6 +16,7 @@ import pytest
 from phalanx import CheckpointConfig
 from phalanx._internal.storage import checkpoint_manager as cm
 from phalanx._internal.storage import snapshot_journal as sj
+from phalanx._internal.storage.local_store import LocalStore
 from phalanx._internal.storage.run_storage import SNAPSHOT_FILE, RunStorage
 from phalanx._internal.storage.snapshot_journal import read_state
 
@@ -107,14 +108,14 @@ def test_a_thousand_commits_rewrite_the_snapshot_a_handful_of_times(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rewrites: list[int] = []
-    real = RunStorage.write_atomic
+    real = LocalStore.write_atomic
 
     def counting(self: RunStorage, relative: str, data: bytes) -> None:
         if relative == SNAPSHOT_FILE:
             rewrites.append(len(data))
         real(self, relative, data)
 
-    monkeypatch.setattr(RunStorage, "write_atomic", counting)
+    monkeypatch.setattr(LocalStore, "write_atomic", counting)
     manager = _manager(tmp_path)
     manager.begin_attempt()
     _register(manager, 1000)

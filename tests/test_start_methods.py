@@ -181,7 +181,7 @@ def test_processes_the_training_function_started_are_gone_after_fit(storage, tmp
     files = os.listdir(tmp_path / "pids")
     pids = [int(p) for name in files for p in (tmp_path / "pids" / name).read_text().split()]
     assert len(pids) == 2 * 4
-    while any(alive(p) for p in pids) and time.monotonic() - returned < 2.0:
+    while any(alive(p) for p in pids) and time.monotonic() - returned < 10.0:
         time.sleep(0.01)
     assert not [p for p in pids if alive(p)], "processes outlived fit()"
 
@@ -197,22 +197,101 @@ def cuda_initialised(monkeypatch):
     monkeypatch.setattr(start_method, "_logged", set())  # "once per process": a fresh process
 
 
-def test_a_driver_that_initialised_cuda_spawns_its_workers_and_says_why_once(
+def test_a_driver_that_initialised_cuda_forks_workers_from_a_fresh_server_and_says_why_once(
     storage, monkeypatch, cuda_initialised, caplog
 ):
     monkeypatch.delenv("PHALANX_START_METHOD")
 
     def loop():
+        torch_preloaded = "torch" in sys.modules  # the first line: imported by the server
         import torch
 
-        return {**describe_worker(), "cuda": torch.cuda.is_initialized()}
+        return {
+            **describe_worker(),
+            "parent_pid": os.getppid(),
+            "torch_preloaded": torch_preloaded,
+            "cuda": torch.cuda.is_initialized(),
+        }
 
     with caplog.at_level(logging.INFO, logger="phalanx"):
         first = fit(loop, storage, workers=1).return_value
         fit(lambda: None, storage, workers=1)
-    assert SPAWN_SERVER in first["parent"] and first["fresh"] and first["cuda"] is False
+    # Forked from a fresh interpreter (the fork server), not the driver, which holds CUDA.
+    assert "serve_spawned" in first["parent"] and first["parent_pid"] != os.getpid()
+    assert first["torch_preloaded"] and first["own_session"] and first["cuda"] is False
     why = [r.getMessage() for r in caplog.records if "CUDA is already initialised" in r.message]
     assert len(why) == 1 and "Workers start with spawn" in why[0]
+
+
+CUDA_DRIVER = """
+import os, sys, time
+import torch
+import phalanx as train
+from phalanx import DataParallelTrainer, RunConfig, ScalingConfig
+
+torch.cuda.is_initialized = lambda: True  # as after a model was moved to the GPU
+
+def loop(config):
+    with open(os.path.join(config["dir"], f"pid_{os.getpid()}_{os.getppid()}"), "w"):
+        pass
+    time.sleep(120)
+
+DataParallelTrainer(loop, train_loop_config={"dir": sys.argv[1]},
+                    scaling_config=ScalingConfig(num_workers=2, engine="local"),
+                    run_config=RunConfig(storage_path=sys.argv[2])).fit()
+"""
+
+
+def test_killing_a_cuda_initialised_driver_leaves_neither_workers_nor_fork_server(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "driver.py"
+    script.write_text(CUDA_DRIVER)
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    environ = {k: v for k, v in os.environ.items() if k != "PHALANX_START_METHOD"}
+    command = [sys.executable, str(script), str(pids_dir), str(tmp_path / "runs")]
+    driver = subprocess.Popen(command, env=environ)
+    try:
+        local.wait_for(lambda: len(os.listdir(pids_dir)) == 2, 60, "both workers to start")
+        pids = [int(p) for name in os.listdir(pids_dir) for p in name.split("_")[1:]]
+        server = psutil.Process(pids[1])
+        assert "serve_spawned" in " ".join(server.cmdline()) and pids[1] != driver.pid
+        driver.kill()
+        driver.wait()
+        # A worker (or the server) outliving its driver lives on for good: any bound catches it.
+        alive = [p for p in pids if psutil.pid_exists(p)]
+        local.wait_for(lambda: not any(psutil.pid_exists(p) for p in alive), 10.0, "to die")
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+
+
+def test_a_fresh_fork_server_that_cannot_start_falls_back_to_spawning_with_a_hint(
+    storage, monkeypatch, cuda_initialised, caplog
+):
+    from phalanx._internal.engines.local import forkserver
+
+    monkeypatch.delenv("PHALANX_START_METHOD")
+    monkeypatch.setattr(forkserver, "_BOOT", "import sys; sys.exit(3)")
+    with caplog.at_level(logging.WARNING, logger="phalanx"):
+        worker = fit(describe_worker, storage, workers=1).return_value
+    assert SPAWN_SERVER in worker["parent"] and worker["fresh"]
+    warning = [r.getMessage() for r in caplog.records if "fresh fork server" in r.message]
+    assert len(warning) == 1 and "exit code 3" in warning[0] and "HINT:" in warning[0]
+
+
+def test_a_fresh_fork_server_imports_torch_and_the_packages_main_imported(monkeypatch):
+    import types
+
+    from phalanx._internal.engines.local.forkserver import main_imports
+
+    torch = pytest.importorskip("torch")
+    main = types.ModuleType("__main__")
+    main.psutil, main.os, main.Process = psutil, os, psutil.Process  # os: the standard library
+    main.tensor = torch.zeros(1)  # an object: its class's package
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert main_imports() == ("psutil", "torch")
 
 
 def test_forcing_fork_after_cuda_was_initialised_fails_at_fit_with_a_hint(
@@ -222,7 +301,7 @@ def test_forcing_fork_after_cuda_was_initialised_fails_at_fit_with_a_hint(
     start = time.monotonic()
     with pytest.raises(ConfigError, match="CUDA is already initialised") as info:
         fit(lambda: None, storage)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 5.0  # before any worker is started
     assert "HINT: unset PHALANX_START_METHOD" in str(info.value)
 
 

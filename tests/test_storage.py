@@ -191,7 +191,8 @@ def test_a_slow_filesystem_does_not_slow_training_in_async_mode(mode):
     if mode is CheckpointUploadMode.SYNC:
         assert result.return_value >= 5 * SlowFileSystem.delay_s
     else:
-        assert result.return_value < 0.1  # five 0.1 s uploads, none waited for
+        # relative to the uploads' own time: waiting for even one would cost delay_s
+        assert result.return_value < SlowFileSystem.delay_s  # five uploads, none waited for
     assert list(result.metrics_dataframe["step"]) == [0, 1, 2, 3, 4]  # in order
     for step in range(5):  # every upload complete before its commit
         assert (

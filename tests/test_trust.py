@@ -71,10 +71,11 @@ def test_a_run_that_did_not_fail_has_no_error_after_from_path(storage):
 @pytest.mark.slow
 def test_remote_storage_logs_go_to_a_private_directory_not_a_planted_symlink(tmp_path, monkeypatch):
     name = f"logs-{uuid.uuid4().hex[:8]}"
-    # Another local user pre-creates the old, predictable log path as a symlink to their target.
+    # Another local user pre-creates the old, predictable log path as a symlink to their target
+    # (in a temp directory of this test's own: the shared /tmp/phalanx_logs is left alone).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     old_parent = os.path.join(tempfile.gettempdir(), "phalanx_logs")
-    created = not os.path.exists(old_parent)
-    os.makedirs(old_parent, exist_ok=True)
+    os.makedirs(old_parent)
     target = tmp_path / "attacker_target"
     target.mkdir()
     planted = os.path.join(old_parent, name)
@@ -93,8 +94,6 @@ def test_remote_storage_logs_go_to_a_private_directory_not_a_planted_symlink(tmp
         ).fit()
     finally:
         os.unlink(planted)
-        if created:
-            os.rmdir(old_parent)
     assert os.listdir(target) == []  # before: rank_0.log was appended there
     logs = glob.glob(str(tmp_path / "cache" / "phalanx" / "logs" / f"{name}-*" / "rank_0.log"))
     assert len(logs) == 1

@@ -164,7 +164,10 @@ def test_progress_view_updates_on_a_terminal_without_garbling_output(tmp_path: P
     assert f"{ERASE_LINE}[rank0]: hello from the worker\r\n" in out
     assert f"{ERASE_LINE}driver says round 2\r\n" in out  # the driver's own prints too
     assert "Run 'watched' finished in" in out
-    assert out.rstrip().endswith("checkpoint: checkpoint_000002")  # the view is gone at the end
+    # The view is gone at the end: the last lines are the closing ones, no status line after.
+    finished, goodput = out.rstrip().splitlines()[-2:]
+    assert finished.endswith("checkpoint: checkpoint_000002"), out
+    assert goodput.startswith("[phalanx] Run 'watched': goodput ") and " · " not in goodput, out
 
 
 @pytest.mark.slow

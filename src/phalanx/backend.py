@@ -127,6 +127,10 @@ class Backend:
     """Framework set-up hooks; all default to doing nothing."""
 
     share_cuda_visible_devices: bool = False
+    # In-place recovery (Ray engine): run in each surviving worker once its training call ended,
+    # so the next attempt can reuse the process (e.g. leave the process group). None: this
+    # framework's state cannot be reset in a live process, so every worker is replaced.
+    reset_worker: Callable[[], None] | None = None
 
     def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         """After the workers started and their sessions exist, before training."""
@@ -135,7 +139,11 @@ class Backend:
         """Right before the training function starts on every worker."""
 
     def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
-        """After training ended (or failed), before the workers stop."""
+        """After the training function returned on every rank, before the workers stop (also
+        before an elastic group restarts larger). Not called after a failure: a failed attempt's
+        workers are killed at once (a rank stuck in a collective answers nothing), and the
+        framework's state ends with their processes. Not called on the in-process engines
+        (thread, inline). An exception here is logged; the workers are stopped anyway."""
 
 
 @dataclass

@@ -39,7 +39,7 @@ def _fail(cls: str, name: str, value: Any, allowed: str, hint: str = "") -> Conf
 
 def _check_run_name(name: Any) -> None:
     """The run directory is ``<storage_path>/<name>``: one path component, or it escapes."""
-    from phalanx._internal.storage.paths import RESERVED_PREFIX, component_problem
+    from phalanx._internal.fs.paths import RESERVED_PREFIX, component_problem
 
     problem = component_problem(name)
     if problem is None and name.startswith(RESERVED_PREFIX):
@@ -61,6 +61,13 @@ def _is_int(value: Any) -> bool:
 def _is_number(value: Any) -> bool:
     """int or float, not bool: ``hang_timeout_s=True`` is a mistake, not one second."""
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_hang_timeout(value: Any) -> bool:
+    """``"auto"``, None, or a finite number of seconds >= 0 (0: off, as None)."""
+    if value is None or (isinstance(value, str) and value == "auto"):
+        return True
+    return _is_number(value) and value >= 0 and not math.isinf(value)
 
 
 def _check_num_workers(value: Any) -> None:
@@ -247,8 +254,11 @@ class FailureConfig(KeywordChecked):
       SIGTERM (spot or node preemption). ``-1`` (the default) retries forever.
 
     ``hang_timeout_s``: ranks that make no progress (no ``report()``, no return) for this long
-    are declared hung; the error names them and shows every rank's Python stack. ``None``
-    (default) turns the watchdog off. Pick it larger than your longest gap between reports.
+    are declared hung; the error names them, the rank that held the others up, and shows every
+    rank's Python stack. ``"auto"`` (default) adapts to the run: the larger of a floor
+    (``PHALANX_HANG_TIMEOUT_FLOOR_S``, 30 min) and 10x the slowest round seen so far; before
+    any rank has reported, 4x the floor (compilation, data loading). ``None`` or ``0`` turns the
+    watchdog off; a number of seconds fixes it (larger than your longest gap between reports).
 
     ``preemption_grace_s``: after a preemption notice, how long the ranks get to reach the stop
     round (and save a checkpoint) before they are killed.
@@ -268,7 +278,7 @@ class FailureConfig(KeywordChecked):
     max_preemption_failures: int = -1
     relax_collectives_on_preemption: bool = False
     preemption_grace_s: float = 30.0
-    hang_timeout_s: float | None = None
+    hang_timeout_s: float | Literal["auto"] | None = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.relax_collectives_on_preemption, bool):
@@ -283,12 +293,13 @@ class FailureConfig(KeywordChecked):
             if not _is_int(value) or value < -1:
                 raise _fail("FailureConfig", name, value, "an integer >= -1 (-1: retry forever)")
         hang = self.hang_timeout_s
-        if hang is not None and (not _is_number(hang) or not hang > 0 or math.isinf(hang)):
+        if not _is_hang_timeout(hang):
             raise _fail(
                 "FailureConfig",
                 "hang_timeout_s",
                 hang,
-                "None (no watchdog) or a finite number of seconds > 0",
+                '"auto" (the default rule), None or 0 (no watchdog), or a finite number of '
+                "seconds > 0",
             )
         grace = self.preemption_grace_s
         if not _is_number(grace) or not grace >= 0 or math.isinf(grace):
@@ -393,7 +404,7 @@ class DataConfig(KeywordChecked):
     def default_ingest_options() -> Any:
         """Ray's default execution options for training ingest (the driver's Ray Data
         options when Ray Data is in use; otherwise ``phalanx.data.ExecutionOptions``)."""
-        from phalanx.data._options import default_ingest_options
+        from phalanx._internal.execution_options import default_ingest_options
 
         return default_ingest_options()
 

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = ["PreemptionInfo", "TrainContext"]
+
+
+class RunLocation(Protocol):
+    """Where a run's files live, as an engine sees them: ``filesystem`` (fsspec) and
+    ``path(*parts)`` inside the run directory. The run's store provides it; the Ray engine has
+    each worker on another node check it can reach the run before training starts."""
+
+    @property
+    def filesystem(self) -> Any: ...
+
+    def path(self, *parts: str) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -52,7 +63,9 @@ class TrainContext:
         return self.experiment_name
 
     def get_storage(self) -> Any:
-        """The run's storage: ``.filesystem``, ``.run_path`` (the experiment directory), ..."""
+        """Where the run lives, a ``StorageContext`` (Ray's names): ``storage_path``,
+        ``experiment_dir_name``, ``experiment_fs_path``, ``filesystem`` (fsspec),
+        ``storage_filesystem`` (pyarrow), ``build_checkpoint_path_from_name(name)``, ..."""
         return self.storage
 
     def get_metadata(self) -> dict[str, Any]:

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import os
-import pickle
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from phalanx._internal.goodput import Goodput
 from phalanx._internal.optional import require
-from phalanx._internal.storage.checkpoint_manager import CheckpointManager
-from phalanx._internal.storage.filesystem import is_local
-from phalanx._internal.storage.history import final_trajectory, read_history, user_metrics
-from phalanx._internal.storage.run_storage import ERROR_PICKLE_FILE, ERROR_TEXT_FILE, RunStorage
 from phalanx.checkpoint import Checkpoint
-from phalanx.config import CheckpointConfig
-from phalanx.errors import StorageError, TrainingFailedError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,6 +29,11 @@ class Result:
     ``return_value`` what rank 0's training function returned, ``error`` the failure if any,
     ``attempts`` how many attempts the run took and ``attempt_errors`` each attempt's error
     message (None for an attempt that did not fail), oldest first, also after ``from_path``.
+    ``stragglers`` lists each period a rank was flagged as a straggler (``rank``, ``host``,
+    ``node_id``, ``gpu_ids``, ``slowdown``, ``first_round``/``last_round``,
+    ``started``/``ended``, ``attempt``), also after ``from_path`` (read from run.json).
+    ``goodput`` says where the wall time went (productive, start-up, checkpoints, data,
+    stragglers, failures, other; per attempt and in total), also after ``from_path``.
 
     Example::
 
@@ -51,16 +50,22 @@ class Result:
     return_value: Any = None
     attempts: int = 1
     attempt_errors: list[str | None] = field(default_factory=list)
-    _storage: RunStorage | None = field(default=None, repr=False)
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+    goodput: Goodput | None = None
+    _storage: Any = field(default=None, repr=False)  # the run's store (storage/store.py)
 
     @property
     def filesystem(self) -> pyarrow.fs.FileSystem:
         """A ``pyarrow.fs.FileSystem`` that reads ``path`` (as Ray's ``Result.filesystem``)."""
         pafs = require("pyarrow.fs", "Result.filesystem")
-        fs = self._storage.filesystem if self._storage else None
-        if fs is None or is_local(fs):
+        if self._storage is None or self._storage.local_path is not None:
             return pafs.LocalFileSystem()
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+        return pafs.PyFileSystem(pafs.FSSpecHandler(self._storage.filesystem))
+
+    def _reader(self) -> Any:
+        from phalanx._internal.storage.reader import RunReader
+
+        return RunReader(self._storage) if self._storage else None
 
     @property
     def metrics_dataframe(self) -> pd.DataFrame:
@@ -73,7 +78,8 @@ class Result:
         superseded by the retry's. ``all_ranks_metrics_dataframe`` keeps them all.
         """
         pd = require("pandas", "Result.metrics_dataframe")
-        rows = final_trajectory(read_history(self._storage)) if self._storage else []
+        reader = self._reader()
+        rows = reader.history() if reader else []
         return pd.DataFrame(rows)
 
     @property
@@ -81,7 +87,8 @@ class Result:
         """Every report of every rank, in arrival order, with ``rank`` and ``_phalanx_attempt``:
         also rounds that never completed (the reports of a rank that failed, superseded rows)."""
         pd = require("pandas", "Result.all_ranks_metrics_dataframe")
-        rows = read_history(self._storage, all_ranks=True) if self._storage else []
+        reader = self._reader()
+        rows = reader.all_ranks_history() if reader else []
         return pd.DataFrame(rows)
 
     @property
@@ -95,9 +102,8 @@ class Result:
         Ray V1's ``Result.config`` held the trial's config, ``{"train_loop_config": ...}``;
         ``result.config["train_loop_config"]`` reads the same here.
         """
-        from phalanx._internal.storage.run_record import read_record
-
-        return read_record(self._storage) if self._storage else None
+        reader = self._reader()
+        return reader.record() if reader else None
 
     def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
         """The retained checkpoint with the best ``metric`` (``mode`` is ``"max"`` or ``"min"``;
@@ -137,48 +143,10 @@ class Result:
         pickle: loading it runs code from the run directory, so it is loaded only with
         ``load_error_pickle=True``, for run directories you trust.
         """
-        path = os.fspath(path).rstrip("/")
-        parent, name = path.rsplit("/", 1) if "/" in path else (".", path)
-        storage = RunStorage.create(parent, name, storage_filesystem)
-        manager = CheckpointManager(storage, CheckpointConfig())
-        if not manager.load():
-            raise StorageError(
-                f"{path!r} is not a phalanx run directory (no checkpoint_manager_snapshot.json).\n"
-                "HINT: pass result.path, i.e. <storage_path>/<name>."
-            )
-        history = final_trajectory(read_history(storage))
-        error = _load_error(storage, load_error_pickle)
-        metrics = user_metrics(history[-1]) if history else None
-        result = cls(
-            metrics=metrics,
-            checkpoint=manager.latest_checkpoint,
-            error=error,
-            path=storage.run_uri,
-            best_checkpoints=manager.best_checkpoints(),
-            attempts=max(manager.attempts, 1),
-            attempt_errors=attempt_errors(manager.attempt_history),
-            _storage=storage,
-        )
-        if isinstance(error, TrainingFailedError) and error.result is None:
-            error.result = result
-        return result
+        from phalanx._internal.storage.reader import RunReader
 
-
-def _load_error(storage: RunStorage, load_pickle: bool) -> BaseException | None:
-    """The run's error from ``error.txt``; from ``error.pkl`` only when the caller asks."""
-    if load_pickle:
-        raw = storage.read(ERROR_PICKLE_FILE)
-        if raw is not None:
-            try:
-                return pickle.loads(raw)  # type: ignore[no-any-return]
-            except Exception as exc:
-                raise StorageError(
-                    f"{storage.path(ERROR_PICKLE_FILE)!r} could not be unpickled: "
-                    f"{type(exc).__name__}: {exc}.\nHINT: leave load_error_pickle unset to "
-                    "get the error's message from error.txt."
-                ) from exc
-    text = storage.read(ERROR_TEXT_FILE)
-    return TrainingFailedError(text.decode(errors="replace")) if text is not None else None
+        reader = RunReader.open(path, storage_filesystem)
+        return reader.result(cls, load_error_pickle=load_error_pickle)
 
 
 def _lookup(metrics: dict[str, Any], name: str) -> Any:

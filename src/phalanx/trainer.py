@@ -205,6 +205,7 @@ class DataParallelTrainer(BaseTrainer):
         from phalanx._internal.storage.run_lock import RunLock
         from phalanx._internal.storage.run_storage import RunStorage
 
+        started = time.time()  # the goodput's start-up counts from here
         run_config = self.run_config
         name = run_config.name or default_run_name()
         engine = resolve_engine(self.scaling_config)
@@ -222,7 +223,7 @@ class DataParallelTrainer(BaseTrainer):
         )
         lock = RunLock.acquire(storage)  # before anything in the run directory is touched
         try:
-            return self._fit_locked(engine, scaling, storage, name, checkpoint_files)
+            return self._fit_locked(engine, scaling, storage, name, checkpoint_files, started)
         finally:
             lock.release()
 
@@ -243,6 +244,7 @@ class DataParallelTrainer(BaseTrainer):
         storage: RunStorage,
         name: str,
         checkpoint_files: dict[str, bytes],
+        started: float | None = None,
     ) -> Result:
         from phalanx._internal.controller.controller import Controller
         from phalanx._internal.controller.resume import log_resume
@@ -280,8 +282,12 @@ class DataParallelTrainer(BaseTrainer):
             train_fn=self.train_loop_per_worker,
             total_rounds=getattr(self, "num_boost_round", None),
         )
-        with recorded_run(storage, describe_run(spec, self)):  # <run>/run.json: config, status
-            return Controller(spec, engine, storage, manager).run()
+        with recorded_run(storage, describe_run(spec, self)) as record:  # <run>/run.json
+            controller = Controller(spec, engine, storage, manager)
+            record["stragglers"] = controller.stragglers.periods  # filled as the run goes
+            controller.record = record  # the goodput breakdown is added at the end
+            controller.goodput.began = started or controller.goodput.began
+            return controller.run()
 
 
 class _DatasetShards:

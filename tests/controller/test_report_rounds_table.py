@@ -93,3 +93,16 @@ def test_silent_ranks_are_named_with_a_hint(counts, running, warned):
     assert (warning is not None) == warned
     if warning is not None:
         assert f"rank(s) {len(counts) - 1} have not reported" in warning and "HINT:" in warning
+
+
+def test_the_silent_ranks_warning_in_full():
+    rounds = ReportRounds(world_size=3, start_round=0)
+    for index in range(LAG_WARNING_ROUNDS):
+        rounds.add(0, report(0, index))
+    assert rounds.silent_ranks_warning({0, 1, 2}) == (
+        f"Rank 0 has reported {LAG_WARNING_ROUNDS} rounds but rank(s) 1, 2 have not reported "
+        "yet. A round (its metrics and checkpoint) is committed only once every rank still "
+        "running has reported it, or has returned; until then its checkpoint waits in staging "
+        "and is lost if the attempt fails.\nHINT: call phalanx.report() on every rank, passing "
+        "the checkpoint from rank 0 only: report(metrics, checkpoint=ckpt if rank == 0 else None)."
+    )

@@ -201,10 +201,7 @@ def test_xgboost_warns_about_params_it_ignores(small, caplog):
 
 def test_addresses_are_loopback_on_one_node_and_reserved_ports_stay_taken():
     def group(*nodes):
-        workers = [
-            SimpleNamespace(metadata=SimpleNamespace(node_id=n, host=f"10.0.0.{i}"))
-            for i, n in enumerate(nodes)
-        ]
+        workers = [SimpleNamespace(node_id=n, host=f"10.0.0.{i}") for i, n in enumerate(nodes)]
         return SimpleNamespace(workers=workers)
 
     assert addresses.group_addresses(group("a", "a")) == ["127.0.0.1", "127.0.0.1"]

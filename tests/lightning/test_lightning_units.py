@@ -14,7 +14,7 @@ pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.plugins.environments import LightningEnvironment  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
-from phalanx import DataParallelTrainer, ScalingConfig  # noqa: E402
+from phalanx import DataParallelTrainer, RunConfig, ScalingConfig  # noqa: E402
 from phalanx.lightning import (  # noqa: E402
     RayDDPStrategy,
     RayDeepSpeedStrategy,
@@ -56,14 +56,16 @@ def test_binds_to_the_lightning_package_the_script_imported():
     # A run with `import pytorch_lightning as pl`: test_lightning_guide.py.
 
 
-def _in_worker(fn):
+def _in_worker(fn, storage):
     """``fn()`` inside a training function (a thread-engine worker: ranks, no processes)."""
 
     def loop():
         return fn()
 
     trainer = DataParallelTrainer(
-        loop, scaling_config=ScalingConfig(num_workers=1, engine="thread")
+        loop,
+        scaling_config=ScalingConfig(num_workers=1, engine="thread"),
+        run_config=RunConfig(storage_path=str(storage)),
     )
     return trainer.fit().return_value
 
@@ -97,21 +99,22 @@ def test_prepare_trainer_accepts_ray_ones_and_rejects_lightnings_own(tmp_path):
             lambda: _trainer(strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()]),
             lambda: _trainer(strategy=DDPStrategy()),
             lambda: _trainer(strategy=RayDDPStrategy(), plugins=[LightningEnvironment()]),
-        )
+        ),
+        tmp_path,
     )
     assert ok is None
     assert re.search(r"(?s)Invalid strategy class: DDPStrategy.*HINT", strategy)
     assert re.search(r"(?s)LightningEnvironment.*HINT: pass plugins=", environment)
 
 
-def test_ray_environment_gives_the_runs_ranks_whatever_devices_says():
+def test_ray_environment_gives_the_runs_ranks_whatever_devices_says(tmp_path):
     def ranks():
         env = RayLightningEnvironment()
         env.set_world_size(7)  # what Lightning does with num_nodes * devices: ignored
         env.set_global_rank(5)
         return env.world_size(), env.global_rank(), env.creates_processes_externally
 
-    assert _in_worker(ranks) == (1, 0, True)
+    assert _in_worker(ranks, tmp_path) == (1, 0, True)
 
 
 def test_deepspeed_strategy_names_the_extra_when_deepspeed_is_missing():

@@ -467,6 +467,32 @@ def test_removing_ray_init_says_so() -> None:
     assert "ray.init(address=...)" in migrated.notes[0]
 
 
+def test_airs_framework_trainers_are_rewritten_with_a_note_once_each() -> None:
+    source = _src(
+        """
+        from ray.train.lightning import LightningTrainer, LightningConfigBuilder
+        import ray.train.huggingface
+
+        config = LightningConfigBuilder().build()
+        trainer = LightningTrainer(lightning_config=config)
+        other = ray.train.huggingface.AccelerateTrainer(f, accelerate_config={})
+        """
+    )
+    migrated = migrate_source(source)
+    assert "from phalanx.lightning import LightningTrainer, LightningConfigBuilder" in (
+        migrated.code
+    )
+    assert "phalanx.huggingface.AccelerateTrainer(f" in migrated.code
+    notes = {note.split(": ")[1].split(" ")[0]: note.split(":")[0] for note in migrated.notes}
+    assert notes == {
+        "LightningConfigBuilder": "1",
+        "LightningTrainer": "1",
+        "AccelerateTrainer": "6",
+    }
+    assert all("DeprecationWarning" in note for note in migrated.notes)
+    assert not migrated.attention
+
+
 ATTENTION: dict[str, tuple[str, list[tuple[int, str]]]] = {
     "Ray Tune's Tuner": (
         """

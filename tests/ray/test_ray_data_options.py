@@ -50,7 +50,11 @@ def test_options_reach_the_split_ray_dataset_and_every_row_is_read(storage, monk
 def test_options_are_set_on_a_copy_of_the_dataset():
     import ray.data
 
-    from phalanx.data._options import ExecutionOptions, ExecutionResources, as_ray_options
+    from phalanx._internal.execution_options import (
+        ExecutionOptions,
+        ExecutionResources,
+        as_ray_options,
+    )
 
     mine = ExecutionOptions(
         preserve_order=True, resource_limits=ExecutionResources(object_store_memory=5 << 20)

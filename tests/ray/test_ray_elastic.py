@@ -165,7 +165,7 @@ def test_below_min_waits_then_fails_with_a_clear_error(cluster, storage, monkeyp
     assert any("Waiting" in r.message and "at least 2 workers" in r.message for r in caplog.records)
 
 
-def test_below_min_waits_and_starts_when_capacity_frees(cluster, storage, tmp_path):
+def test_below_min_waits_and_starts_when_capacity_frees(cluster, storage, tmp_path, caplog):
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -176,8 +176,13 @@ def test_below_min_waits_and_starts_when_capacity_frees(cluster, storage, tmp_pa
     ray.get(hog.ready(), timeout=30)
     try:
         scaling = ScalingConfig(num_workers=(2, 3), resources_per_worker=ELASTIC)
-        runner, outcome = start_fit(scaling, storage, {"rounds": 1, "hold_after": -1}, 0)
-        time.sleep(2.0)  # fit() is waiting: 1 of min 2 fits
+        with caplog.at_level("WARNING", logger="phalanx"):
+            runner, outcome = start_fit(scaling, storage, {"rounds": 1, "hold_after": -1}, 0)
+
+            def said_waiting():
+                return any("at least 2 workers" in r.getMessage() for r in caplog.records)
+
+            wait_for(said_waiting, 60, "fit() to say it waits (1 of min 2 fits)")
         assert runner.is_alive() and not committed(storage)
         remove_placement_group(hog)
         runner.join(90)

@@ -148,7 +148,7 @@ def test_resources_the_cluster_never_has_fail_at_once(storage):
             fit(lambda: None, storage, scaling=scaling)
         assert match in str(info.value) and "the cluster has" in str(info.value)
         assert "HINT:" in str(info.value)
-        assert time.monotonic() - start < 2.0
+        assert time.monotonic() - start < 5.0  # not after the workers' start timeout
 
 
 def test_a_request_for_busy_resources_waits_and_says_so(storage, monkeypatch, caplog):

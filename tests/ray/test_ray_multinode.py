@@ -105,7 +105,7 @@ def test_a_request_the_cluster_can_never_satisfy_fails_at_once(cluster, storage,
     with pytest.raises(ConfigError, match="can never be placed on this Ray cluster") as info:
         fit(where_am_i, storage, scaling)
     assert match in str(info.value)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 5.0  # not after the workers' start timeout
 
 
 def test_a_node_removed_mid_run_fails_the_attempt_naming_node_and_rank(cluster, storage, tmp_path):

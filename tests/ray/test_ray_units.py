@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import types
@@ -18,9 +19,11 @@ from phalanx._internal.engines.ray.placement import (
 )
 from phalanx.data._ray_data import RayDataShard, is_ray_dataset
 
-try:  # here, not in a test: importing Ray sets RAY_CLIENT_MODE, and a test must leave the env
+# Imported here, not in a test: importing Ray sets RAY_CLIENT_MODE, and a test must leave the env.
+# Only Ray's absence skips: a broken import of phalanx's own module fails the collection.
+if importlib.util.find_spec("ray") is not None:
     from phalanx._internal.engines.ray import elastic
-except ImportError:  # Ray is not installed
+else:
     elastic = None  # type: ignore[assignment]
 
 # -- engine choice ----------------------------------------------------------------------------
@@ -268,10 +271,11 @@ def test_the_next_placement_waits_until_ray_s_view_shows_a_removed_group_free(mo
     monkeypatch.setattr(elastic.gcs, "available_per_node", lambda: stale)  # another job took it
     started = elastic.time.monotonic()
     released.wait_shown((), timeout_s=0.3)
-    assert 0.3 <= elastic.time.monotonic() - started < 2
+    assert 0.3 <= elastic.time.monotonic() - started < 5  # the bound, not forever
     old = elastic.Released(
         elastic.time.monotonic() - elastic.RELEASE_FRESH_S, released.free_before, released.freed
     )
-    started = elastic.time.monotonic()
+    asked: list[int] = []
+    monkeypatch.setattr(elastic.gcs, "available_per_node", lambda: asked.append(1) or stale)
     old.wait_shown(())  # long since removed: nothing to wait for
-    assert elastic.time.monotonic() - started < 0.1
+    assert asked == []  # Ray's view was not even asked

@@ -86,4 +86,4 @@ def test_a_ray_serve_deployment_answers_bad_input_as_phalanx_serve_does(ray_app)
     assert missing.status_code == 422
     assert "lacks column(s) ['b']" in missing.json()["error"]
     metrics = httpx.get(f"{url}/metrics", timeout=30).text
-    assert 'phalanx_serve_requests_total{path="/predict",code="400"}' in metrics
+    assert 'phalanx_serve_requests_total{code="400",path="/predict"}' in metrics

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from phalanx import Checkpoint, StorageError
-from phalanx._internal.storage import run_storage
+from phalanx._internal.fs.syncfs import syncfs
+from phalanx._internal.storage import local_store
 from phalanx._internal.storage.run_storage import RunStorage
-from phalanx._internal.storage.syncfs import syncfs
 
 PARTS = 24
 
@@ -39,7 +39,7 @@ def _staged(tmp_path: Path) -> RunStorage:
 @pytest.fixture
 def without_syncfs(monkeypatch: pytest.MonkeyPatch) -> None:
     """As off Linux or before 5.8: no syncfs to rely on, every path is fsynced."""
-    monkeypatch.setattr(run_storage, "syncfs", lambda path: False)
+    monkeypatch.setattr(local_store, "syncfs", lambda path: False)
 
 
 def test_one_syncfs_flushes_every_part_before_the_checkpoint_is_visible(
@@ -58,7 +58,7 @@ def test_one_syncfs_flushes_every_part_before_the_checkpoint_is_visible(
         events.append(("rename", dst))
         real_rename(src, dst)
 
-    monkeypatch.setattr(run_storage, "syncfs", recorded_syncfs)
+    monkeypatch.setattr(local_store, "syncfs", recorded_syncfs)
     monkeypatch.setattr(os, "rename", rename)
     final = storage.commit("checkpoint_000000", 0, None)
     staged = storage.staging_path("checkpoint_000000", 0)
@@ -74,7 +74,7 @@ def test_a_failed_syncfs_commits_nothing(tmp_path: Path, monkeypatch: pytest.Mon
     def failing(path: str) -> bool:  # the disk failed to write something back (EIO)
         raise OSError(errno.EIO, "Input/output error", path)
 
-    monkeypatch.setattr(run_storage, "syncfs", failing)
+    monkeypatch.setattr(local_store, "syncfs", failing)
     with pytest.raises(StorageError, match="Input/output error"):
         storage.commit("checkpoint_000000", 0, None)
     assert not os.path.exists(storage.checkpoint_path("checkpoint_000000"))

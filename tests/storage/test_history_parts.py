@@ -60,13 +60,13 @@ def test_a_flush_writes_its_rows_only_and_readers_see_every_row(
 ) -> None:
     history = MetricsHistory(run)
     written: list[tuple[str, int]] = []
-    real = RunStorage.write_atomic
+    real = type(run).write_atomic
 
     def counting(self: RunStorage, relative: str, data: bytes) -> None:
         written.append((relative, len(data)))
         real(self, relative, data)
 
-    monkeypatch.setattr(RunStorage, "write_atomic", counting)
+    monkeypatch.setattr(type(run), "write_atomic", counting)
     _flush_rounds(history, 0, 20)
     # was: metrics.jsonl rewritten whole 20 times (1 + 2 + ... + 20 rows)
     assert [name for name, _ in written] == [hp.part_path(HISTORY_FILE, i) for i in range(1, 21)]

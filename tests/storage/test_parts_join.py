@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from phalanx._internal.storage.filesystem import move_tree_contents
-from phalanx._internal.storage.run_storage import _move_dir
+from phalanx._internal.fs.access import move_tree_contents
+from phalanx._internal.storage.local_store import _move_dir
 
 
 def _part(root: Path, rank: int) -> Path:

@@ -42,6 +42,8 @@ def test_public_names_match_ray_train_torch():
             "prepare_data_loader",
             "backward",
             "enable_reproducibility",
+            "save_state",  # phalanx's own: async checkpoints from a snapshot (README)
+            "load_state",
         ]
     )
     for name in ptorch.__all__:
@@ -179,12 +181,23 @@ class _Handle:
 
 @dataclass
 class _Worker:
+    """The public WorkerInfo a backend reads (phalanx.backend), from metadata and ranks."""
+
     handle: _Handle
     ranks: RankInfo
 
     @property
     def metadata(self) -> WorkerMetadata:
         return self.handle.metadata
+
+    world_rank = property(lambda self: self.ranks.world_rank)
+    local_rank = property(lambda self: self.ranks.local_rank)
+    node_rank = property(lambda self: self.ranks.node_rank)
+    local_world_size = property(lambda self: self.ranks.local_world_size)
+    host = property(lambda self: self.metadata.host)
+    node_id = property(lambda self: self.metadata.node_id)
+    pid = property(lambda self: self.metadata.pid)
+    gpu_ids = property(lambda self: self.metadata.gpu_ids)
 
 
 @dataclass
@@ -194,6 +207,10 @@ class _Group:
     workers: list[_Worker]
     spec: object
     engine: object = field(default=None)
+
+    @property
+    def scaling_config(self) -> phalanx.ScalingConfig:
+        return self.spec.scaling_config  # type: ignore[attr-defined]
 
     def __len__(self) -> int:
         return len(self.workers)

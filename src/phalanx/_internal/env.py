@@ -50,6 +50,25 @@ def ray_gcs_timeout_s() -> float:
     return float(os.environ.get("PHALANX_RAY_GCS_TIMEOUT_S", "60"))
 
 
+RESTORE_MODE_VAR = "PHALANX_RESTORE_MODE"
+
+
+def restore_mode() -> str:
+    """How the Ray engine restarts a failed group: ``in-place`` (keep the surviving actors,
+    replace the lost ones) or ``full`` (new actors for every rank, as Ray Train)."""
+    mode = os.environ.get(RESTORE_MODE_VAR, "in-place").strip().lower()
+    if mode not in ("in-place", "full"):
+        raise ValueError(
+            f"{RESTORE_MODE_VAR}={mode!r} is not a restore mode. HINT: set it to in-place or full."
+        )
+    return mode
+
+
+def reuse_stop_s() -> float:
+    """How long a surviving Ray actor gets to end its training call before it is replaced."""
+    return float(os.environ.get("PHALANX_REUSE_STOP_S", "10"))
+
+
 NOTICE_FILE_VAR = "PHALANX_NOTICE_FILE"
 
 
@@ -66,6 +85,15 @@ def set_mlflow_tracking_token(token: str) -> None:
 def progress_interval_s() -> float:
     """How often the progress line is logged when the driver's output is not a terminal."""
     return float(os.environ.get("PHALANX_PROGRESS_INTERVAL_S", "30"))
+
+
+def metrics_address() -> tuple[str, int] | None:
+    """``PHALANX_METRICS_PORT`` (and ``PHALANX_METRICS_HOST``, default 127.0.0.1): where the
+    driver serves a run's Prometheus metrics; None when the port is unset."""
+    port = os.environ.get("PHALANX_METRICS_PORT", "").strip()
+    if not port:
+        return None
+    return os.environ.get("PHALANX_METRICS_HOST", "").strip() or "127.0.0.1", int(port)
 
 
 def jax_platforms() -> str | None:
@@ -98,3 +126,21 @@ def set_default(name: str, value: str) -> str:
 
 def update(values: Mapping[str, str]) -> None:
     os.environ.update(values)
+
+
+HANG_FLOOR_VAR = "PHALANX_HANG_TIMEOUT_FLOOR_S"
+
+
+def hang_timeout_floor_s() -> float:
+    """The floor of the default hang rule (``FailureConfig(hang_timeout_s="auto")``): 30 min."""
+    return float(os.environ.get(HANG_FLOOR_VAR, "1800"))
+
+
+def straggler_detection() -> bool:
+    """``PHALANX_STRAGGLER_DETECTION=0`` silences straggler detection (on by default)."""
+    return os.environ.get("PHALANX_STRAGGLER_DETECTION", "1").strip().lower() not in (
+        "0",
+        "false",
+        "no",
+        "off",
+    )

@@ -1,8 +1,8 @@
 """Keep the objects that existed before ``fit()`` out of the garbage collector while it runs.
 
 ``import torch`` leaves ~170k tracked objects and the collector one step short of a full pass
-over them: the next ~8,000 allocations of anyone pay it (~85 ms here). Inside ``fit()`` those
-allocations are phalanx's (its run machinery is imported there) and the pass landed between
+over them: the next ~8,000 allocations of anyone pay it (tens of milliseconds). Inside ``fit()`` those
+allocations are phalanx's (its run machinery is imported there) and the pass would land between
 ``fit()`` and the first line of the training function. Frozen (``gc.freeze``), the objects the
 user's program already had are skipped by every collection until ``fit()`` returns, when they are
 handed back (``gc.unfreeze``), so the process is as it was. They are objects the program still

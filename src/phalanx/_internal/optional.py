@@ -43,6 +43,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "starlette": ("serve", "starlette"),
     "uvicorn": ("serve", "uvicorn"),
     "libcst": ("migrate", "libcst"),
+    "prometheus_client": ("metrics", "prometheus_client"),
 }
 
 

@@ -1,8 +1,8 @@
 """Check at ``Trainer(...)`` that what the workers are sent pickles, naming the key that does not.
 
-A value that cannot be pickled (a database connection, a lock, an open file) used to fail at
-``fit()``, once workers were started and the run directory made, with cloudpickle's message and
-no hint of which key held it.
+Unchecked, a value that cannot be pickled (a database connection, a lock, an open file) fails at
+``fit()``, once workers are started and the run directory made, with cloudpickle's message and
+no hint of which key holds it.
 
 The check pickles into a sink that keeps nothing, and leaves buffers that support pickle
 protocol 5 (numpy arrays, pandas columns) out of band: a 100 MB array costs microseconds, not a

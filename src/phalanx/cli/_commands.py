@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from phalanx._internal.goodput import Goodput
 from phalanx._internal.optional import require
 from phalanx.cli import _text as text
 from phalanx.cli._runs import CLIError, RunView, flatten, is_number
@@ -89,6 +90,7 @@ def show(run: RunView, out: Out) -> None:
         out(f"first start:  {text.when(record.get('first_started'))} ({fits} fit() calls)")
     out(f"ended:        {text.when(run.ended)}")
     out(f"duration:     {text.duration(run.duration)}")
+    _show_goodput(record.get("goodput"), out)
     driver = record.get("driver") or {}
     if driver:
         out(f"driver:       host {driver.get('host')}, pid {driver.get('pid')}")
@@ -97,6 +99,7 @@ def show(run: RunView, out: Out) -> None:
     out(f"attempts:     {len(run.attempts)}")
     for attempt in run.attempts:
         out("  " + _attempt_line(attempt))
+    _show_stragglers(record.get("stragglers"), out)
     out(f"rounds:       {len(run.history)}")
     out(f"metrics:      {text.metrics_line(flatten(run.last_metrics), limit=400) or '-'}")
     _show_checkpoints(run, out)
@@ -117,6 +120,37 @@ def _attempt_line(attempt: dict[str, Any]) -> str:
     )
     error = text.first_line(attempt.get("error"))
     return f"{line}: {error}" if error else line
+
+
+def _show_goodput(data: Any, out: Out) -> None:
+    """run.json's goodput breakdown: the summary, then seconds per part (nothing without one)."""
+    if not isinstance(data, dict):
+        return
+    try:
+        goodput = Goodput.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError):  # edited by hand: say so, go on
+        out("goodput:      (unreadable in run.json)")
+        return
+    out(f"goodput:      {goodput.summary().removeprefix('goodput ')}")
+    out("  " + "  ".join(f"{part} {seconds:.1f} s" for part, seconds in goodput.seconds.items()))
+
+
+def _show_stragglers(periods: Any, out: Out) -> None:
+    """run.json's straggler periods, one line each (nothing for a run that had none)."""
+    if not isinstance(periods, list) or not periods:
+        return
+    out(f"stragglers:   {len(periods)}")
+    for p in (p for p in periods if isinstance(p, dict)):
+        gpus = p.get("gpu_ids") or []
+        where = f"host {p.get('host')}, node {p.get('node_id')}" + (
+            f", GPU {', '.join(map(str, gpus))}" if gpus else ""
+        )
+        started = p.get("started")
+        when = text.short_when(started, seconds=True) if is_number(started) else "-"
+        out(
+            f"  rank {p.get('rank')}  {p.get('slowdown')}x  rounds {p.get('first_round')}-"
+            f"{p.get('last_round')} of attempt {p.get('attempt')}  {when}  ({where})"
+        )
 
 
 def _show_checkpoints(run: RunView, out: Out) -> None:
@@ -153,9 +187,9 @@ def _show_config(record: dict[str, Any], out: Out) -> None:
 def metrics(run: RunView, all_ranks: bool, out: Out) -> None:
     pd = require("pandas", "`phalanx metrics`")
 
-    from phalanx._internal.storage.history import ATTEMPT_COLUMN, read_history
+    from phalanx._internal.storage.history import ATTEMPT_COLUMN
 
-    rows = read_history(run.storage, all_ranks=True) if all_ranks else run.history
+    rows = run.all_ranks_history() if all_ranks else run.history
     frame = pd.DataFrame(rows)
     if "timestamp" in frame:  # seconds since 1970 tell a reader nothing: the local date
         frame["timestamp"] = [

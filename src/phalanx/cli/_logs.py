@@ -91,7 +91,7 @@ def _still_running(storage: RunStorage) -> bool:
 
 def _no_logs(run: RunView) -> str:
     where = run.log_dir()
-    if run.storage.local:
+    if run.storage.local_path is not None:
         return (
             f"Run {run.name!r} has no logs in {where!r}.\nHINT: logs are written by workers "
             "that are processes or Ray actors; a run on the thread engine or with num_workers=0 "

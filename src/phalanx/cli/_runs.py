@@ -11,36 +11,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from phalanx._internal.fs.access import resolve_filesystem, storage_error, storage_errors
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
-from phalanx._internal.storage.filesystem import (
-    private_log_path,
-    resolve_filesystem,
-    storage_error,
-    storage_errors,
-)
-from phalanx._internal.storage.history import read_history, user_metrics
-from phalanx._internal.storage.run_record import RUN_FILE, read_record
-from phalanx._internal.storage.run_status import RunStatus, run_status
-from phalanx._internal.storage.run_storage import (
-    ERROR_TEXT_FILE,
-    LOG_DIR,
-    MARKER_FILE,
-    SNAPSHOT_FILE,
-    RunStorage,
-)
+from phalanx._internal.storage.history import user_metrics
+from phalanx._internal.storage.reader import RunReader
+from phalanx._internal.storage.run_record import RUN_FILE
+from phalanx._internal.storage.run_status import RunStatus
+from phalanx._internal.storage.run_storage import MARKER_FILE, SNAPSHOT_FILE, RunStorage
 from phalanx.config import CheckpointConfig
 from phalanx.errors import StorageError
-
-# --- adapter: the history of issue 12 has an ``attempt`` column and a final trajectory ----------
-try:
-    from phalanx._internal.storage.history import final_trajectory  # type: ignore[attr-defined]
-except ImportError:  # before it: the rows are the trajectory
-
-    def final_trajectory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return rows
-
-
-# --- end of adapter ----------------------------------------------------------------------------
 
 logger = logging.getLogger(__name__)
 
@@ -137,10 +116,14 @@ class RunView:
         checkpoint, metrics = ranked[-1]
         return checkpoint.path.rstrip("/").rsplit("/", 1)[-1], metrics
 
+    def all_ranks_history(self) -> list[dict[str, Any]]:
+        """Every report of every rank (read on first use: the file can be large)."""
+        if self._all_ranks is None:
+            self._all_ranks = RunReader(self.storage).all_ranks_history()
+        return self._all_ranks
+
     def log_dir(self) -> str:
-        if self.storage.local:
-            return self.storage.path(LOG_DIR)
-        return private_log_path(self.name, self.uri)
+        return RunReader(self.storage).log_dir()
 
 
 def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -207,14 +190,12 @@ def _not_a_run(storage: RunStorage, path: str) -> str:
 
 
 def load_run(storage: RunStorage) -> RunView:
-    record = read_record(storage)
+    reader = RunReader(storage)
+    record = reader.record()
     manager = CheckpointManager(storage, _checkpoint_config(record))
     manager.load()
-    history = final_trajectory(read_history(storage))
-    error = storage.read(ERROR_TEXT_FILE)
-    status = run_status(storage, record, manager.attempt_history)
-    text = error.decode(errors="replace") if error is not None else None
-    return RunView(storage, record, manager, history, status, text)
+    status = reader.status(record, manager.attempt_history)
+    return RunView(storage, record, manager, reader.history(), status, reader.error_text())
 
 
 def _checkpoint_config(record: dict[str, Any] | None) -> CheckpointConfig:
@@ -245,7 +226,7 @@ def find_run_storages(storage_path: str, filesystem: Any) -> list[RunStorage]:
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
         names = _entry_names(fs, f"{root}/{name}")
         if names and names & set(RUN_FILES):
-            runs.append(RunStorage(fs, root, name))
+            runs.append(RunStorage.create(root, name, fs))
     return runs
 
 

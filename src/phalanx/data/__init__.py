@@ -23,6 +23,7 @@ from phalanx._internal.optional import missing as _missing_extra
 if _missing := _missing_extra("phalanx.data", "numpy", "pyarrow", "pandas"):
     raise _missing
 
+from phalanx._internal.execution_options import ExecutionOptions, ExecutionResources
 from phalanx.data._dataset import (
     Dataset,
     from_arrow,
@@ -35,7 +36,6 @@ from phalanx.data._dataset import (
 )
 from phalanx.data._ingest import as_dataset
 from phalanx.data._iterator import DataIterator
-from phalanx.data._options import ExecutionOptions, ExecutionResources
 
 __all__ = [
     "DataIterator",

@@ -14,7 +14,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["ARROW", "NUMPY", "BlockOps", "arrow_to_numpy", "rebatch", "shuffle_blocks"]
+__all__ = [
+    "ARROW",
+    "NUMPY",
+    "BlockOps",
+    "arrow_to_numpy",
+    "rebatch",
+    "shuffle_blocks",
+    "to_arrow_column",
+]
 
 B = TypeVar("B")
 
@@ -177,3 +185,11 @@ def shuffle_blocks(
             held, rows = [ops.slice(mixed, out, rows)], buffer_size
     if rows:
         yield ops.take(ops.concat(held), rng.permutation(rows))
+
+
+def to_arrow_column(values: Any) -> pa.Array:
+    """One column of a dict of arrays: a tensor column where the rows are arrays."""
+    array = np.asarray(values)
+    if array.ndim > 1:
+        return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(array))
+    return pa.array(array)

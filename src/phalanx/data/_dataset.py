@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from phalanx.data._batching import to_arrow_column
 from phalanx.data._files import file_source
 from phalanx.data._iterator import Assignment, DataIterator, Passes
 from phalanx.data._plan import pieces_in_range, rank_range
@@ -286,18 +287,11 @@ def from_numpy(arrays: np.ndarray | dict[str, Any]) -> Dataset:
     Arrays with more than one dimension become tensor columns, given back with their shape."""
     if isinstance(arrays, np.ndarray):
         arrays = {"data": arrays}
-    return Dataset(TableSource(pa.table({k: _to_arrow_column(v) for k, v in arrays.items()})))
+    return Dataset(TableSource(pa.table({k: to_arrow_column(v) for k, v in arrays.items()})))
 
 
 def from_items(items: list[dict[str, Any]]) -> Dataset:
     return Dataset(TableSource(pa.Table.from_pylist(items)))
-
-
-def _to_arrow_column(values: Any) -> pa.Array:
-    array = np.asarray(values)
-    if array.ndim > 1:
-        return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(array))
-    return pa.array(array)
 
 
 def _with_shuffle(source: Source, shuffle: str | None, seed: int | None) -> Dataset:

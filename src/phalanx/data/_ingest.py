@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from phalanx._internal.execution_options import options_for, prefetch_bytes
 from phalanx.config import DataConfig
 from phalanx.data._dataset import Dataset, from_arrow, from_items, from_numpy, from_pandas
 from phalanx.data._describe import shorten
 from phalanx.data._files import file_source
 from phalanx.data._iterator import DataIterator
-from phalanx.data._options import options_for, prefetch_bytes
 from phalanx.errors import ConfigError
 
 __all__ = ["as_dataset", "require_columns", "shard_datasets", "validate_datasets"]

@@ -4,12 +4,14 @@ epoch over it."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
+from phalanx._internal.worker import data_wait
 from phalanx.data._batching import ARROW, NUMPY, NUMPY_WRITABLE, BlockOps, rebatch, shuffle_blocks
 from phalanx.data._plan import Piece, epoch_order, pieces_in_range, rank_range
 from phalanx.data._prefetch import prefetched
@@ -21,6 +23,7 @@ READ_BYTES = 8 << 20
 """About this many bytes of rows are read from storage at a time (more when a batch is larger)."""
 MIN_READ_ROWS, MAX_READ_ROWS = 1024, 262144
 BATCH_FORMATS = ("numpy", "pandas", "pyarrow", "default")
+_END = object()
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,7 @@ class DataIterator:
         ``additional_columns``), as Ray's: a column name gives a tensor, a list a dict of them;
         type specs are taken from the schema unless given. Each pass TensorFlow makes over it
         (each Keras epoch) is a new epoch over the shard. Needs ``phalanx[tensorflow]``."""
-        from phalanx.tensorflow._data import to_tf
+        from phalanx.data._tf_batches import to_tf
 
         batches = self.iter_batches(
             prefetch_batches=prefetch_batches,
@@ -280,9 +283,18 @@ class DataIterator:
 
         def batches() -> Iterator[Any]:
             blocks = prefetched(produce, ahead, _size_of)
+            cut = rebatch(blocks, ops, batch_size, drop_last)
             try:
-                for batch in rebatch(blocks, ops, batch_size, drop_last):
-                    yield batch if finish is None else finish(batch)
+                while True:
+                    # the training thread's wait for each batch, for the goodput breakdown
+                    asked = time.perf_counter()
+                    batch = next(cut, _END)
+                    if batch is _END:
+                        data_wait.add(time.perf_counter() - asked)
+                        return
+                    batch = batch if finish is None else finish(batch)
+                    data_wait.add(time.perf_counter() - asked)
+                    yield batch
             finally:
                 blocks.close()  # type: ignore[attr-defined]
 

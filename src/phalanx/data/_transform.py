@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-__all__ = ["check_limit", "map_batches", "to_arrow_batch"]
+from phalanx.data._batching import to_arrow_column
+
+__all__ = ["check_limit", "map_batches", "pandas_to_arrow", "to_arrow_batch"]
 
 DEFAULT_BATCH_SIZE = 4096
 
@@ -59,17 +62,25 @@ def to_arrow_batch(batch: Any) -> pa.Table:
     if isinstance(batch, pa.Table):
         return batch
     if isinstance(batch, pd.DataFrame):
-        from phalanx.preprocess._base import _pandas_to_arrow
-
-        return _pandas_to_arrow(batch)
+        return pandas_to_arrow(batch)
     if isinstance(batch, dict):
-        from phalanx.data._dataset import _to_arrow_column
-
-        return pa.table({str(k): _to_arrow_column(v) for k, v in batch.items()})
+        return pa.table({str(k): to_arrow_column(v) for k, v in batch.items()})
     raise TypeError(
         f"map_batches' fn returned a {type(batch).__name__}; it must return a pandas DataFrame, "
         "a pyarrow Table or a dict of numpy arrays (or yield them)."
     )
+
+
+def pandas_to_arrow(df: pd.DataFrame) -> pa.Table:
+    """A DataFrame as a pyarrow Table; a column of numpy arrays becomes a list column."""
+    data = {}
+    for name in df.columns:
+        values = df[name]
+        if values.dtype == object and len(values) and isinstance(values.iloc[0], np.ndarray):
+            data[str(name)] = pa.array([v.tolist() for v in values])
+        else:
+            data[str(name)] = pa.array(values.to_numpy(), from_pandas=True)
+    return pa.table(data)
 
 
 def check_limit(count: int, limit: int | None, what: str) -> None:

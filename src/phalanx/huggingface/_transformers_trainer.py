@@ -33,7 +33,7 @@ import torch
 import transformers
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-import phalanx
+import phalanx.session as session
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
@@ -154,7 +154,7 @@ def _train_loop_per_worker(
         trainer.pop_callback(callback)  # phalanx reports; AIR removed these too
     trainer = _with_shard_loader(prepare_trainer(trainer))
     trainer.add_callback(AirReportCallback())
-    checkpoint = phalanx.get_checkpoint()
+    checkpoint = session.get_checkpoint()
     if checkpoint is None:
         trainer.train()
         return
@@ -166,7 +166,7 @@ def _train_loop_per_worker(
 
 def _shard(name: str) -> Any:
     try:
-        return phalanx.get_dataset_shard(name)
+        return session.get_dataset_shard(name)
     except KeyError:
         return None
 
@@ -269,6 +269,6 @@ class AirReportCallback(RayTrainReportCallback):
 
     def _flush(self) -> None:
         if self.pending:
-            phalanx.report(self.pending)
+            session.report(self.pending)
             self.last = {**self.last, **self.pending}
             self.pending = {}

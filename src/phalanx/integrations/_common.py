@@ -14,6 +14,7 @@ from phalanx._internal.optional import require as require  # the trackers import
 from phalanx._internal.storage.run_storage import RunStorage
 
 if TYPE_CHECKING:
+    from phalanx._internal.goodput import Goodput
     from phalanx.callbacks import TrainRunContext
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,15 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def goodput_metrics(goodput: Goodput) -> dict[str, float]:
+    """The goodput breakdown as tracker metrics: ``goodput/<part>_s`` seconds,
+    ``goodput/wall_s`` and ``goodput/fraction`` (the productive share)."""
+    values = {f"goodput/{part}_s": seconds for part, seconds in goodput.seconds.items()}
+    values["goodput/wall_s"] = goodput.wall_s
+    values["goodput/fraction"] = goodput.goodput
+    return values
+
+
 def run_storage(run_context: TrainRunContext) -> RunStorage:
     run_config = run_context.run_config
     return RunStorage.create(
@@ -75,9 +85,9 @@ class OutputDir:
     def __init__(self, run_context: TrainRunContext, relative: str) -> None:
         self.storage = run_storage(run_context)
         self.relative = relative
-        if self.storage.local:
+        if self.storage.local_path is not None:
             self._cache = None
-            self.root = self.storage.run_path
+            self.root = self.storage.local_path
         else:
             self._cache = tempfile.mkdtemp(prefix=f"phalanx-{run_context.run_name}-")
             self.root = self._cache

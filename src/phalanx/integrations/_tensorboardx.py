@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from phalanx.callbacks import Callback, ReportInfo, TrainRunContext
-from phalanx.integrations._common import OutputDir, require, scalars
+from phalanx.integrations._common import OutputDir, goodput_metrics, require, scalars
 
 if TYPE_CHECKING:
+    from phalanx._internal.goodput import Goodput
     from phalanx.result import Result
 
 __all__ = ["TBXLoggerCallback"]
@@ -50,6 +51,13 @@ class TBXLoggerCallback(Callback):
             self._writer.flush()
             if self._out is not None:
                 self._out.sync()
+
+    def on_goodput(self, run_context: TrainRunContext, attempt: int, goodput: Goodput) -> None:
+        """At the end of each attempt: where the run's time went so far (step: the attempt)."""
+        if self._writer is not None:
+            for tag, value in goodput_metrics(goodput).items():
+                self._writer.add_scalar(tag, value, global_step=attempt)
+            self._writer.flush()
 
     def after_exception(
         self, run_context: TrainRunContext, worker_exceptions: dict[int, BaseException]

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from phalanx._internal import env
 from phalanx.callbacks import Callback, ReportInfo, TrainRunContext
 from phalanx.errors import ConfigError
-from phalanx.integrations._common import flatten, require, run_storage, scalars
+from phalanx.integrations._common import flatten, goodput_metrics, require, run_storage, scalars
 
 if TYPE_CHECKING:
+    from phalanx._internal.goodput import Goodput
     from phalanx.result import Result
 
 __all__ = ["MLflowLoggerCallback", "setup_mlflow"]
@@ -117,6 +119,16 @@ class MLflowLoggerCallback(Callback):
             with report.checkpoint.as_directory() as directory:
                 name = os.path.basename(report.checkpoint.path.rstrip("/"))
                 self.client.log_artifacts(self.run_id, directory, artifact_path=name)
+
+    def on_goodput(self, run_context: TrainRunContext, attempt: int, goodput: Goodput) -> None:
+        """At the end of each attempt: where the run's time went so far (step: the attempt)."""
+        from mlflow.entities import Metric
+
+        if self.client is None or self.run_id is None:
+            return
+        ms = int(time.time() * 1000)
+        metrics = [Metric(k, v, ms, attempt) for k, v in goodput_metrics(goodput).items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
 
     def after_run(self, run_context: TrainRunContext, result: Result) -> None:
         if self.client is not None and self.run_id is not None:

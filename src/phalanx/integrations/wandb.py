@@ -14,9 +14,10 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from phalanx.callbacks import Callback, ReportInfo, TrainRunContext
-from phalanx.integrations._common import OutputDir, require, scalars
+from phalanx.integrations._common import OutputDir, goodput_metrics, require, scalars
 
 if TYPE_CHECKING:
+    from phalanx._internal.goodput import Goodput
     from phalanx.result import Result
 
 __all__ = ["WandbLoggerCallback", "setup_wandb"]
@@ -108,6 +109,12 @@ class WandbLoggerCallback(Callback):
         with report.checkpoint.as_directory() as directory:
             artifact.add_dir(directory)
             self.run.log_artifact(artifact)  # staged now: the directory may be deleted later
+
+    def on_goodput(self, run_context: TrainRunContext, attempt: int, goodput: Goodput) -> None:
+        """At the end of each attempt: where the run's time went so far, in the run's summary
+        (a history row would need a step of its own, and W&B's steps are the reports')."""
+        if self.run is not None:
+            self.run.summary.update(goodput_metrics(goodput))
 
     def after_run(self, run_context: TrainRunContext, result: Result) -> None:
         if self.run is not None:

@@ -8,12 +8,14 @@ host), then every rank calls ``jax.distributed.initialize`` at once.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
-from phalanx.backend import Backend, BackendConfig
+from phalanx.backend import Backend, BackendConfig, WorkerGroup
 from phalanx.errors import ConfigError, WorkerGroupError
-from phalanx.jax._config import JaxConfig
 from phalanx.jax._worker_setup import JaxWorkerSpec, initialize, reserve_port, shutdown
+
+if TYPE_CHECKING:
+    from phalanx.jax._config import JaxConfig
 
 __all__ = ["JaxBackend"]
 
@@ -31,26 +33,25 @@ THREAD_ENGINE_MESSAGE = (
 
 
 class JaxBackend(Backend):
-    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
-        if not isinstance(backend_config, JaxConfig):
+    def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+        if not isinstance(self, backend_config.backend_cls):
             raise ConfigError(
                 f"JaxBackend needs a phalanx.jax.JaxConfig, got {type(backend_config).__name__}."
             )
+        backend_config = cast("JaxConfig", backend_config)
         if not worker_group.process_per_worker:
             raise ConfigError(THREAD_ENGINE_MESSAGE)
         workers = worker_group.workers
         # Loopback when every worker shares a node: nothing is exposed to the network.
-        one_node = len({w.metadata.node_id for w in workers}) <= 1
-        addr = LOOPBACK_ADDRESS if one_node else workers[0].metadata.host
+        one_node = len({w.node_id for w in workers}) <= 1
+        addr = LOOPBACK_ADDRESS if one_node else workers[0].host
         port = worker_group.execute_single(0, reserve_port, addr, timeout_s=RESERVE_TIMEOUT_S)
         host = f"[{addr}]" if ":" in addr else addr
-        specs = worker_specs(
-            backend_config, [w.metadata.gpu_ids for w in workers], f"{host}:{port}"
-        )
+        specs = worker_specs(backend_config, [w.gpu_ids for w in workers], f"{host}:{port}")
         # jax's own initialization_timeout fires first; the grace lets its error arrive.
         worker_group.execute(initialize, specs, timeout_s=backend_config.timeout_s + 10.0)
 
-    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
+    def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         try:
             worker_group.execute(shutdown, timeout_s=SHUTDOWN_TIMEOUT_S)
         except WorkerGroupError as exc:

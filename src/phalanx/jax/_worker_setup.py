@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-import phalanx
+import phalanx.session as session
 from phalanx._internal import env
 
 __all__ = ["JaxWorkerSpec", "initialize", "reserve_port", "shutdown"]
@@ -76,7 +76,7 @@ def initialize(specs: list[JaxWorkerSpec]) -> int:
     import jax
     from jax._src import xla_bridge
 
-    rank = phalanx.get_context().get_world_rank()
+    rank = session.get_context().get_world_rank()
     spec = specs[rank]
     try:
         if xla_bridge.backends_are_initialized():

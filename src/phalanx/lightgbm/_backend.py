@@ -3,13 +3,15 @@ parameters, with a free port per worker."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from phalanx._internal.gbdt.addresses import LOOPBACK, cpus_per_worker, group_addresses
-from phalanx.backend import Backend, BackendConfig
+from phalanx.backend import Backend, BackendConfig, WorkerGroup
 from phalanx.errors import ConfigError
-from phalanx.lightgbm._config import LightGBMConfig
 from phalanx.lightgbm._network import reserve_port_on_rank, set_network
+
+if TYPE_CHECKING:
+    from phalanx.lightgbm._config import LightGBMConfig
 
 __all__ = ["LightGBMBackend"]
 
@@ -18,12 +20,13 @@ class LightGBMBackend(Backend):
     """Each rank reserves a port; ``machines`` lists every rank's ``address:port`` in rank
     order, so LightGBM's rank of a worker is its world rank. One worker: no network."""
 
-    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
-        if not isinstance(backend_config, LightGBMConfig):
+    def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+        if not isinstance(self, backend_config.backend_cls):
             raise ConfigError(
                 "LightGBMBackend needs a phalanx.lightgbm.LightGBMConfig, got "
                 f"{type(backend_config).__name__}."
             )
+        backend_config = cast("LightGBMConfig", backend_config)
         cpus = cpus_per_worker(worker_group)
         if len(worker_group) == 1:
             worker_group.execute(set_network, None, [], None, cpus)
@@ -37,7 +40,7 @@ class LightGBMBackend(Backend):
         worker_group.execute(set_network, machines, ports, backend_config.time_out, cpus)
 
 
-def _check_engine(worker_group: Any) -> None:
+def _check_engine(worker_group: WorkerGroup) -> None:
     if not worker_group.process_per_worker:
         raise ConfigError(
             "LightGBMTrainer cannot run several workers on the thread engine: LightGBM's "

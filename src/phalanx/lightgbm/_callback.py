@@ -8,6 +8,7 @@ from typing import Any
 
 import lightgbm
 
+from phalanx._internal.checkpoint_files import MODEL_FILES
 from phalanx._internal.gbdt.reporting import (
     MetricsArg,
     ReportingCore,
@@ -15,9 +16,15 @@ from phalanx._internal.gbdt.reporting import (
     flatten_metrics,
 )
 from phalanx.checkpoint import Checkpoint
-from phalanx.lightgbm._library import LIGHTGBM
 
 __all__ = ["RayTrainReportCallback", "ReportCallback"]
+
+FRAMEWORK = "lightgbm"
+
+
+def load_booster(path: str) -> lightgbm.Booster:
+    """The booster saved in file ``path``."""
+    return lightgbm.Booster(model_file=path)
 
 
 class ReportCallback:
@@ -44,7 +51,7 @@ class ReportCallback:
         booster = ReportCallback.get_model(result.checkpoint)
     """
 
-    CHECKPOINT_NAME = LIGHTGBM.model_file
+    CHECKPOINT_NAME = MODEL_FILES[FRAMEWORK][0]
     # Run after record_evaluation (20) and before early_stopping (30), whose exception would
     # otherwise skip the report of the round that stops training.
     order = 25
@@ -66,13 +73,13 @@ class ReportCallback:
             checkpoint_at_end,
             results_postprocessing_fn,
         )
-        self._core = ReportingCore(settings, LIGHTGBM.framework)
+        self._core = ReportingCore(settings, FRAMEWORK)
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint, filename: str = CHECKPOINT_NAME) -> lightgbm.Booster:
         """The booster saved in ``checkpoint`` by this callback (or by LightGBMTrainer)."""
         with checkpoint.as_directory() as directory:
-            return LIGHTGBM.load_model(os.path.join(directory, filename))
+            return load_booster(os.path.join(directory, filename))
 
     def __call__(self, env: Any) -> None:
         last = env.iteration == env.end_iteration - 1

@@ -12,6 +12,7 @@ from phalanx._internal.gbdt.spec import TRAIN, Frame, GBDTSpec
 from phalanx.backend import BackendConfig
 from phalanx.config import DataConfig, ScalingConfig
 from phalanx.errors import ConfigError
+from phalanx.lightgbm._callback import FRAMEWORK, ReportCallback, load_booster
 
 __all__ = ["LIGHTGBM"]
 
@@ -35,7 +36,7 @@ EARLY_STOPPING_PARAMS = (
 
 class LightGBMLibrary:
     name = "LightGBM"
-    framework = "lightgbm"
+    framework = FRAMEWORK
     trainer = "LightGBMTrainer"
     config_arg = "lightgbm_config"
     # lightgbm.Dataset arguments that may name a column of the dataset (taken out of the features).
@@ -59,8 +60,6 @@ class LightGBMLibrary:
 
     @property
     def report_callback(self) -> type[Any]:
-        from phalanx.lightgbm._callback import ReportCallback
-
         return ReportCallback
 
     @property
@@ -100,15 +99,15 @@ class LightGBMLibrary:
         return int(model.current_iteration())
 
     def load_model(self, path: str) -> lightgbm.Booster:
-        return lightgbm.Booster(model_file=path)
+        return load_booster(path)
 
     def worker_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        import phalanx
+        import phalanx.session as session
         from phalanx.lightgbm._network import get_network_params
 
         if not any(p in params for p in VERBOSITY_PARAMS):
             params["verbosity"] = 0  # warnings, not LightGBM's per-run info lines on every rank
-        if phalanx.get_context().get_world_size() > 1 and not any(
+        if session.get_context().get_world_size() > 1 and not any(
             p in params for p in TREE_LEARNER_PARAMS
         ):
             params["tree_learner"] = "data"

@@ -12,7 +12,7 @@ import socket
 from types import TracebackType
 from typing import Any
 
-import phalanx
+import phalanx.session as session
 from phalanx._internal.gbdt.addresses import reserve_port
 from phalanx._internal.gbdt.threads import cpu_share, default_threads
 
@@ -27,7 +27,7 @@ _state: dict[str, Any] = {}
 def reserve_port_on_rank(hosts: list[str]) -> int:
     """Reserve a free port on this rank's address (``hosts[rank]``); return it."""
     _release()
-    host = hosts[phalanx.get_context().get_world_rank()]
+    host = hosts[session.get_context().get_world_rank()]
     sock = reserve_port(host)
     _state["socket"] = sock
     return int(sock.getsockname()[1])
@@ -35,7 +35,7 @@ def reserve_port_on_rank(hosts: list[str]) -> int:
 
 def set_network(machines: str | None, ports: list[int], time_out: int | None, cpus: Any) -> None:
     """Remember this rank's network parameters (None: one worker, no network)."""
-    context = phalanx.get_context()
+    context = session.get_context()
     params: dict[str, Any] = {}
     if machines is not None:
         params = {

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from typing import Any
 
-import phalanx
+import phalanx.session as session
 from phalanx.checkpoint import Checkpoint
 from phalanx.lightning._flavour import import_lightning
 from phalanx.session import CheckpointUploadMode
@@ -39,7 +39,7 @@ class RayTrainReportCallback(pl.callbacks.Callback):  # type: ignore[misc,name-d
     Example::
 
         trainer = pl.Trainer(..., callbacks=[RayTrainReportCallback()])
-        checkpoint = phalanx.get_checkpoint()
+        checkpoint = session.get_checkpoint()
         if checkpoint:
             with checkpoint.as_directory() as d:
                 trainer.fit(model, loader, ckpt_path=os.path.join(d, "checkpoint.ckpt"))
@@ -60,7 +60,7 @@ class RayTrainReportCallback(pl.callbacks.Callback):  # type: ignore[misc,name-d
         )
         self.checkpoint_upload_mode = CheckpointUploadMode(mode)
         self.validation = validation
-        ctx = phalanx.get_context()
+        ctx = session.get_context()
         # One private directory per callback: two runs (or two ranks) on a host never collide.
         self.tmpdir_prefix = tempfile.mkdtemp(
             prefix=f"phalanx-lightning-{ctx.get_experiment_name()}-rank{ctx.get_world_rank()}-"
@@ -75,7 +75,7 @@ class RayTrainReportCallback(pl.callbacks.Callback):  # type: ignore[misc,name-d
         trainer.save_checkpoint(os.path.join(tmpdir, self.CHECKPOINT_NAME), weights_only=False)
         # Under DDP only rank 0 writes: the others' parts would be empty, so they report metrics.
         checkpoint = Checkpoint.from_directory(tmpdir) if os.listdir(tmpdir) else None
-        phalanx.report(
+        session.report(
             metrics,
             checkpoint=checkpoint,
             checkpoint_upload_mode=self.checkpoint_upload_mode,

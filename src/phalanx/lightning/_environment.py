@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-import phalanx
+import phalanx.session as session
 from phalanx.lightning._flavour import import_lightning
 
 __all__ = ["RayLightningEnvironment"]
@@ -35,16 +35,16 @@ class RayLightningEnvironment(LightningEnvironment):  # type: ignore[misc,valid-
         return True
 
     def world_size(self) -> int:
-        return phalanx.get_context().get_world_size()
+        return session.get_context().get_world_size()
 
     def global_rank(self) -> int:
-        return phalanx.get_context().get_world_rank()
+        return session.get_context().get_world_rank()
 
     def local_rank(self) -> int:
-        return phalanx.get_context().get_local_rank()
+        return session.get_context().get_local_rank()
 
     def node_rank(self) -> int:
-        return phalanx.get_context().get_node_rank()
+        return session.get_context().get_node_rank()
 
     def set_world_size(self, size: int) -> None:
         """Ignored: the world size is the run's (Lightning would set ``num_nodes * devices``)."""

@@ -22,7 +22,7 @@ import os
 import warnings
 from typing import Any
 
-import phalanx
+import phalanx.session as session
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import CheckpointConfig, DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
@@ -254,7 +254,7 @@ def _train_loop_per_worker(config: dict[str, Any]) -> None:
     _set_data(fit_params, config["datasets_iter_config"])
     trainer = prepare_trainer(pl.Trainer(**_trainer_kwargs(ptl)))
     model = module_class(**ptl["_module_init_config"])
-    checkpoint = phalanx.get_checkpoint()
+    checkpoint = session.get_checkpoint()
     if checkpoint is None:
         trainer.fit(model, **fit_params)
         return
@@ -285,7 +285,7 @@ def _set_data(fit_params: dict[str, Any], iter_config: dict[str, Any] | None) ->
 
 def _shard(name: str) -> Any:
     try:
-        return phalanx.get_dataset_shard(name)
+        return session.get_dataset_shard(name)
     except KeyError:
         return None
 

@@ -13,7 +13,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from phalanx.migrate._resolve import Resolution, phalanx_module_of, resolve
-from phalanx.migrate._rules import MODULES
+from phalanx.migrate._rules import DEPRECATED, MODULES
 
 __all__ = ["Attention", "Plan", "collect", "dotted_name"]
 
@@ -221,6 +221,7 @@ def collect(wrapper: cst.MetadataWrapper) -> Plan:
         if use.node not in lifecycle_nodes:
             _plan_use(plan, use, res)
     _plan_lifecycle(plan, collector)
+    _note_deprecated(plan, collector, resolved)
     plan.keep_root = {
         module
         for module in collector.root_imports
@@ -231,6 +232,24 @@ def collect(wrapper: cst.MetadataWrapper) -> Plan:
     plan.imports -= collector.phalanx_imported
     plan.attention = sorted(set(plan.attention), key=lambda item: (item.line, item.name))
     return plan
+
+
+def _note_deprecated(
+    plan: Plan, collector: _Collector, resolved: list[tuple[_Use, Resolution]]
+) -> None:
+    """A note per line that names one of AIR's deprecated trainers (rewritten, still working)."""
+    found = {
+        (collector.binding_lines[binding], res.target)
+        for binding, path in plan.bindings.items()
+        if (res := resolve(path.split("."))).kind == "MAPPED"
+    }
+    found |= {(use.line, res.target) for use, res in resolved if res.kind == "MAPPED"}
+    first: dict[str, int] = {}
+    for line, target in sorted(found):
+        if target in DEPRECATED:
+            first.setdefault(target, line)  # once a name, at its first line
+    for target, line in sorted(first.items(), key=lambda item: item[1]):
+        plan.notes.append(f"{line}: {DEPRECATED[target]}")
 
 
 def _within(path: str, module: str) -> bool:

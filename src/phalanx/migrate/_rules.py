@@ -19,7 +19,15 @@ lacks.
 
 from __future__ import annotations
 
-__all__ = ["MODULES", "NAMES", "PARTIAL", "UNSUPPORTED", "lookup_module", "rule_count"]
+__all__ = [
+    "DEPRECATED",
+    "MODULES",
+    "NAMES",
+    "PARTIAL",
+    "UNSUPPORTED",
+    "lookup_module",
+    "rule_count",
+]
 
 MODULES: dict[str, str] = {
     # Ray Train 2.60 (V2) and its AIR-era paths.
@@ -154,6 +162,30 @@ UNSUPPORTED: dict[str, str] = {
     ),
     "ray.train": "{name} has no phalanx equivalent: see docs/ray_differences.md",
     "ray.rllib": "RLlib has no phalanx equivalent: keep it on Ray",
+}
+
+
+# AIR's framework trainers: rewritten to phalanx's (they run as written), with a note. Their
+# body cannot be turned into a TorchTrainer loop mechanically (the user's init function is the
+# loop's middle), so the note points at the form the DeprecationWarning shows.
+_AIR_TRAINER = (
+    "{name} is AIR's {framework} trainer API (removed from Ray since): it runs as written "
+    "and warns (DeprecationWarning) with the two-line TorchTrainer form to move to; see "
+    "README, {section}"
+)
+DEPRECATED: dict[str, str] = {
+    "phalanx.huggingface.TransformersTrainer": _AIR_TRAINER.format(
+        name="TransformersTrainer", framework="Transformers", section="Hugging Face"
+    ),
+    "phalanx.huggingface.AccelerateTrainer": _AIR_TRAINER.format(
+        name="AccelerateTrainer", framework="Accelerate", section="Hugging Face"
+    ),
+    "phalanx.lightning.LightningTrainer": _AIR_TRAINER.format(
+        name="LightningTrainer", framework="Lightning", section="Lightning"
+    ),
+    "phalanx.lightning.LightningConfigBuilder": _AIR_TRAINER.format(
+        name="LightningConfigBuilder", framework="Lightning", section="Lightning"
+    ),
 }
 
 

@@ -105,8 +105,6 @@ class Predictor:
         if kind == "pandas":
             return _to_pandas(out)
         if kind == "arrow":
-            from phalanx.predict._batch import to_arrow
-
             return to_arrow(out)
         return out
 
@@ -279,3 +277,20 @@ def _pandas_to_numpy(df: pd.DataFrame) -> dict[str, np.ndarray]:
 
 def _to_pandas(arrays: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame({k: (list(v) if np.ndim(v) > 1 else v) for k, v in arrays.items()})
+
+
+def to_arrow(out: Any) -> pa.Table:
+    """A prediction (a dict of arrays or a DataFrame) as a pyarrow Table; a column of
+    arrays becomes a fixed-size list column."""
+    if isinstance(out, dict):
+        columns = {}
+        for name, values in out.items():
+            if getattr(values, "ndim", 1) > 1:
+                flat = pa.array(values.reshape(len(values), -1).ravel())
+                columns[name] = pa.FixedSizeListArray.from_arrays(flat, values[0].size)
+            else:
+                columns[name] = pa.array(values)
+        return pa.table(columns)
+    from phalanx.preprocess._base import pandas_to_numpy
+
+    return to_arrow(pandas_to_numpy(out))

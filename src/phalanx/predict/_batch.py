@@ -25,7 +25,7 @@ from phalanx._internal.terminal import TERMINAL
 from phalanx.callbacks import Callback
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig
-from phalanx.predict._base import Predictor
+from phalanx.predict._base import Predictor, to_arrow
 
 __all__ = ["BatchPredictor", "to_arrow"]
 
@@ -202,7 +202,8 @@ def _run_workers(
     resources: dict[str, float],
     callbacks: list[Any],
 ) -> None:
-    from phalanx import DataParallelTrainer, RunConfig, ScalingConfig
+    from phalanx.config import RunConfig, ScalingConfig
+    from phalanx.trainer import DataParallelTrainer
 
     scaling = ScalingConfig(
         num_workers=workers,
@@ -222,16 +223,16 @@ def _run_workers(
 
 def _score_shard(config: dict[str, Any]) -> None:
     """Runs in each scoring worker: load the model once, predict this rank's rows in order."""
-    import phalanx
+    import phalanx.session as session
 
-    rank = phalanx.get_context().get_world_rank()
+    rank = session.get_context().get_world_rank()
     predictor = config["predictor_cls"].from_checkpoint(
         config["checkpoint"], **config["predictor_kwargs"]
     )
     override, preprocessor = config["preprocessor"]
     if override:
         predictor.set_preprocessor(preprocessor)
-    shard = phalanx.get_dataset_shard(DATASET)
+    shard = session.get_dataset_shard(DATASET)
     path = os.path.join(config["parts_dir"], _part(rank))
     writer = None
     ticks = _ProgressTicks(shard.count())
@@ -264,19 +265,19 @@ class _ProgressTicks:
         self.sent = 0
 
     def advance(self, rows: int) -> None:
-        import phalanx
+        import phalanx.session as session
 
         self.done += rows
         while self.sent < self.TICKS - 1 and self.done * self.TICKS >= (self.sent + 1) * self.total:
             self.sent += 1
-            phalanx.report({"rows": self.done})
+            session.report({"rows": self.done})
 
     def finish(self) -> None:
-        import phalanx
+        import phalanx.session as session
 
         while self.sent < self.TICKS:
             self.sent += 1
-            phalanx.report({"rows": self.done})
+            session.report({"rows": self.done})
 
 
 class ProgressBar(Callback):
@@ -322,21 +323,6 @@ class ProgressBar(Callback):
             err = TERMINAL.stream("stderr")
             err.write(self.line() + "\n")  # the final state stays on screen
             err.flush()
-
-
-def to_arrow(out: Any) -> pa.Table:
-    if isinstance(out, dict):
-        columns = {}
-        for name, values in out.items():
-            if getattr(values, "ndim", 1) > 1:
-                flat = pa.array(values.reshape(len(values), -1).ravel())
-                columns[name] = pa.FixedSizeListArray.from_arrays(flat, values[0].size)
-            else:
-                columns[name] = pa.array(values)
-        return pa.table(columns)
-    from phalanx.preprocess._base import pandas_to_numpy
-
-    return to_arrow(pandas_to_numpy(out))
 
 
 def _part(rank: int) -> str:

@@ -86,11 +86,12 @@ class Preprocessor:
         data larger than memory, apply :meth:`transform_batch` to each batch as it is read."""
         self._check_fitted()
         from phalanx.data import as_dataset, from_arrow
+        from phalanx.data._transform import pandas_to_arrow
 
         dataset = as_dataset(ds, "preprocessor input")
         self._check_columns(dataset.columns(), "transform")
         tables = [
-            _pandas_to_arrow(self._transform_pandas(batch))
+            pandas_to_arrow(self._transform_pandas(batch))
             for batch in dataset.iter_batches(batch_size=batch_size, batch_format="pandas")
         ]
         if not tables:
@@ -110,7 +111,9 @@ class Preprocessor:
             return self._transform_numpy(batch)
         if isinstance(batch, pa.Table):
             self._check_columns(batch.column_names, "transform_batch")
-            return _pandas_to_arrow(self._transform_pandas(batch.to_pandas()))
+            from phalanx.data._transform import pandas_to_arrow
+
+            return pandas_to_arrow(self._transform_pandas(batch.to_pandas()))
         raise TypeError(
             f"transform_batch got a {type(batch).__name__}; it takes a pandas DataFrame, a dict "
             "of numpy arrays or a pyarrow Table."
@@ -197,14 +200,3 @@ def pandas_to_numpy(df: pd.DataFrame) -> dict[str, np.ndarray]:
             values = np.stack(list(values))
         out[str(name)] = values
     return out
-
-
-def _pandas_to_arrow(df: pd.DataFrame) -> pa.Table:
-    data = {}
-    for name in df.columns:
-        values = df[name]
-        if values.dtype == object and len(values) and isinstance(values.iloc[0], np.ndarray):
-            data[str(name)] = pa.array([v.tolist() for v in values])
-        else:
-            data[str(name)] = pa.array(values.to_numpy(), from_pandas=True)
-    return pa.table(data)

@@ -116,7 +116,7 @@ class ServedModel:
         return [{c: v[a:b] for c, v in out.items()} for a, b in itertools.pairwise(bounds)]
 
     def metadata(self) -> dict[str, Any]:
-        from phalanx import __version__
+        from phalanx._version import __version__
 
         preprocessor = self.predictor.get_preprocessor()
         return {

@@ -56,11 +56,11 @@ class SklearnSpec:
 def fit_loop(spec: SklearnSpec, config: dict[str, Any] | None = None) -> None:
     """On the one worker: fit, score, cross-validate, report ``fit_time``, ``<dataset>/...``,
     ``cv/...`` and the checkpoint. A run resumed after it finished fits nothing again."""
-    import phalanx
+    import phalanx.session as session
     from phalanx.sklearn._checkpoint import SklearnCheckpoint
     from phalanx.sklearn._estimator import cv_aggregates, score_datasets, set_cpu_params
 
-    if phalanx.get_checkpoint() is not None:
+    if session.get_checkpoint() is not None:
         logger.info("The run already has its fitted estimator (a checkpoint); nothing to fit.")
         return
     train, evals = _read_datasets(spec)
@@ -83,7 +83,7 @@ def fit_loop(spec: SklearnSpec, config: dict[str, Any] | None = None) -> None:
     metrics["done"] = True
     with tempfile.TemporaryDirectory(prefix="phalanx_sklearn_") as directory:
         checkpoint = SklearnCheckpoint.from_estimator(estimator, path=directory)
-        phalanx.report(metrics, checkpoint=checkpoint)
+        session.report(metrics, checkpoint=checkpoint)
 
 
 def _cross_validate(spec: SklearnSpec, features: Any, label: Any, groups: Any) -> dict[str, Any]:
@@ -114,12 +114,12 @@ def _cross_validate(spec: SklearnSpec, features: Any, label: Any, groups: Any) -
 def _read_datasets(spec: SklearnSpec) -> tuple[tuple[Any, Any, Any], dict[str, tuple[Any, Any]]]:
     """``(features, label, cv groups)`` of ``"train"`` and ``{name: (features, label)}`` of
     the others, read whole from this worker's shards (it is the only worker)."""
-    import phalanx
+    import phalanx.session as session
 
     evals = {}
     train: tuple[Any, Any, Any] = (None, None, None)
     for name in spec.dataset_names:
-        df = phalanx.get_dataset_shard(name).to_pandas()
+        df = session.get_dataset_shard(name).to_pandas()
         label = None
         if spec.label_column is not None:
             label = df[spec.label_column]

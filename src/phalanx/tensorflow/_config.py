@@ -11,12 +11,6 @@ from phalanx.backend import Backend, BackendConfig
 
 __all__ = ["TensorflowConfig"]
 
-THREAD_ENGINE_MESSAGE = (
-    "TensorflowTrainer cannot run on the thread engine (ScalingConfig(engine='thread')): "
-    "TF_CONFIG and TensorFlow's runtime are per process, and the threads would share the "
-    "driver's.\nHINT: leave engine=None (local worker processes)."
-)
-
 
 @dataclass
 class TensorflowConfig(BackendConfig):

@@ -8,7 +8,8 @@ from typing import Any
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
-from phalanx.tensorflow._config import THREAD_ENGINE_MESSAGE, TensorflowConfig
+from phalanx.tensorflow._backend import THREAD_ENGINE_MESSAGE
+from phalanx.tensorflow._config import TensorflowConfig
 from phalanx.trainer import DataParallelTrainer
 from phalanx.validation import ValidationConfig
 

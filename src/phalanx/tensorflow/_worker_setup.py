@@ -13,7 +13,7 @@ import socket
 import sys
 from types import TracebackType
 
-import phalanx
+import phalanx.session as session
 from phalanx._internal import env
 from phalanx._internal.gbdt.addresses import reserve_port
 from phalanx.errors import ConfigError
@@ -31,7 +31,7 @@ _reserved: dict[str, socket.socket] = {}
 def reserve_port_on_rank(hosts: list[str]) -> int:
     """Reserve a free port on this rank's address (``hosts[rank]``); return it."""
     release_port()
-    sock = reserve_port(hosts[phalanx.get_context().get_world_rank()])
+    sock = reserve_port(hosts[session.get_context().get_world_rank()])
     _reserved["socket"] = sock
     return int(sock.getsockname()[1])
 
@@ -44,7 +44,7 @@ def release_port() -> None:
 
 def set_tf_config(workers: list[str]) -> None:
     """``TF_CONFIG`` naming every worker, this one by its world rank; Keras 2 by default."""
-    rank = phalanx.get_context().get_world_rank()
+    rank = session.get_context().get_world_rank()
     tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
     env.set_var("TF_CONFIG", json.dumps(tf_config))
     legacy = env.set_default(LEGACY_KERAS_VAR, "1") in ("1", "true", "True")

@@ -8,7 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
-import phalanx
+import phalanx.session as session
 from phalanx.errors import KeyNotFoundError
 from phalanx.tensorflow._checkpoint import TensorflowCheckpoint
 
@@ -86,17 +86,17 @@ class ReportCheckpointCallback(tf.keras.callbacks.Callback):
             return
         metrics = self._select(logs or {}, when)
         if not checkpoint_now:
-            phalanx.report(metrics)
+            session.report(metrics)
             return
         checkpoint = TensorflowCheckpoint.from_model(self.model)
-        if phalanx.get_context().get_world_rank() == 0:
+        if session.get_context().get_world_rank() == 0:
             # phalanx's own temporary directory: its files may move instead of being copied
-            phalanx.report(
+            session.report(
                 metrics, checkpoint=checkpoint, delete_local_checkpoint_after_upload=True
             )
         else:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
-            phalanx.report(metrics)
+            session.report(metrics)
 
     def _select(self, logs: dict[str, Any], when: str) -> dict[str, Any]:
         wanted = self._metrics

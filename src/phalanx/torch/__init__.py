@@ -33,6 +33,7 @@ from phalanx.torch._config import TorchConfig
 from phalanx.torch._data_loader import prepare_data_loader
 from phalanx.torch._devices import get_device, get_devices
 from phalanx.torch._model import enable_reproducibility, prepare_model
+from phalanx.torch._state import load_state, save_state
 from phalanx.torch._trainer import TorchTrainer
 
 # A TorchCheckpoint pickled before the module was renamed names this path.
@@ -61,7 +62,9 @@ __all__ = [
     "enable_reproducibility",
     "get_device",
     "get_devices",
+    "load_state",
     "prepare_data_loader",
     "prepare_model",
     "prepare_optimizer",
+    "save_state",
 ]

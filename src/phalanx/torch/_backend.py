@@ -15,11 +15,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from phalanx.backend import Backend, BackendConfig
+from phalanx.backend import Backend, BackendConfig, WorkerGroup
 from phalanx.errors import ConfigError, WorkerFailure, WorkerGroupError
-from phalanx.torch._config import TorchConfig
 from phalanx.torch._environment import (
     LOOPBACK_ADDRESS,
     gpus_shared_by_ranks,
@@ -28,13 +27,15 @@ from phalanx.torch._environment import (
     shared_visible_devices,
     torchrun_env,
 )
-from phalanx.torch._trainer import THREAD_ENGINE_MESSAGE
 from phalanx.torch._worker_setup import (
     TorchWorkerSpec,
     init_process_group,
     setup_worker,
     shutdown_worker,
 )
+
+if TYPE_CHECKING:
+    from phalanx.torch._config import TorchConfig
 
 __all__ = ["TorchBackend"]
 
@@ -44,21 +45,31 @@ SHUTDOWN_TIMEOUT_S = 30.0
 STACKS_TIMEOUT_S = 2.0
 
 
+THREAD_ENGINE_MESSAGE = (
+    "TorchTrainer cannot run on the thread engine (ScalingConfig(engine='thread')): "
+    "torch.distributed and the environment it needs are per process, and the threads would "
+    "share the driver's.\nHINT: leave engine=None (local worker processes start in "
+    "milliseconds)."
+)
+
+
 class TorchBackend(Backend):
     share_cuda_visible_devices: bool = True
+    reset_worker = staticmethod(shutdown_worker)
 
-    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
-        if not isinstance(backend_config, TorchConfig):
+    def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+        if not isinstance(self, backend_config.backend_cls):
             raise ConfigError(
                 f"TorchBackend needs a phalanx.torch.TorchConfig, got {type(backend_config).__name__}."
             )
+        backend_config = cast("TorchConfig", backend_config)
         _check_engine(worker_group)
         timeout_s = float(backend_config.timeout_s)
         backend = resolve_backend(backend_config, worker_group.get_resources_per_worker())
         _check_one_gpu_per_nccl_rank(worker_group, backend)
         addr = master_address(
-            [w.metadata.node_id for w in worker_group.workers],
-            worker_group.workers[0].metadata.host,
+            [w.node_id for w in worker_group.workers],
+            worker_group.workers[0].host,
         )
         specs = self.worker_specs(worker_group, backend, addr, timeout_s)
         started = time.time()
@@ -82,27 +93,26 @@ class TorchBackend(Backend):
         )
 
     def worker_specs(
-        self, worker_group: Any, backend: str, addr: str, timeout_s: float
+        self, worker_group: WorkerGroup, backend: str, addr: str, timeout_s: float
     ) -> list[TorchWorkerSpec]:
         workers = worker_group.workers
-        node_ids = [w.metadata.node_id for w in workers]
-        scaling = worker_group.spec.scaling_config
+        node_ids = [w.node_id for w in workers]
+        scaling = worker_group.scaling_config
         visible = None
-        if self.share_cuda_visible_devices and any(w.metadata.gpu_ids for w in workers):
-            visible = shared_visible_devices(node_ids, [w.metadata.gpu_ids for w in workers])
+        if self.share_cuda_visible_devices and any(w.gpu_ids for w in workers):
+            visible = shared_visible_devices(node_ids, [w.gpu_ids for w in workers])
         defaults = {}
         if addr == LOOPBACK_ADDRESS:  # keep gloo's own sockets on loopback too
             defaults["GLOO_SOCKET_IFNAME"] = loopback_interface()
         cpus = (scaling.resources_per_worker or {}).get("CPU") or None
         specs = []
         for rank, worker in enumerate(workers):
-            r = worker.ranks
             env = torchrun_env(
                 world_rank=rank,
-                local_rank=r.local_rank,
+                local_rank=worker.local_rank,
                 world_size=len(workers),
-                local_world_size=r.local_world_size,
-                node_rank=r.node_rank,
+                local_world_size=worker.local_world_size,
+                node_rank=worker.node_rank,
                 num_nodes=len(set(node_ids)),
             )
             if visible is not None:
@@ -119,7 +129,7 @@ class TorchBackend(Backend):
             )
         return specs
 
-    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
+    def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         try:
             worker_group.execute(shutdown_worker, timeout_s=SHUTDOWN_TIMEOUT_S)
         except WorkerGroupError as exc:
@@ -139,14 +149,12 @@ def _uses_nccl(backend: str) -> bool:
     )
 
 
-def _check_one_gpu_per_nccl_rank(worker_group: Any, backend: str) -> None:
+def _check_one_gpu_per_nccl_rank(worker_group: WorkerGroup, backend: str) -> None:
     """Refuse, before any process group forms, ranks that NCCL would refuse later."""
     if not _uses_nccl(backend):
         return
     workers = worker_group.workers
-    shared = gpus_shared_by_ranks(
-        [w.metadata.node_id for w in workers], [w.metadata.gpu_ids for w in workers]
-    )
+    shared = gpus_shared_by_ranks([w.node_id for w in workers], [w.gpu_ids for w in workers])
     if not shared:
         return
     (node, gpu), ranks = next(iter(shared.items()))
@@ -158,13 +166,13 @@ def _check_one_gpu_per_nccl_rank(worker_group: Any, backend: str) -> None:
     )
 
 
-def _check_engine(worker_group: Any) -> None:
+def _check_engine(worker_group: WorkerGroup) -> None:
     if not worker_group.process_per_worker:  # e.g. PHALANX_ENGINE=thread
         raise ConfigError(THREAD_ENGINE_MESSAGE)
 
 
 def _execute_naming_stragglers(
-    worker_group: Any,
+    worker_group: WorkerGroup,
     timeout_s: float,
     started: float,
     fn: Any,
@@ -189,7 +197,7 @@ def _execute_naming_stragglers(
         raise WorkerGroupError(explained) from exc
 
 
-def _stacks(worker_group: Any) -> dict[int, str]:
+def _stacks(worker_group: WorkerGroup) -> dict[int, str]:
     """Where each rank is stuck, if the engine can tell (by rank)."""
     collect = getattr(worker_group, "collect_stacks", None)
     if collect is None:

@@ -18,7 +18,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-import phalanx
+import phalanx.session as session
 from phalanx.torch._devices import get_device
 from phalanx.torch._model import reproducibility_seed
 
@@ -53,7 +53,7 @@ def prepare_data_loader(
             for x, y in loader:  # this rank's part of the data, already on its device
                 ...
     """
-    ctx = phalanx.get_context()
+    ctx = session.get_context()
     if (
         add_dist_sampler
         and ctx.get_world_size() > 1

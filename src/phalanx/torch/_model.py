@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-import phalanx
+import phalanx.session as session
 from phalanx._internal import env
 from phalanx.errors import ConfigError
 from phalanx.torch import _amp as amp
@@ -48,7 +48,7 @@ def prepare_model(
             "'ddp', 'fsdp' or None."
         )
     kwargs = dict(parallel_strategy_kwargs or {})
-    ctx = phalanx.get_context()
+    ctx = session.get_context()
     device = move_to_device if isinstance(move_to_device, torch.device) else get_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -8,18 +8,12 @@ from typing import Any
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
+from phalanx.torch._backend import THREAD_ENGINE_MESSAGE
 from phalanx.torch._config import TorchConfig
 from phalanx.trainer import DataParallelTrainer
 from phalanx.validation import ValidationConfig
 
 __all__ = ["TorchTrainer"]
-
-THREAD_ENGINE_MESSAGE = (
-    "TorchTrainer cannot run on the thread engine (ScalingConfig(engine='thread')): "
-    "torch.distributed and the environment it needs are per process, and the threads would "
-    "share the driver's.\nHINT: leave engine=None (local worker processes start in "
-    "milliseconds)."
-)
 
 
 class TorchTrainer(DataParallelTrainer):

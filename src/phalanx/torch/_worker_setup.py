@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import phalanx
+import phalanx.session as session
 from phalanx._internal import env
 from phalanx.torch._devices import get_device
 from phalanx.torch._environment import cpu_share
@@ -49,7 +49,7 @@ class TorchWorkerSpec:
 
 def setup_worker(specs: list[TorchWorkerSpec]) -> int | None:
     """Apply this rank's spec; rank 0 also starts the store and returns its port."""
-    ctx = phalanx.get_context()
+    ctx = session.get_context()
     spec = specs[ctx.get_world_rank()]
     env.update(spec.env)
     for key, value in spec.env_defaults.items():
@@ -136,7 +136,7 @@ def init_process_group(
     backend: str, init_method: str, master_addr: str, master_port: int, timeout_s: float
 ) -> None:
     """Join the default process group (called on every rank at once)."""
-    ctx = phalanx.get_context()
+    ctx = session.get_context()
     env.set_var("MASTER_ADDR", master_addr)
     env.set_var("MASTER_PORT", str(master_port))
     host = f"[{master_addr}]" if ":" in master_addr else master_addr
@@ -165,7 +165,7 @@ class TrainFuncContext:
     so code that says ``"cuda"`` lands on the right GPU."""
 
     def __enter__(self) -> None:
-        if phalanx.get_context().get_accelerator_ids() and torch.cuda.is_available():
+        if session.get_context().get_accelerator_ids() and torch.cuda.is_available():
             device = get_device()
             if device.type == "cuda":
                 torch.cuda.set_device(device)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from phalanx._internal.gbdt.addresses import cpus_per_worker, group_addresses
-from phalanx.backend import Backend, BackendConfig
+from phalanx.backend import Backend, BackendConfig, WorkerGroup
 from phalanx.errors import ConfigError, WorkerGroupError
 from phalanx.xgboost._collective import prepare_rank, start_tracker, stop_tracker
-from phalanx.xgboost._config import XGBoostConfig
+
+if TYPE_CHECKING:
+    from phalanx.xgboost._config import XGBoostConfig
 
 __all__ = ["XGBoostBackend"]
 
@@ -22,12 +24,13 @@ class XGBoostBackend(Backend):
     """Rank 0 starts the tracker; every rank learns how to reach it (and its XGBoost rank,
     equal to its world rank). With one worker nothing is started."""
 
-    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
-        if not isinstance(backend_config, XGBoostConfig):
+    def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+        if not isinstance(self, backend_config.backend_cls):
             raise ConfigError(
                 "XGBoostBackend needs a phalanx.xgboost.XGBoostConfig, got "
                 f"{type(backend_config).__name__}."
             )
+        backend_config = cast("XGBoostConfig", backend_config)
         n = len(worker_group)
         cpus = cpus_per_worker(worker_group)
         if n == 1:
@@ -40,7 +43,7 @@ class XGBoostBackend(Backend):
             args["dmlc_timeout"] = int(backend_config.timeout_s)
         worker_group.execute(prepare_rank, args, cpus)
 
-    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
+    def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         if len(worker_group) == 1:
             return
         try:
@@ -49,7 +52,7 @@ class XGBoostBackend(Backend):
             logger.warning("Stopping XGBoost's tracker on rank 0 failed:\n%s", exc)
 
 
-def _check_engine(worker_group: Any) -> None:
+def _check_engine(worker_group: WorkerGroup) -> None:
     if not worker_group.process_per_worker:
         raise ConfigError(
             "XGBoostTrainer cannot run several workers on the thread engine: XGBoost's "

@@ -9,11 +9,20 @@ from typing import Any
 import xgboost
 from xgboost.callback import TrainingCallback
 
+from phalanx._internal.checkpoint_files import MODEL_FILES
 from phalanx._internal.gbdt.reporting import MetricsArg, ReportingCore, ReportSettings
 from phalanx.checkpoint import Checkpoint
-from phalanx.xgboost._library import XGBOOST
 
 __all__ = ["RayTrainReportCallback", "ReportCallback"]
+
+FRAMEWORK = "xgboost"
+
+
+def load_booster(path: str) -> xgboost.Booster:
+    """The booster saved in file ``path``."""
+    booster = xgboost.Booster()
+    booster.load_model(path)
+    return booster
 
 
 class ReportCallback(TrainingCallback):
@@ -40,7 +49,7 @@ class ReportCallback(TrainingCallback):
         booster = ReportCallback.get_model(result.checkpoint)
     """
 
-    CHECKPOINT_NAME = XGBOOST.model_file
+    CHECKPOINT_NAME = MODEL_FILES[FRAMEWORK][0]
 
     def __init__(
         self,
@@ -59,13 +68,13 @@ class ReportCallback(TrainingCallback):
             checkpoint_at_end,
             results_postprocessing_fn,
         )
-        self._core = ReportingCore(settings, XGBOOST.framework)
+        self._core = ReportingCore(settings, FRAMEWORK)
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint, filename: str = CHECKPOINT_NAME) -> xgboost.Booster:
         """The booster saved in ``checkpoint`` by this callback (or by XGBoostTrainer)."""
         with checkpoint.as_directory() as directory:
-            return XGBOOST.load_model(os.path.join(directory, filename))
+            return load_booster(os.path.join(directory, filename))
 
     def before_training(self, model: Any) -> Any:
         self._core.reset()

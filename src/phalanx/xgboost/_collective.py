@@ -13,7 +13,7 @@ import logging
 from types import TracebackType
 from typing import Any
 
-import phalanx
+import phalanx.session as session
 from phalanx._internal.gbdt.threads import cpu_share, default_threads
 
 __all__ = ["CollectiveContext", "prepare_rank", "start_tracker", "stop_tracker"]
@@ -26,7 +26,7 @@ _state: dict[str, Any] = {}
 
 def start_tracker(num_workers: int, host: str) -> dict[str, Any] | None:
     """On rank 0: start the tracker on ``host`` and return what workers need to reach it."""
-    if phalanx.get_context().get_world_rank() != 0:
+    if session.get_context().get_world_rank() != 0:
         return None
     from xgboost.tracker import RabitTracker
 
@@ -39,7 +39,7 @@ def start_tracker(num_workers: int, host: str) -> dict[str, Any] | None:
 
 def prepare_rank(tracker_args: dict[str, Any] | None, cpus_per_worker: float | None) -> None:
     """On every rank: remember how to join the group (None: train alone) and the thread share."""
-    context = phalanx.get_context()
+    context = session.get_context()
     if tracker_args is not None:
         rank = context.get_world_rank()
         tracker_args = {**tracker_args, "dmlc_task_id": f"phalanx-rank-{rank:08d}"}

@@ -12,6 +12,7 @@ import xgboost
 from phalanx._internal.checkpoint_files import MODEL_FILES
 from phalanx._internal.gbdt.spec import Frame
 from phalanx.backend import BackendConfig
+from phalanx.xgboost._callback import FRAMEWORK, ReportCallback, load_booster
 
 __all__ = ["XGBOOST"]
 
@@ -20,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 class XGBoostLibrary:
     name = "XGBoost"
-    framework = "xgboost"
+    framework = FRAMEWORK
     trainer = "XGBoostTrainer"
     config_arg = "xgboost_config"
     # DMatrix arguments that may name a column of the dataset (taken out of the features).
@@ -44,8 +45,6 @@ class XGBoostLibrary:
 
     @property
     def report_callback(self) -> type[Any]:
-        from phalanx.xgboost._callback import ReportCallback
-
         return ReportCallback
 
     @property
@@ -79,9 +78,7 @@ class XGBoostLibrary:
         return int(model.num_boosted_rounds())
 
     def load_model(self, path: str) -> xgboost.Booster:
-        booster = xgboost.Booster()
-        booster.load_model(path)
-        return booster
+        return load_booster(path)
 
     def worker_params(self, params: dict[str, Any]) -> dict[str, Any]:
         return params

@@ -21,8 +21,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from phalanx._internal import env
 from phalanx._internal.controller.attempt import Attempt
 from phalanx._internal.controller.failure_policy import FailureDecision, FailurePolicy, retry_line
+from phalanx._internal.controller.goodput import GoodputClock
 from phalanx._internal.controller.hooks import notify
 from phalanx._internal.controller.interrupt import resume_hint
 from phalanx._internal.controller.launch import (
@@ -31,6 +33,7 @@ from phalanx._internal.controller.launch import (
     session_specs,
     start_training,
 )
+from phalanx._internal.controller.metrics_endpoint import MetricsEndpoint, start_endpoint
 from phalanx._internal.controller.outcome import (
     close_storage,
     failure_error,
@@ -44,12 +47,14 @@ from phalanx._internal.controller.report_steps import ReportSteps
 from phalanx._internal.controller.rounds import Report, ReportRounds, Round
 from phalanx._internal.controller.spec import RunSpec, run_context
 from phalanx._internal.controller.state import FINAL_STATES, Failure, State, Step
+from phalanx._internal.controller.stragglers import StragglerWatch
 from phalanx._internal.controller.validation import Validations, resume_unfinished
 from phalanx._internal.controller.watchdog import ProgressWatchdog, hang_error
 from phalanx._internal.engines import messages
 from phalanx._internal.engines.base import Engine
 from phalanx._internal.engines.messages import Events
 from phalanx._internal.engines.rank_output import log_failures
+from phalanx._internal.goodput import Goodput
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager, TrackedCheckpoint
 from phalanx._internal.storage.history import MetricsHistory
 from phalanx._internal.storage.run_storage import RunStorage
@@ -77,6 +82,8 @@ class Controller:
     def __init__(
         self, spec: RunSpec, engine: Engine, storage: RunStorage, manager: CheckpointManager
     ) -> None:
+        self.goodput = GoodputClock()  # the trainer sets .began to when fit() started
+        self.record: dict[str, Any] | None = None  # run.json's: the goodput goes there at the end
         self.spec = spec
         self.engine = engine
         self.storage = storage
@@ -103,10 +110,13 @@ class Controller:
             max(1, spec.scaling_config.max_workers),
             spec.run_config.verbose,
             spec.total_rounds,
+            self.goodput.snapshot,
         )
+        self.endpoint: MetricsEndpoint | None = None
         self.poll_timeout_s = POLL_TIMEOUT_S
         self.sleep: Callable[[float], None] = time.sleep  # the wait before a retry
         self._last_resize_check = 0.0  # time.monotonic() of the last elastic growth check
+        self.stragglers = StragglerWatch(env.straggler_detection())
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -120,6 +130,7 @@ class Controller:
             failed = False
         except BaseException as exc:  # Ctrl-C, a callback, storage: stop every worker first
             self._teardown(graceful=False)
+            self.goodput.attempt_ended("interrupted")
             quietly("record the end of the attempt", partial(self._end_attempt, exc))
             if isinstance(exc, KeyboardInterrupt):
                 logger.warning(self._resume_hint())
@@ -131,6 +142,7 @@ class Controller:
     def begin(self) -> None:
         """Before the first attempt: callbacks, the progress view, unfinished validations."""
         self._notify("before_run", self.run_context)
+        self.endpoint = start_endpoint(self.spec.run_name, self.goodput)
         self.watcher.start(self.engine.name, self.storage.run_uri)
         resume_unfinished(self.validations, self.manager, self.storage)
 
@@ -148,6 +160,8 @@ class Controller:
     def close(self, failed: bool) -> None:
         """After the last step, whatever happened: the engine and the run's storage."""
         self.watcher.stop()
+        if self.endpoint is not None:
+            self.endpoint.close()
         self.engine.close()
         close_storage(self.history, self.storage, self.manager, quiet=failed)
 
@@ -166,6 +180,8 @@ class Controller:
             )
             group.execute_per_rank(init_session, [(s,) for s in specs])
             prepare_workers(self.engine, group, self.spec, self.backend)
+            ranked = sorted(group.workers, key=lambda w: w.world_rank)
+            self.stragglers.on_attempt([w.metadata for w in ranked], attempt.number)
         except WorkerGroupError as exc:
             attempt.failures = exc.worker_failures
             if isinstance(exc, WorkerStartupError):  # its message says why nothing started
@@ -173,6 +189,7 @@ class Controller:
             return Failure.of(failure_error(exc.worker_failures))
         self.engine.set_event_pump(self._pump_events)
         attempt.train_futures = start_training(self.engine, group, self.spec)
+        self.goodput.training_sent()
         attempt.watchdog.start()
         return State.RUNNING
 
@@ -194,6 +211,7 @@ class Controller:
             ProgressWatchdog(self.failure_config.hang_timeout_s, n),
         )
         self.watcher.on_attempt(self.attempt)
+        self.goodput.attempt_started(n)
         return self.attempt
 
     def _resize_attempt(self, attempt: Attempt, size: int) -> None:
@@ -201,6 +219,7 @@ class Controller:
         attempt.rounds = ReportRounds(size, self.manager.next_round)
         attempt.watchdog = ProgressWatchdog(self.failure_config.hang_timeout_s, size)
         self.watcher.num_workers = size
+        self.goodput.resized(size)
 
     def _pump_events(self) -> None:
         """Handle reports as they are made, from inside report() (num_workers=0)."""
@@ -244,6 +263,7 @@ class Controller:
             return self._grow(attempt)
         if len(finished) == len(attempt.train_futures):
             self.return_value = attempt.train_futures[0].result()
+            self.goodput.attempt_ended("finished")
             self._shutdown_backend()
             self._teardown(graceful=True)
             return State.FINISHED
@@ -277,6 +297,8 @@ class Controller:
         self._shutdown_backend()
         self._teardown(graceful=True)
         self._drain_failed_attempt(attempt)  # complete rounds are committed, never lost
+        self.goodput.attempt_ended("resized")
+        self._report_goodput(self.goodput.snapshot())
         quietly("remove uncommitted checkpoint parts", self.storage.remove_staging)
         quietly("remove uncommitted checkpoints", self.manager.remove_orphans)
         self.manager.end_attempt("resized", f"grown from {size} workers")
@@ -286,9 +308,16 @@ class Controller:
         match event:
             case messages.Report(round=index, metrics=metrics, validation=validation):
                 report = Report(
-                    index, metrics, event.checkpoint_dir_name, event.time, event.checkpoint_class
+                    index,
+                    metrics,
+                    event.checkpoint_dir_name,
+                    event.time,
+                    event.checkpoint_class,
+                    event.checkpoint_s,
+                    event.data_wait_s,
                 )
                 attempt.rounds.add(rank, report)
+                self.goodput.report(rank, event.time, event.started)
                 self.history.add_rank_report(rank, index, metrics)  # every report, complete or not
                 if validation:
                     self._validation_requests.setdefault(index, validation)
@@ -309,10 +338,9 @@ class Controller:
         attempt.on_preemption(rank, self.failure_config.preemption_grace_s)
 
     def _declare_hang(self, attempt: Attempt, hung: list[int]) -> Failure:
-        timeout = self.failure_config.hang_timeout_s or 0.0
         stacks = attempt.group.collect_stacks()
         pids = {w.world_rank: w.metadata.pid for w in attempt.group.workers}
-        error = hang_error(hung, stacks, timeout, pids, attempt.watchdog.idle_s())
+        error = hang_error(hung, stacks, attempt.watchdog.rule(), pids, attempt.watchdog.idle_s())
         attempt.failures = error.worker_failures
         return Failure.of(error)
 
@@ -351,11 +379,13 @@ class Controller:
         self.last_metrics = metrics
         self.manager.next_round = round_.index + 1
         self.history.add_round(round_.index, metrics, dir_name)
-        checkpoint = None
+        checkpoint, commit_s = None, None
         if dir_name is not None:
+            committing = time.perf_counter()
             self.storage.commit(
                 dir_name, self.attempts - 1, self.spec.metadata, self.spec.checkpoint_files
             )
+            commit_s = time.perf_counter() - committing
             self.history.flush()
             validation = self._validation_requests.pop(round_.index, None)
             tracked = TrackedCheckpoint(dir_name, metrics, round_.index, round_.checkpoint_class)
@@ -363,9 +393,12 @@ class Controller:
             checkpoint = self.manager.latest_checkpoint
             if validation is not None and checkpoint is not None:
                 self.validations.submit(dir_name, checkpoint, validation)
+        self.goodput.round_committed(round_, commit_s)
         self._notify("after_report", self.run_context, round_.metrics, checkpoint)
         info = self.report_steps.info(round_, self.attempts - 1, checkpoint)
         self._notify("on_report", self.run_context, info)
+        self.stragglers.on_round(round_)
+        self.watcher.straggling = self.stragglers.straggling()
         self.watcher.on_report(info)
 
     # -- FAILED ---------------------------------------------------------------------------------
@@ -374,10 +407,13 @@ class Controller:
         """Clean up the failed attempt, then let the failure budget decide: retry or give up."""
         attempt = self.attempt
         assert attempt is not None
-        self._teardown(graceful=False)
+        # A retry follows: the engine may keep the survivors for it (Ray's in-place recovery)
+        self._teardown(graceful=False, reuse=self.policy.may_retry(failure.preempted))
         self._drain_failed_attempt(attempt)  # before the staged parts are removed
         quietly("remove uncommitted checkpoint parts", self.storage.remove_staging)
         quietly("remove uncommitted checkpoints", self.manager.remove_orphans)
+        self.goodput.attempt_ended("failed")
+        self._report_goodput(self.goodput.snapshot())
         self._end_attempt(failure.error)
         failed_ranks = getattr(failure.error, "worker_failures", {})
         log_failures(self.storage.local_log_dir(), attempt.number, failed_ranks)
@@ -436,10 +472,10 @@ class Controller:
         except Exception:
             logger.exception("Backend.on_shutdown failed; the workers are stopped anyway.")
 
-    def _teardown(self, graceful: bool) -> None:
+    def _teardown(self, graceful: bool, reuse: bool = False) -> None:
         attempt = self.attempt
         if attempt is not None and attempt.group.workers:
-            attempt.group.shutdown(graceful=graceful)
+            attempt.group.shutdown(graceful=graceful, reuse=reuse)
             attempt.group.workers = []
 
     def _collect_validations(self) -> None:
@@ -466,8 +502,14 @@ class Controller:
             return_value=self.return_value,
             attempts=self.manager.attempts,
             attempt_errors=attempt_errors(self.manager.attempt_history),
+            stragglers=list(self.stragglers.periods),
+            goodput=self.goodput.finish(),
             _storage=self.storage,
         )
+        if self.record is not None and result.goodput is not None:
+            self.record["goodput"] = result.goodput.to_dict()  # run.json, once the run ends
+        if state is State.FINISHED and result.goodput is not None:  # else reported on failing
+            self._report_goodput(result.goodput)
         if result.error is not None:
             save_error(self.storage, result.error)
         self.watcher.finish(result)
@@ -479,6 +521,12 @@ class Controller:
 
     def _notify(self, hook: str, *args: Any) -> None:
         notify(self.callbacks, hook, *args)
+
+    def _report_goodput(self, goodput: Goodput) -> None:
+        """At the end of each attempt, the breakdown so far to the callbacks that take it (the
+        trackers' ``on_goodput``; not a hook of Ray's Callback)."""
+        takers = [c for c in self.callbacks if callable(getattr(c, "on_goodput", None))]
+        notify(takers, "on_goodput", self.run_context, self.attempts, goodput)
 
 
 def _drain(events: Events, timeout_s: float | None) -> list[tuple[int, messages.Event]]:

@@ -43,6 +43,14 @@ class FailurePolicy:
             return FailureDecision.RETRY
         return FailureDecision.RAISE
 
+    def may_retry(self, preempted: bool) -> bool:
+        """Whether ``decide`` would say RETRY now (without counting the failure)."""
+        if preempted:
+            used, limit = self.preemptions + 1, self.config.max_preemption_failures
+        else:
+            used, limit = self.failures + 1, self.config.max_failures
+        return limit == -1 or used <= limit
+
     def backoff_s(self, preempted: bool, ran_for_s: float) -> float:
         """How long to wait before the next attempt (after ``decide`` said RETRY)."""
         if preempted or self.config.max_failures != -1:

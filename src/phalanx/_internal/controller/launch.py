@@ -14,6 +14,7 @@ from phalanx._internal.engines.base import Engine, WorkerGroupSpec
 from phalanx._internal.engines.messages import CallDone, Events
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.session import SessionSpec, run_train_fn
+from phalanx._internal.worker.storage_context import StorageContext
 from phalanx._internal.worker_group.group import WorkerGroup
 from phalanx.backend import Backend
 from phalanx.checkpoint import Checkpoint
@@ -35,13 +36,26 @@ def group_spec(spec: RunSpec, storage: RunStorage, attempt_index: int) -> Worker
         env=dict(runtime_env.get("env_vars") or {}),
         runtime_env=dict(runtime_env),
         min_workers=scaling.min_workers if scaling.elasticity_enabled else None,
+        reset_worker=_reset_worker(spec.backend_config.backend_cls),
     )
+
+
+def _reset_worker(backend_cls: type[Backend]) -> Callable[[], None] | None:
+    """What makes a worker reusable after a failed attempt: the backend's ``reset_worker``; a
+    run without a framework (the plain Backend) has nothing to reset."""
+    if backend_cls is Backend:
+        return _nothing_to_reset
+    return backend_cls.reset_worker
+
+
+def _nothing_to_reset() -> None:
+    pass
 
 
 def _preload_modules(spec: RunSpec) -> tuple[str, ...]:
     """What the fork server imports while this group runs, for the workers of a restart. Only a
     run that may restart after a failure (``max_failures != 0``) pays for it: the import costs
-    the machine seconds of CPU (``torch._dynamo``: ~1.5 s) and saves as much per restarted
+    the machine seconds of CPU (``torch._dynamo``: over a second) and saves as much per restarted
     worker. Without it, a restart after a preemption imports in the new workers, as Ray Train's
     and torchrun's do."""
     if spec.run_config.failure_config.max_failures == 0:
@@ -69,7 +83,7 @@ def session_specs(
             r.local_world_size,
             r.node_rank,
             spec.run_name,
-            storage,
+            StorageContext.of(storage),
             spec.metadata,
             worker.metadata.gpu_ids,
             attempt_index,

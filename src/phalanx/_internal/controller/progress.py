@@ -22,7 +22,10 @@ from phalanx._internal import env
 from phalanx._internal.terminal import TERMINAL
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from phalanx._internal.controller.attempt import Attempt
+    from phalanx._internal.controller.goodput import Goodput
     from phalanx.callbacks import ReportInfo
     from phalanx.result import Result
 
@@ -37,9 +40,15 @@ class RunWatcher:
     """The progress view and the lifecycle log lines of one ``fit()``."""
 
     def __init__(
-        self, run_name: str, num_workers: int, verbose: int, total_rounds: int | None = None
+        self,
+        run_name: str,
+        num_workers: int,
+        verbose: int,
+        total_rounds: int | None = None,
+        goodput: Callable[[], Goodput] | None = None,
     ) -> None:
         self.run_name = run_name
+        self.goodput = goodput  # the breakdown so far, for the running figure
         self.num_workers = num_workers
         self.verbose = verbose
         self.total_rounds = total_rounds
@@ -48,6 +57,7 @@ class RunWatcher:
         self.round: int | None = None
         self.metrics: dict[str, Any] = {}
         self.checkpoints = 0
+        self.straggling: dict[int, float] = {}  # rank -> slowdown, set by the controller
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tty = False
@@ -107,6 +117,8 @@ class RunWatcher:
         best = result.best_checkpoints[-1][0] if result.best_checkpoints else result.checkpoint
         where = best.path.rstrip("/").rsplit("/", 1)[-1] if best is not None else "none"
         logger.info("Run %r finished in %s; best checkpoint: %s", self.run_name, took, where)
+        if result.goodput is not None:
+            logger.info("Run %r: %s", self.run_name, result.goodput.summary())
 
     # -- the view -------------------------------------------------------------------------------
 
@@ -123,6 +135,11 @@ class RunWatcher:
         if shown:
             parts.append(shown)
         parts.append(f"{self.checkpoints} checkpoint{'' if self.checkpoints == 1 else 's'}")
+        if self.straggling:
+            slow = ", ".join(f"rank {r} {x:.2f}x" for r, x in sorted(self.straggling.items()))
+            parts.append(f"straggler: {slow}")
+        if self.goodput is not None and self.round is not None:
+            parts.append(f"goodput {self.goodput().goodput * 100:.0f} %")
         parts.append(_duration(time.monotonic() - self.started))
         line = " · ".join(parts)
         if self._tty:

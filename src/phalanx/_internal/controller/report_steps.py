@@ -27,8 +27,8 @@ class ReportSteps:
         self.last_step = history.rows_at_start()
         # With a tracker watching, a round's history row reaches the disk before the tracker
         # sees its step, so even a driver killed right after cannot hand that step out again.
-        # Only on local storage: an object store rewrites the whole file on every flush.
-        self._flush_first = history.storage.local and any(_watches(c) for c in callbacks)
+        # Only on a store that appends: elsewhere every flush writes one more object.
+        self._flush_first = history.storage.appends and any(_watches(c) for c in callbacks)
 
     def info(self, round_: Round, attempt: int, checkpoint: Checkpoint | None) -> ReportInfo:
         self.last_step += 1

@@ -25,6 +25,8 @@ class Report:
     checkpoint_dir_name: str | None
     time: float
     checkpoint_class: str | None = None  # a Checkpoint subclass's name, None for Checkpoint
+    checkpoint_s: float = 0.0  # report() blocked saving the checkpoint (goodput)
+    data_wait_s: float = 0.0  # waited for batches since the rank's previous report (goodput)
 
 
 @dataclass(frozen=True)

@@ -4,17 +4,31 @@ from __future__ import annotations
 
 import time
 
+from phalanx._internal import env
 from phalanx.errors import HangError, WorkerFailure
+
+AUTO = "auto"
+ROUND_FACTOR = 10  # the default rule: k x the slowest round seen so far...
+FIRST_ROUND_FACTOR = 4  # ...and before any report, this many floors (compilation, data loading)
 
 
 class ProgressWatchdog:
-    """Progress is a report or the end of the training call; ``hang_timeout_s`` without it on a
-    rank that has not finished means that rank is hung. ``None`` turns the watchdog off."""
+    """Progress is a report or the end of the training call; a rank that has not finished and
+    makes none within the bound is hung. ``None`` or ``0`` turns the watchdog off; a number is a
+    fixed bound; ``"auto"`` is the default rule: the larger of ``floor_s`` and ROUND_FACTOR x
+    the slowest round seen so far (a rank's first round excluded), and FIRST_ROUND_FACTOR x
+    ``floor_s`` until some rank has reported."""
 
-    def __init__(self, hang_timeout_s: float | None, world_size: int) -> None:
-        self.timeout_s = hang_timeout_s
+    def __init__(
+        self, hang_timeout_s: float | str | None, world_size: int, floor_s: float | None = None
+    ) -> None:
+        self.auto = hang_timeout_s == AUTO
+        self.fixed_s = None if self.auto or not hang_timeout_s else float(hang_timeout_s)
+        self.floor_s = env.hang_timeout_floor_s() if floor_s is None else floor_s
+        self.slowest_round_s = 0.0
         now = time.monotonic()
         self._last = [now] * world_size
+        self._reports = [0] * world_size
 
     def start(self) -> None:
         """Training calls were just launched: start every rank's clock."""
@@ -22,26 +36,69 @@ class ProgressWatchdog:
         self._last = [now] * len(self._last)
 
     def progress(self, rank: int) -> None:
-        self._last[rank] = time.monotonic()
+        now = time.monotonic()
+        if self._reports[rank]:  # a first round holds compilation and data loading: not a pace
+            self.slowest_round_s = max(self.slowest_round_s, now - self._last[rank])
+        self._reports[rank] += 1
+        self._last[rank] = now
 
     def idle_s(self) -> dict[int, float]:
         """Seconds since each rank's last progress."""
         now = time.monotonic()
         return {rank: now - last for rank, last in enumerate(self._last)}
 
+    def bound_s(self) -> float | None:
+        """How long a rank may go without progress now (None: never hung)."""
+        if not self.auto:
+            return self.fixed_s
+        if not any(self._reports):
+            return FIRST_ROUND_FACTOR * self.floor_s
+        return max(self.floor_s, ROUND_FACTOR * self.slowest_round_s)
+
     def hung_ranks(self, finished: set[int]) -> list[int]:
-        if self.timeout_s is None:
+        bound = self.bound_s()
+        if bound is None:
             return []
         now = time.monotonic()
-        return [
+        over = [
             rank
             for rank, last in enumerate(self._last)
-            if rank not in finished and now - last > self.timeout_s
+            if rank not in finished and now - last > bound
         ]
+        # Under the default rule a rank that never reported while others do (rank-0-only
+        # reporting) shows no pace to judge: it is named only along with a rank that reports.
+        if self.auto and any(self._reports) and not any(self._reports[r] for r in over):
+            return []
+        return over
+
+    def rule(self) -> str:
+        """The bound in force and where it comes from, for the hang error."""
+        bound = self.bound_s() or 0.0
+        if not self.auto:
+            return f"{bound:g} s (FailureConfig.hang_timeout_s)"
+        if not any(self._reports):
+            how = f"before any report: {FIRST_ROUND_FACTOR}x the floor of {self.floor_s:g} s"
+        else:
+            how = (
+                f"the larger of the floor, {self.floor_s:g} s, and {ROUND_FACTOR}x the slowest "
+                f"round so far, {self.slowest_round_s:.3g} s"
+            )
+        return (
+            f"{bound:g} s (the default rule, hang_timeout_s='auto': {how}; "
+            f"{env.HANG_FLOOR_VAR} sets the floor)"
+        )
 
 
-# A frame from one of these files means the rank waits for the others in a collective.
-COLLECTIVE_FILES = ("torch/distributed/", "xgboost/collective")
+# A frame from one of these files means the rank waits for the others in a collective: called
+# directly (torch.distributed, XGBoost's), or inside DDP's forward (its buffer broadcast) and
+# inside backward, where DDP's and FSDP's reducer hooks run the gradient allreduce and the
+# autograd engine waits for it (``_engine_run_backward``, ``Variable._execution_engine``).
+COLLECTIVE_FILES = (
+    "torch/distributed/",
+    "torch/nn/parallel/distributed.py",
+    "torch/autograd/graph.py",
+    "xgboost/collective",
+)
 IDLE_MARGIN_S = 1.0  # ranks idle this much longer than the rest stopped first
 
 
@@ -112,16 +169,18 @@ def roll_call(stacks: dict[int, str], idle_s: dict[int, float] | None = None) ->
 def hang_error(
     hung: list[int],
     stacks: dict[int, str],
-    timeout_s: float,
+    rule: str,
     pids: dict[int, int | None],
     idle_s: dict[int, float] | None = None,
 ) -> HangError:
+    """``rule``: the bound that was passed and where it comes from (``ProgressWatchdog.rule``)."""
+    bound = rule.split(" (", 1)[0]
     failures = {
         rank: WorkerFailure(
             rank,
             "hang",
             "HangError",
-            f"no progress for {timeout_s:g} s",
+            f"no progress for {bound}",
             stacks.get(rank, ""),
             pid=pids.get(rank),
             time=time.time(),
@@ -130,11 +189,12 @@ def hang_error(
     }
     parts = [
         f"Rank(s) {', '.join(map(str, hung))} made no progress (no report(), no return) for "
-        f"{timeout_s:g} s (FailureConfig.hang_timeout_s).",
+        f"{rule}.",
         "Where each rank is:",
         roll_call(stacks, idle_s) if stacks else "  (stacks unavailable on this engine)",
         "HINT: a rank that skipped a collective or a report() stalls the others; if a step can "
-        "legitimately take longer, raise hang_timeout_s.",
+        "legitimately take longer, set FailureConfig(hang_timeout_s=<seconds>) (None turns the "
+        "watchdog off).",
     ]
     for rank in sorted(stacks):
         parts.append(f"--- rank {rank} ---\n{stacks[rank].rstrip()}")

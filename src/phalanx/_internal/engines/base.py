@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from phalanx._internal.engines.messages import Events
 from phalanx.config import ScalingConfig
+from phalanx.context import RunLocation
 
 
 @dataclass(frozen=True)
@@ -34,11 +35,15 @@ class WorkerGroupSpec:
     start_timeout_s: float = 60.0
     attempt: int = 0
     preload_modules: tuple[str, ...] = ()
-    storage: Any = None  # the run's RunStorage: workers on other nodes check they can reach it
+    storage: RunLocation | None = None  # workers on other nodes check they can reach it
     runtime_env: dict[str, Any] = field(default_factory=dict)  # RunConfig.worker_runtime_env
     # Elastic training (ScalingConfig(num_workers=(min, max))): the engine may start fewer than
     # num_workers, as many as it can place but at least this many. None: exactly num_workers.
     min_workers: int | None = None
+    # In-place recovery: what leaves the framework's state in a worker whose training call
+    # ended, so the next attempt can reuse the process (the backend's ``reset_worker``). None:
+    # a failed attempt's workers are all replaced.
+    reset_worker: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,11 @@ class Engine(ABC):
     @abstractmethod
     def shutdown(self, handles: list[WorkerHandle], grace_s: float) -> None:
         """Stop the given workers: ask nicely, then kill after ``grace_s``; wait until gone."""
+
+    def park(self, handles: list[WorkerHandle]) -> None:
+        """A failed attempt's workers: end their calls and keep those the next ``launch`` can
+        reuse (engines that can), stop the others at once. By default all are stopped."""
+        self.shutdown(handles, 0.0)
 
     def collect_stacks(self, handles: list[WorkerHandle], timeout_s: float) -> dict[int, str]:
         """Every thread's Python stack in each worker (by handle index); {} if not supported."""

@@ -5,7 +5,10 @@ training step, where a tuple is the cheapest thing to pickle, and readable by
 ``runtime.undecodable_error`` when the rest is not)::
 
     ("report", round, metrics, checkpoint_dir_name, time[, {"validation": spec,
-                                                             "checkpoint_class": name}])
+                                                             "checkpoint_class": name,
+                                                             "checkpoint_s": seconds,
+                                                             "data_wait_s": seconds,
+                                                             "started": time}])
     ("preempting", time)          # the local worker got SIGTERM
     ("poll",)                     # wake the driver: a rank waits for a validation to finish
     ("poll", round)               # and: a rank waits until every round before `round` is processed
@@ -37,6 +40,12 @@ class Report:
     time: float
     validation: Any = None  # report(validation=...): what to validate this round's checkpoint with
     checkpoint_class: str | None = None  # "module:QualName" of a Checkpoint subclass reported
+    # For the goodput breakdown: seconds report() was blocked saving the checkpoint, seconds the
+    # rank waited for batches since its last report, when its training function started (first
+    # report of an attempt only).
+    checkpoint_s: float = 0.0
+    data_wait_s: float = 0.0
+    started: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +137,9 @@ def decode(wire: tuple[Any, ...]) -> Message:
             wire[4],
             extras.get("validation"),
             extras.get("checkpoint_class"),
+            extras.get("checkpoint_s", 0.0),
+            extras.get("data_wait_s", 0.0),
+            extras.get("started"),
         )
     if kind == "ret" and size == 4:
         return Return(wire[1], wire[2], wire[3])
@@ -160,6 +172,9 @@ def in_process_event(wire: tuple[Any, ...]) -> Event:
                 r.time,
                 r.validation,
                 r.checkpoint_class,
+                r.checkpoint_s,
+                r.data_wait_s,
+                r.started,
             )
         case Preempting() | Poll() as event:
             return event

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import random
 import socket
-from typing import Any
+
+from phalanx.backend import WorkerGroup
 
 __all__ = ["LOOPBACK", "cpus_per_worker", "group_addresses", "reserve_port"]
 
 LOOPBACK = "127.0.0.1"
 
 
-def group_addresses(worker_group: Any) -> list[str]:
+def group_addresses(worker_group: WorkerGroup) -> list[str]:
     """The address of each rank, in rank order: loopback for everyone when every worker is on
     one node (nothing is exposed to the network), else each worker's node address."""
     workers = worker_group.workers
-    if len({w.metadata.node_id for w in workers}) <= 1:
+    if len({w.node_id for w in workers}) <= 1:
         return [LOOPBACK] * len(workers)
-    return [w.metadata.host for w in workers]
+    return [w.host for w in workers]
 
 
 # Below Linux's ephemeral range (32768-60999 by default): the port is released just before the
@@ -50,8 +51,8 @@ def reserve_port(host: str) -> socket.socket:
     return sock
 
 
-def cpus_per_worker(worker_group: Any) -> float | None:
+def cpus_per_worker(worker_group: WorkerGroup) -> float | None:
     """The ``CPU`` resource the user asked for per worker, or None (then each worker uses an
     equal share of its node's cores)."""
-    scaling = worker_group.spec.scaling_config
+    scaling = worker_group.scaling_config
     return (scaling.resources_per_worker or {}).get("CPU") or None

@@ -23,9 +23,9 @@ def builtin_loop(
 ) -> None:
     """On every worker: boost ``spec.num_boost_round`` rounds in total on this worker's shards,
     from the latest checkpoint's model when there is one."""
-    import phalanx
+    import phalanx.session as session
 
-    checkpoint = phalanx.get_checkpoint()
+    checkpoint = session.get_checkpoint()
     start = None
     if checkpoint is not None:
         start = library.report_callback.get_model(checkpoint)

@@ -114,18 +114,18 @@ def send_report(
     fresh directory (``save_model(path)``) and reports it as the checkpoint, whose metadata
     names the ``framework`` (for predictors); the other ranks report the same round without
     one (their models are identical)."""
-    import phalanx
+    import phalanx.session as session
     from phalanx.checkpoint import Checkpoint
 
-    if save_model is None or phalanx.get_context().get_world_rank() != 0:
-        phalanx.report(metrics)
+    if save_model is None or session.get_context().get_world_rank() != 0:
+        session.report(metrics)
         return
     with tempfile.TemporaryDirectory(prefix="phalanx-gbdt-") as directory:
         save_model(f"{directory}/{filename}")
         checkpoint = Checkpoint.from_directory(directory)
         checkpoint.set_metadata({"framework": framework})
         # phalanx's own directory: its files may move (a rename) instead of being copied
-        phalanx.report(metrics, checkpoint=checkpoint, delete_local_checkpoint_after_upload=True)
+        session.report(metrics, checkpoint=checkpoint, delete_local_checkpoint_after_upload=True)
 
 
 def _valid_metrics(metrics: Any) -> bool:

@@ -52,9 +52,9 @@ class GBDTSpec:
         ``names`` (the library's thread parameter and its aliases) is set."""
         params = dict(self.params)
         if not any(name in params for name in names):
-            import phalanx
+            import phalanx.session as session
 
-            local = phalanx.get_context().get_local_world_size()
+            local = session.get_context().get_local_world_size()
             params[names[0]] = cpu_share(self.cpus_per_worker, local)
         return params
 
@@ -74,11 +74,11 @@ class Frame:
 
 def read_frames(spec: GBDTSpec, column_keys: frozenset[str]) -> dict[str, Frame]:
     """This worker's shard of every dataset, read into memory (``phalanx.get_dataset_shard``)."""
-    import phalanx
+    import phalanx.session as session
 
     frames = {}
     for name in spec.dataset_names:
-        df = phalanx.get_dataset_shard(name).to_pandas()
+        df = session.get_dataset_shard(name).to_pandas()
         frames[name] = split_frame(
             df, spec.label_column, spec.dmatrix_params.get(name, {}), column_keys
         )

@@ -11,16 +11,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from phalanx._internal.checkpoint_class import checkpoint_class
-from phalanx._internal.storage.filesystem import storage_errors
+from phalanx._internal.fs.access import storage_errors
+from phalanx._internal.fs.paths import checkpoint_name_problem
 from phalanx._internal.storage.history import encode_json
-from phalanx._internal.storage.paths import checkpoint_name_problem
-from phalanx._internal.storage.run_storage import SNAPSHOT_FILE, RunStorage
+from phalanx._internal.storage.run_storage import SNAPSHOT_FILE
 from phalanx._internal.storage.snapshot_journal import (
     COMPACT_MIN_RECORDS,
     append_record,
     read_state,
     remove_journal,
 )
+from phalanx._internal.storage.store import RunStore
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import CheckpointConfig
 from phalanx.errors import ConfigError, StorageError
@@ -47,7 +48,7 @@ class CheckpointManager:
     it pointing at a deleted directory.
     """
 
-    storage: RunStorage
+    storage: RunStore
     config: CheckpointConfig
     checkpoints: list[TrackedCheckpoint] = field(default_factory=list)
     latest: TrackedCheckpoint | None = None
@@ -239,7 +240,7 @@ class CheckpointManager:
         entries = ", ".join(text for _, text in self._encoded_cache.values())
         text = f'{encode_json(state)[:-1]}, "checkpoints": [{entries}]}}'
         self.storage.write_atomic(SNAPSHOT_FILE, text.encode())
-        if self.storage.local:
+        if self.storage.appends:
             remove_journal(self.storage)
         self._journal_records = 0
         self._compacted = len(self.checkpoints)
@@ -256,7 +257,7 @@ class CheckpointManager:
         after a load, or on an object store (no appends there)."""
         records = self._journal_records
         if (
-            not self.storage.local
+            not self.storage.appends
             or records is None
             or records + 1 >= max(COMPACT_MIN_RECORDS, self._compacted)
         ):

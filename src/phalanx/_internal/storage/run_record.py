@@ -7,7 +7,7 @@ the start and end times and the status (``running``, ``finished``, ``failed``, `
 and ``config_error``, the first line of a ConfigError the run failed on (such a run, if it
 committed no checkpoint, starts afresh at the next ``fit()`` instead of resuming).
 Values JSON cannot hold are kept as ``{"__repr__": "..."}`` so the file always loads. Written
-through :meth:`RunStorage.write_atomic` (a rename locally, one PUT on object stores): a reader
+through :meth:`RunStore.write_atomic` (a rename locally, one PUT on object stores): a reader
 sees the old or the new record, never a mix.
 
 A driver killed with ``kill -9`` leaves ``"running"`` behind; :mod:`run_status` tells such a run
@@ -35,16 +35,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from phalanx._internal.storage.filesystem import storage_errors
+from phalanx._internal.fs.access import storage_errors
 from phalanx._internal.storage.run_storage import (
     ALL_RANKS_HISTORY_FILE,
     ERROR_PICKLE_FILE,
     ERROR_TEXT_FILE,
     HISTORY_FILE,
     SNAPSHOT_FILE,
-    RunStorage,
 )
 from phalanx._internal.storage.snapshot_journal import JOURNAL_FILE, read_state
+from phalanx._internal.storage.store import RunStore
 from phalanx.errors import ConfigError, StorageError
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ def _type_name(value: Any) -> str:
 
 def versions() -> dict[str, str]:
     """phalanx, Python, and each framework the driver has imported (never imports one)."""
-    from phalanx import __version__
+    from phalanx._version import __version__
 
     found = {"phalanx": __version__, "python": platform.python_version()}
     for name in FRAMEWORKS:
@@ -206,7 +206,7 @@ def process_start(pid: int) -> int | None:
         return None
 
 
-def read_record(storage: RunStorage) -> dict[str, Any] | None:
+def read_record(storage: RunStore) -> dict[str, Any] | None:
     """The run's record, or None when the run has none (a run from before records existed)."""
     raw = storage.read(RUN_FILE)
     if raw is None:
@@ -221,12 +221,12 @@ def read_record(storage: RunStorage) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def _write(storage: RunStorage, record: dict[str, Any]) -> None:
+def _write(storage: RunStore, record: dict[str, Any]) -> None:
     data = json.dumps(record, indent=2, allow_nan=True, default=_short_repr)
     storage.write_atomic(RUN_FILE, data.encode())
 
 
-def start_record(storage: RunStorage, config: dict[str, Any]) -> dict[str, Any]:
+def start_record(storage: RunStore, config: dict[str, Any]) -> dict[str, Any]:
     """Write the record of a ``fit()`` that starts now; a resumed run keeps its first start."""
     previous = None
     with contextlib.suppress(StorageError):
@@ -248,7 +248,7 @@ def start_record(storage: RunStorage, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def end_record(
-    storage: RunStorage, record: dict[str, Any], status: str, config_error: str | None = None
+    storage: RunStore, record: dict[str, Any], status: str, config_error: str | None = None
 ) -> None:
     record.update(status=status, ended=time.time(), config_error=config_error)
     _write(storage, record)
@@ -265,7 +265,7 @@ _RUN_STATE_FILES = (
 )
 
 
-def start_afresh_after_config_error(storage: RunStorage) -> bool:
+def start_afresh_after_config_error(storage: RunStore) -> bool:
     """Whether the run's last ``fit()`` failed on a configuration error before committing a
     checkpoint; if so, what it left is removed, so the fit() that starts now (the error fixed)
     is a fresh run, not a resumed one. A checkpoint it committed is kept and resumed from."""
@@ -308,7 +308,7 @@ def status_of(exc: BaseException | None) -> str:
 
 
 @contextlib.contextmanager
-def recorded_run(storage: RunStorage, config: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def recorded_run(storage: RunStore, config: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Write the record as ``running`` now and with the outcome when the block ends.
 
     The run matters more than its record: a storage too broken to update it at the end is
@@ -324,7 +324,7 @@ def recorded_run(storage: RunStorage, config: dict[str, Any]) -> Iterator[dict[s
 
 
 def _end_quietly(
-    storage: RunStorage, record: dict[str, Any], status: str, config_error: str | None = None
+    storage: RunStore, record: dict[str, Any], status: str, config_error: str | None = None
 ) -> None:
     try:
         end_record(storage, record, status, config_error)

@@ -16,30 +16,15 @@ outcome of its last attempt.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import socket
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from phalanx._internal.storage.run_lock import lock_held
 from phalanx._internal.storage.run_record import process_start
-from phalanx._internal.storage.run_storage import ERROR_TEXT_FILE, RunStorage
-from phalanx.errors import StorageError
-
-# --- adapter: the run lock of issue 12 (phalanx._internal.storage.run_lock) ---------------------
-# Its file names and staleness are read from that module when it exists; these are its values.
-LOCK_FILE = ".phalanx_lock"
-LEASE_FILE = ".phalanx_lease.json"
-LEASE_STALE_S = 60.0
-with contextlib.suppress(ImportError):
-    from phalanx._internal.storage import run_lock as _run_lock  # type: ignore[attr-defined]
-
-    LOCK_FILE = _run_lock.LOCK_FILE
-    LEASE_FILE = _run_lock.LEASE_FILE
-    LEASE_STALE_S = _run_lock.STALE_S
-# --- end of adapter ----------------------------------------------------------------------------
+from phalanx._internal.storage.run_storage import ERROR_TEXT_FILE
+from phalanx._internal.storage.store import RunStore
 
 
 @dataclass(frozen=True)
@@ -56,7 +41,7 @@ class RunStatus:
 
 
 def run_status(
-    storage: RunStorage, record: dict[str, Any] | None, attempts: list[dict[str, Any]]
+    storage: RunStore, record: dict[str, Any] | None, attempts: list[dict[str, Any]]
 ) -> RunStatus:
     if record is None:
         return _status_from_snapshot(storage, attempts)
@@ -66,13 +51,13 @@ def run_status(
     return _live_status(storage, record.get("driver") or {})
 
 
-def _live_status(storage: RunStorage, owner: dict[str, Any]) -> RunStatus:
+def _live_status(storage: RunStore, owner: dict[str, Any]) -> RunStatus:
     if owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int):
         alive = _same_process_alive(owner["pid"], owner.get("pid_start"))
         if alive is not None:
             how = f"driver pid {owner['pid']} on this host is {'alive' if alive else 'gone'}"
             return RunStatus("running" if alive else "interrupted", how=how)
-    held = _lock_held(storage)
+    held = lock_held(storage)
     if held is None:
         where = owner.get("host", "another host")
         return RunStatus("running", verified=False, how=f"driver on {where}: cannot check")
@@ -104,44 +89,7 @@ def _is_zombie(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :].startswith(b"Z")
 
 
-def _lock_held(storage: RunStorage) -> bool | None:
-    """Whether the run lock is held (None: the run has no lock to look at)."""
-    if storage.local:
-        return _file_lock_held(storage.path(LOCK_FILE))
-    try:
-        raw = storage.read(LEASE_FILE)
-    except StorageError:
-        return None
-    if raw is None:
-        return None
-    try:
-        heartbeat = float(json.loads(raw)["heartbeat"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    return time.time() - heartbeat < LEASE_STALE_S
-
-
-def _file_lock_held(path: str) -> bool | None:
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released at once by the close below
-    except BlockingIOError:
-        return True
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return False
-
-
-def _status_from_snapshot(storage: RunStorage, attempts: list[dict[str, Any]]) -> RunStatus:
+def _status_from_snapshot(storage: RunStore, attempts: list[dict[str, Any]]) -> RunStatus:
     last = attempts[-1] if attempts else {}
     outcome = last.get("outcome")
     if outcome == "finished":
@@ -151,7 +99,7 @@ def _status_from_snapshot(storage: RunStorage, attempts: list[dict[str, Any]]) -
     if outcome is not None:
         failed = storage.read(ERROR_TEXT_FILE) is not None
         return RunStatus("failed" if failed else "interrupted", how="snapshot")
-    held = _lock_held(storage)
+    held = lock_held(storage)
     if held is not None:
         return RunStatus("running" if held else "interrupted", how="run lock")
     return RunStatus("unknown", verified=False, how="no run.json and no lock")

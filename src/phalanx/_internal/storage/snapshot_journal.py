@@ -2,7 +2,7 @@
 
 The snapshot (``checkpoint_manager_snapshot.json``) lists every kept checkpoint. Rewriting it at
 every commit made a run that keeps k checkpoints (``num_to_keep=None``, Ray's default) cost
-O(k) per commit, O(k^2) in all. On a local filesystem a commit now appends one line to
+O(k) per commit, O(k^2) in all. On a store that appends (the local store) a commit now appends one line to
 ``.phalanx_snapshot_journal.jsonl`` (fsynced, like the snapshot it replaces)::
 
     {"seq": 7, "latest": "checkpoint_000006", "next_round": 7,
@@ -17,18 +17,16 @@ the snapshot already has, and are skipped.
 Readers go through :func:`read_state`, which applies the journal to the snapshot. A run written
 before the journal existed has none: its snapshot is read as it always was. A phalanx without
 the journal reading a run cut off mid-``fit()`` sees the snapshot of its last compaction.
-Object stores cannot append: there the snapshot is still rewritten at every commit.
+Stores without appends (object stores): there the snapshot is still rewritten at every commit.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from typing import Any
 
-from phalanx._internal.storage.filesystem import storage_errors
-from phalanx._internal.storage.run_storage import SNAPSHOT_FILE, RunStorage
+from phalanx._internal.storage.run_storage import SNAPSHOT_FILE
+from phalanx._internal.storage.store import RunStore
 from phalanx.errors import StorageError
 
 JOURNAL_FILE = ".phalanx_snapshot_journal.jsonl"
@@ -36,7 +34,7 @@ COMPACT_MIN_RECORDS = 64  # below this many checkpoints, compact every 64 record
 _READ_ATTEMPTS = 5
 
 
-def read_state(storage: RunStorage) -> dict[str, Any] | None:
+def read_state(storage: RunStore) -> dict[str, Any] | None:
     """The snapshot's state with the journal applied; None without a snapshot.
 
     Raises ValueError (KeyError, TypeError) when the snapshot is not what phalanx writes.
@@ -50,7 +48,7 @@ def read_state(storage: RunStorage) -> dict[str, Any] | None:
         state = json.loads(raw)
         if not isinstance(state, dict):
             raise ValueError("the snapshot is not a JSON object")
-        if not storage.local:
+        if not storage.appends:
             return state
         if apply_records(state, read_records(storage)):
             return state
@@ -60,16 +58,9 @@ def read_state(storage: RunStorage) -> dict[str, Any] | None:
     )
 
 
-def read_records(storage: RunStorage) -> list[dict[str, Any]]:
+def read_records(storage: RunStore) -> list[dict[str, Any]]:
     """The journal's records in order; a last line cut by a crash (or being written) ends it."""
-    path = storage.path(JOURNAL_FILE)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise StorageError(f"Could not read {path!r}: {exc}.") from exc
+    data = storage.read(JOURNAL_FILE) or b""
     records = []
     for line in data.split(b"\n"):
         if not line.strip():
@@ -108,39 +99,12 @@ def apply_records(state: dict[str, Any], records: list[dict[str, Any]]) -> bool:
     return True
 
 
-def append_record(storage: RunStorage, line: str) -> None:
+def append_record(storage: RunStore, line: str) -> None:
     """Append one record durably (fsync), whole or not at all: on an error the file is cut back
     to where it was, so the next record never follows half a line."""
-    path = storage.path(JOURNAL_FILE)
-    with storage_errors("append to", path):
-        created = not os.path.exists(path)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        try:
-            size = os.fstat(fd).st_size
-            data = memoryview((line + "\n").encode())
-            try:
-                while data:
-                    data = data[os.write(fd, data) :]
-                os.fsync(fd)
-            except BaseException:
-                os.ftruncate(fd, size)
-                raise
-        finally:
-            os.close(fd)
-        if created:  # the new file's name must survive a power loss too
-            _fsync_dir(storage.run_path)
+    storage.append_durable(JOURNAL_FILE, (line + "\n").encode())
 
 
-def remove_journal(storage: RunStorage) -> None:
+def remove_journal(storage: RunStore) -> None:
     """After a compaction: the snapshot holds every record now."""
-    path = storage.path(JOURNAL_FILE)
-    with storage_errors("remove", path), contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    storage.remove(JOURNAL_FILE)

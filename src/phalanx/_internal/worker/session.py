@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phalanx._internal.checkpoint_class import class_name
-from phalanx._internal.storage.filesystem import is_local
-from phalanx._internal.storage.paths import check_checkpoint_dir_name, default_checkpoint_dir_name
+from phalanx._internal.fs.access import is_local
+from phalanx._internal.fs.paths import check_checkpoint_dir_name, default_checkpoint_dir_name
 from phalanx._internal.storage.run_storage import RunStorage
+from phalanx._internal.worker import data_wait
 from phalanx._internal.worker.code_origins import load_function
 from phalanx._internal.worker.metrics import checked_metrics
 from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
+from phalanx._internal.worker.state_writer import StateWriter, pending_write
 from phalanx._internal.worker.uploader import (
     BackgroundUploader,
     CheckpointUploadMode,
@@ -43,6 +45,14 @@ thread_sessions: dict[int, Session] = {}  # thread engine: thread id -> its sess
 
 class PreemptionStop(BaseException):
     """Raised by ``report()`` at the stop round after a preemption notice; ends the attempt.
+
+    A BaseException, so a training loop's ``except Exception`` does not swallow it.
+    """
+
+
+class AttemptInterrupted(BaseException):
+    """Raised in a surviving Ray worker's training function (at its next ``report()``, or at
+    once in Python code) when the attempt failed elsewhere and the worker is kept for the next.
 
     A BaseException, so a training loop's ``except Exception`` does not swallow it.
     """
@@ -74,6 +84,9 @@ class Session:
         self._outbox = outbox
         self._uploader: BackgroundUploader | None = None
         self.last_checkpoint_round = -1  # the last round this rank passed a checkpoint in
+        self.state_writer: StateWriter | None = None  # phalanx.torch.save_state's writes
+        self.started: float | None = None  # when the training function started, until reported
+        self.interrupted = False  # the attempt failed elsewhere: the next report() ends the call
 
     def report(
         self,
@@ -85,6 +98,7 @@ class Session:
         checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
         validation: Any = False,
     ) -> None:
+        self._raise_if_interrupted()
         metrics = _check_metrics(metrics)
         _check_validation(validation, checkpoint, self.has_validation)
         mode = _upload_mode(checkpoint_upload_mode)
@@ -103,6 +117,7 @@ class Session:
             delete = self._delete(checkpoint, mode, delete_local_checkpoint_after_upload)
         message: tuple[Any, ...] = ("report", index, metrics, dir_name, time.time())
         extras = _message_extras(validation, checkpoint)
+        self._add_timings(extras)
         if extras:
             message += (extras,)
         self.next_round += 1
@@ -112,7 +127,7 @@ class Session:
             if self._uploader is not None:
                 self._uploader.wait()
             dir_name = self._upload_with(checkpoint_upload_fn, checkpoint, dir_name, delete)  # type: ignore[arg-type]
-            self._send((*message[:3], dir_name, *message[4:]))
+            self._send(_with_checkpoint_time((*message[:3], dir_name, *message[4:])))
         else:
             self._persist(checkpoint, dir_name, mode, delete, message)  # type: ignore[arg-type]
         if dir_name is not None:
@@ -126,6 +141,20 @@ class Session:
                 f"rank {self.context.world_rank} stopped after round {index} (preemption of "
                 f"rank(s) {list(self.preemption.preempted_ranks)})"
             )
+
+    def _add_timings(self, extras: dict[str, Any]) -> None:
+        """The goodput's numbers: the seconds this rank waited for batches since its last
+        report and, in its first report of the attempt, when its training function started."""
+        waited = data_wait.take()
+        if waited:
+            extras["data_wait_s"] = waited
+        if self.started is not None:
+            extras["started"], self.started = self.started, None
+
+    def _raise_if_interrupted(self) -> None:
+        if self.interrupted:
+            rank = self.context.world_rank
+            raise AttemptInterrupted(f"rank {rank}: the attempt failed on another rank")
 
     def _dir_name(
         self, checkpoint: Checkpoint, name: str | None, mode: CheckpointUploadMode, index: int
@@ -165,12 +194,18 @@ class Session:
             self.storage.mark_in_place(dir_name, self.attempt)
             self._send(message)
             return
+        if (job := pending_write(checkpoint.path)) is not None:
+            # save_state's private directory: committed once its background write is done
+            self._background().upload(checkpoint, dir_name, message, True, prepare=job.result)
+            if job.blocking:
+                self.finish_uploads()
+            return
         if mode is CheckpointUploadMode.SYNC or (delete and same_device(checkpoint, self.storage)):
             # a move within one filesystem is as fast as queuing it: ASYNC needs no thread
             if self._uploader is not None:
                 self._uploader.wait()  # the documented promise: the previous upload is done
             self.storage.stage_part(checkpoint, dir_name, self.attempt, move=delete)
-            self._send(message)
+            self._send(_with_checkpoint_time(message))
         elif delete and is_local(checkpoint.filesystem):  # the directory is free at once
             scratch = Checkpoint(move_aside(checkpoint))
             self._background().upload(scratch, dir_name, message, scratch=True)
@@ -189,6 +224,8 @@ class Session:
         dir_name)``) and returns it. Returns the name the round commits: the returned
         checkpoint's own when it lies directly in the run directory (it joins like a NO_UPLOAD
         part); otherwise its files are copied in."""
+        if (job := pending_write(checkpoint.path)) is not None:
+            job.result()  # a save_state checkpoint: fn reads its files once they are written
         uploaded = fn(checkpoint, dir_name)
         if not isinstance(uploaded, Checkpoint):
             raise TypeError(
@@ -231,12 +268,17 @@ class Session:
 
     def finish(self) -> None:
         """Wait for pending uploads (and the reports behind them); raise an upload's error."""
-        if self._uploader is not None:
-            try:
-                self._uploader.wait()
-            finally:
-                self._uploader.close()
-                self._uploader = None
+        try:
+            if self._uploader is not None:
+                try:
+                    self._uploader.wait()
+                finally:
+                    self._uploader.close()
+                    self._uploader = None
+        finally:
+            if self.state_writer is not None:
+                writer, self.state_writer = self.state_writer, None
+                writer.close()
 
 
 def _upload_mode(value: CheckpointUploadMode | str) -> CheckpointUploadMode:
@@ -261,6 +303,13 @@ def _message_extras(validation: Any, checkpoint: Checkpoint | None) -> dict[str,
     if name is not None:
         extras["checkpoint_class"] = name
     return extras
+
+
+def _with_checkpoint_time(message: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``message`` with the seconds since its report() started (saving the checkpoint)."""
+    extras = dict(message[5]) if len(message) > 5 else {}
+    extras["checkpoint_s"] = time.time() - message[4]
+    return (*message[:5], extras)
 
 
 def _check_validation(validation: Any, checkpoint: Checkpoint | None, configured: bool) -> None:
@@ -334,6 +383,8 @@ def run_train_fn(payload: Any, config: dict[str, Any] | None, context_factory: A
     """Run the user's training function; only rank 0's return value is sent back."""
     fn = load_function(payload) if isinstance(payload, bytes) else payload
     session = get_session()
+    if session is not None:
+        session.started = time.time()  # the goodput's end of start-up, sent with the first report
     try:
         with context_factory():
             value = fn(config) if _takes_config(fn) else fn()

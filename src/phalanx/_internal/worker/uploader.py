@@ -24,8 +24,8 @@ from collections.abc import Callable
 from queue import SimpleQueue
 from typing import Any
 
-from phalanx._internal.storage.filesystem import is_local, move_tree_contents
-from phalanx._internal.storage.paths import checkpoint_name_problem
+from phalanx._internal.fs.access import is_local, move_tree_contents
+from phalanx._internal.fs.paths import checkpoint_name_problem
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.runtime import Outbox
 from phalanx.checkpoint import Checkpoint
@@ -64,7 +64,7 @@ def check_deletable(storage: RunStorage, checkpoint: Checkpoint) -> None:
     path = os.path.realpath(checkpoint.path)
     shared = {os.path.realpath(p) for p in (tempfile.gettempdir(), os.path.expanduser("~"))}
     shared |= {os.path.realpath(os.getcwd()), "/"}
-    run = os.path.realpath(storage.run_path) if storage.local else None
+    run = os.path.realpath(storage.local_path) if storage.local_path else None
     inside = run is not None and (run == path or run.startswith(path.rstrip("/") + "/"))
     if path in shared or inside:
         what = "holds the run directory " + repr(run) if inside else "is shared with others"
@@ -102,7 +102,7 @@ def in_place_dir_name(
 
 def same_device(checkpoint: Checkpoint, storage: RunStorage) -> bool:
     """Whether a rename can carry the checkpoint's files into the run's staging area."""
-    if not (storage.local and is_local(checkpoint.filesystem)):
+    if storage.local_path is None or not is_local(checkpoint.filesystem):
         return False
     try:
         return os.stat(checkpoint.path).st_dev == os.stat(storage.run_path).st_dev
@@ -157,26 +157,40 @@ class BackgroundUploader:
         self._submit(lambda: self._outbox.send(message))
 
     def upload(
-        self, source: Checkpoint, dir_name: str, message: tuple[Any, ...], scratch: bool
+        self,
+        source: Checkpoint,
+        dir_name: str,
+        message: tuple[Any, ...],
+        scratch: bool,
+        prepare: Callable[[], None] | None = None,
     ) -> None:
         """Persist ``source`` as this rank's part of ``dir_name``, then send ``message``.
 
         ``scratch``: ``source`` is phalanx's private directory (moved aside): its files are
         moved when possible and it is removed afterwards. Otherwise it is the user's and is
-        only read.
+        only read. ``prepare`` runs first on the upload thread (``save_state``: wait until the
+        files are written; its error fails the upload, so the round never commits).
         """
-        self._upload_done.wait()  # at most one outstanding upload
+        # at most one outstanding upload of a user's directory; save_state's private
+        # directories are bounded by its own max_pending
+        tracked = prepare is None
+        if tracked:
+            self._upload_done.wait()
         self.raise_error()
-        self._upload_done.clear()
+        if tracked:
+            self._upload_done.clear()
 
         def task() -> None:
             try:
+                if prepare is not None:
+                    prepare()
                 self._storage.stage_part(source, dir_name, self._attempt, move=scratch)
                 self._outbox.send(message)
             finally:
                 if scratch:
                     shutil.rmtree(source.path, ignore_errors=True)
-                self._upload_done.set()
+                if tracked:
+                    self._upload_done.set()
 
         self._submit(task)
 

@@ -19,7 +19,7 @@ from phalanx.config import ScalingConfig
 from phalanx.errors import WorkerFailure, WorkerGroupError
 
 if TYPE_CHECKING:
-    from phalanx import backend
+    import phalanx.backend as backend
 
 
 @dataclass(frozen=True)
@@ -203,9 +203,14 @@ class WorkerGroup:
             )
         return WorkerFailure(rank, "exit", type(exc).__name__, str(exc), **common)
 
-    def shutdown(self, graceful: bool, grace_s: float = 2.0) -> None:
-        """Stop every worker: ``graceful`` lets them exit on their own first."""
-        self.engine.shutdown([w.handle for w in self.workers], grace_s if graceful else 0.0)
+    def shutdown(self, graceful: bool, grace_s: float = 2.0, reuse: bool = False) -> None:
+        """Stop every worker: ``graceful`` lets them exit on their own first; ``reuse`` (a
+        failed attempt) lets the engine keep the live ones for the next attempt."""
+        handles = [w.handle for w in self.workers]
+        if reuse:
+            self.engine.park(handles)
+        else:
+            self.engine.shutdown(handles, grace_s if graceful else 0.0)
 
     def collect_stacks(self, timeout_s: float = 2.0) -> dict[int, str]:
         """Every rank's Python stacks, by rank (ranks the engine cannot reach are missing)."""

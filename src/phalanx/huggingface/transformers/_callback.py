@@ -25,7 +25,7 @@ from typing import Any
 import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-import phalanx
+import phalanx.session as session
 from phalanx.checkpoint import Checkpoint
 
 logger = logging.getLogger(__name__)
@@ -63,10 +63,10 @@ class RayTrainReportCallback(transformers.TrainerCallback):
         metrics = _logged_metrics(state)
         folder = _saved_folder(args.output_dir, state.global_step)
         if folder is None or not _reports_folder(folder):
-            phalanx.report(metrics)
+            session.report(metrics)
             return
         with _staged(folder, self.CHECKPOINT_NAME) as (staging, private_copy):
-            phalanx.report(
+            session.report(
                 metrics,
                 checkpoint=Checkpoint.from_directory(staging),
                 # our own copy may be moved into storage; hard links to HF's files may not
@@ -103,7 +103,7 @@ def _reports_folder(folder: str) -> bool:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return True
-    key = (phalanx.get_context().get_node_rank(), os.path.realpath(folder))
+    key = (session.get_context().get_node_rank(), os.path.realpath(folder))
     keys: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(keys, key)
     return keys.index(key) == dist.get_rank()

@@ -9,6 +9,7 @@ the rank, to the driver's stdout/stderr and the rank's log file.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -25,7 +26,7 @@ import cloudpickle
 
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.calls import PendingCalls
-from phalanx._internal.engines.local.forkserver import ForkServer
+from phalanx._internal.engines.local.forkserver import ForkServer, SpawnedForkServer, main_imports
 from phalanx._internal.engines.local.pump import OutputPump
 from phalanx._internal.engines.local.resources import check_local_resources, local_gpu_ids
 from phalanx._internal.engines.local.spawn import SpawnServer
@@ -43,10 +44,12 @@ from phalanx._internal.engines.messages import (
 )
 from phalanx._internal.engines.process_tree import kill_descendants
 from phalanx._internal.engines.rank_output import RankOutput, reader_error
-from phalanx._internal.env import NOTICE_FILE_VAR
+from phalanx._internal.env import NOTICE_FILE_VAR, START_METHOD_VAR
 from phalanx._internal.worker.runtime import RemoteCallError, RemoteException, undecodable_error
 from phalanx.config import ScalingConfig
 from phalanx.errors import WorkerStartupError
+
+logger = logging.getLogger(__name__)
 
 START_HINT = (
     "check the driver's stderr above for the cause (out of memory, a crash while forking); "
@@ -205,8 +208,7 @@ class LocalProcessEngine(Engine):
         if self._server is None:
             if self._start_method is None:
                 self._start_method = choose_start_method()
-            server = SpawnServer if self._start_method.name == SPAWN else ForkServer
-            self._server = server(on_exit=self._on_exit, on_death=self._on_server_death)
+            self._server = self._new_server(self._start_method)
         if self._pump is not None and not self._pump.alive:
             self._pump.stop()
             self._pump = None
@@ -214,6 +216,23 @@ class LocalProcessEngine(Engine):
             self._pump = OutputPump()
         if self._notice_dir is None:
             self._notice_dir = tempfile.mkdtemp(prefix="phalanx-notice-")
+
+    def _new_server(self, method: StartMethod) -> ForkServer | SpawnServer:
+        callbacks: dict[str, Any] = {"on_exit": self._on_exit, "on_death": self._on_server_death}
+        if method.name != SPAWN:
+            return ForkServer(**callbacks)
+        if method.fresh_fork_server:
+            try:
+                return SpawnedForkServer(**callbacks, modules=main_imports())
+            except OSError as exc:
+                logger.warning(
+                    "Could not start a fresh fork server (%s): each worker starts as a new "
+                    "interpreter instead (slower to start).\nHINT: check the driver's stderr "
+                    "above for the server's error; %s=spawn skips it.",
+                    exc,
+                    START_METHOD_VAR,
+                )
+        return SpawnServer(**callbacks)
 
     def _preload(self, modules: tuple[str, ...]) -> None:
         wanted = tuple(m for m in modules if m not in self._preloaded)
@@ -254,6 +273,8 @@ class LocalProcessEngine(Engine):
 
     @property
     def _server_label(self) -> str:
+        if self._server is not None:
+            return self._server.label
         method = self._start_method.name if self._start_method is not None else "fork"
         return SpawnServer.label if method == SPAWN else ForkServer.label
 

@@ -20,21 +20,33 @@ Protocol on a SOCK_SEQPACKET socket pair (message boundaries kept, file descript
 SCM_RIGHTS): driver -> server ``("spawn", index, env)`` + 4 fds (control socket, stdout, stderr,
 stack-dump file)
 ``("preload", modules)`` and ``("stop",)``; server -> driver ``("exited", pid, returncode)``.
+
+:class:`SpawnedForkServer` is the same server started as a fresh interpreter instead of a copy of
+the driver: for a driver that initialised a runtime that does not survive a fork (CUDA), it holds
+nothing of the driver (no CUDA context, no threads), imports what the workers need once (torch,
+the packages the driver's ``__main__`` imported), then forks each worker as fast as the fork
+server does. Its workers start a session of their own, as spawned workers do.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import select
 import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
+import types
 from collections.abc import Callable
 from typing import Any
 
+from phalanx._internal import env as environment
 from phalanx._internal.engines.local.fork_safety import release_openmp_threads
+from phalanx._internal.engines.local.spawn import _interpreter_flags
 from phalanx._internal.engines.process_tree import become_subreaper, set_parent_death_signal
 
 _MAX_MESSAGE = 1 << 16
@@ -114,14 +126,112 @@ class ForkServer:
             pass
         # The server may be busy preloading modules for workers that will never come: its
         # workers are gone already, so do not wait for it long.
-        _wait_pid(self.pid, timeout_s)
+        self._wait(timeout_s)
         self._sock.close()
         self._reader.join(timeout=5.0)
 
+    def _wait(self, timeout_s: float) -> None:
+        _wait_pid(self.pid, timeout_s)
+
+
+# Before phalanx can be imported: the driver's sys.path (and sys.argv, which libraries read at
+# import), as multiprocessing's spawn restores them.
+_BOOT = (
+    "import sys, json; boot, fd = json.loads(sys.argv[1]), int(sys.argv[2]); "
+    "sys.path[:], sys.argv[:] = boot['path'], boot['argv']; "
+    "from phalanx._internal.engines.local.forkserver import serve_spawned; "
+    "serve_spawned(fd, boot['modules'])"
+)
+
+
+class SpawnedForkServer(ForkServer):
+    """A fork server that is a fresh interpreter (see the module docstring): ``modules`` are
+    imported in it before it answers, and OSError if it could not start (the engine then spawns
+    each worker as a new interpreter)."""
+
+    label = "fork server"
+
+    def __init__(
+        self,
+        on_exit: Callable[[int, int], None],
+        on_death: Callable[[], None] = lambda: None,
+        modules: tuple[str, ...] = (),
+    ) -> None:
+        self._on_exit = on_exit
+        self._on_death = on_death
+        self._stopping = False
+        self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        boot = json.dumps(
+            {"path": sys.path, "argv": getattr(sys, "argv", []), "modules": list(modules)}
+        )
+        with child:
+            self._proc = subprocess.Popen(
+                [sys.executable, *_interpreter_flags(), "-c", _BOOT, boot, str(child.fileno())],
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # the terminal's Ctrl-C is the driver's alone
+            )
+        self.pid = self._proc.pid
+        self._lock = threading.Lock()
+        try:
+            self._await_ready(environment.worker_start_timeout_s())
+        except BaseException:
+            self._proc.kill()
+            self._proc.wait()
+            self._sock.close()
+            raise
+        self._reader = threading.Thread(target=self._read, name="phalanx-forkserver", daemon=True)
+        self._reader.start()
+
+    def _await_ready(self, timeout_s: float) -> None:
+        """Its imports take seconds (torch); every worker waits for them anyway."""
+        ready, _, _ = select.select([self._sock], [], [], timeout_s)
+        data = self._sock.recv(_MAX_MESSAGE) if ready else b""
+        if data and pickle.loads(data) == ("ready",):
+            return
+        why = f"no answer in {timeout_s:g} s"
+        if ready:  # its end of the socket closed: it is exiting
+            try:
+                why = f"exit code {self._proc.wait(timeout=5.0)}"
+            except subprocess.TimeoutExpired:
+                why = "it closed its socket"
+        raise OSError(f"the fork server (a fresh interpreter) did not start: {why}")
+
+    def _wait(self, timeout_s: float) -> None:
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def main_imports() -> tuple[str, ...]:
+    """The top-level packages a fresh fork server imports for its workers: torch if the driver
+    imported it, and the non-standard packages the driver's ``__main__`` (a script, a notebook)
+    imported, as a fork server forked from the driver would hold them."""
+    names = {"torch"} & set(sys.modules)
+    main = sys.modules.get("__main__")
+    for value in list(vars(main).values()) if main is not None else []:
+        try:  # a notebook's globals may hold lazy proxies that raise on any attribute
+            module = value.__name__ if isinstance(value, types.ModuleType) else None
+            module = module or getattr(value, "__module__", None)
+        except Exception:
+            continue
+        if isinstance(module, str):
+            names.add(module.partition(".")[0])
+    return tuple(
+        sorted(
+            name
+            for name in names
+            if name
+            and not name.startswith("_")
+            and name not in sys.stdlib_module_names
+            and name in sys.modules
+        )
+    )
+
 
 def _wait_pid(pid: int, timeout_s: float) -> None:
-    import time
-
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -140,10 +250,35 @@ def _wait_pid(pid: int, timeout_s: float) -> None:
 # --- the server process ----------------------------------------------------------------------
 
 
-def _serve(sock: socket.socket) -> None:
+def serve_spawned(fd: int, modules: list[str]) -> None:
+    """The spawned fork server's entry point (see :class:`SpawnedForkServer`). Never returns."""
+    code = 0
+    try:
+        set_parent_death_signal()
+        sock = socket.socket(fileno=fd)
+        _preload(tuple(modules))
+        from phalanx._internal.engines.local.start_method import fork_unsafe_runtime
+
+        runtime = fork_unsafe_runtime()
+        if runtime is not None:  # an import initialised it: forked workers could not use it
+            raise RuntimeError(f"importing {modules} initialised {runtime} in the fork server")
+        release_openmp_threads()  # a module's import-time torch op would hang forked workers
+        sock.send(pickle.dumps(("ready",)))
+        _serve(sock, own_session=True)
+    except BaseException:
+        code = 1
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _serve(sock: socket.socket, own_session: bool = False) -> None:
     set_parent_death_signal()
     become_subreaper()
-    os.setpgid(0, 0)
+    if not own_session:  # a spawned server leads its own session already
+        os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -157,7 +292,8 @@ def _serve(sock: socket.socket) -> None:
             if wake_r in ready:
                 os.read(wake_r, 4096)
             _reap(sock, children)
-            if sock in ready and not _handle_request(sock, children, (wake_r, wake_w)):
+            wake = (wake_r, wake_w)
+            if sock in ready and not _handle_request(sock, children, wake, own_session):
                 return
     finally:
         for pid in children:
@@ -190,7 +326,9 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
             pass
 
 
-def _handle_request(sock: socket.socket, children: set[int], wake: tuple[int, int]) -> bool:
+def _handle_request(
+    sock: socket.socket, children: set[int], wake: tuple[int, int], own_session: bool
+) -> bool:
     try:
         data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 8)
     except OSError:
@@ -209,7 +347,7 @@ def _handle_request(sock: socket.socket, children: set[int], wake: tuple[int, in
         sock.close()
         for fd in wake:
             os.close(fd)
-        _become_worker(fds, env)
+        _become_worker(fds, env, own_session)
     for fd in fds:
         os.close(fd)
     children.add(pid)
@@ -226,10 +364,13 @@ def _preload(modules: tuple[str, ...]) -> None:
             pass
 
 
-def _become_worker(fds: list[int], env: dict[str, str]) -> None:
+def _become_worker(fds: list[int], env: dict[str, str], own_session: bool) -> None:
     code = 1
     try:
-        os.setpgid(0, 0)
+        if own_session:
+            os.setsid()
+        else:
+            os.setpgid(0, 0)
         set_parent_death_signal()
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM):

@@ -2,7 +2,7 @@
 
 Workers write their messages straight into their control socket from the thread that calls
 ``report()`` (see ``worker_main.py``). A send that wakes a waiting reader costs the
-worker ~10 µs; one into a socket nobody waits on costs ~2 µs. So after a round that read
+worker several times what one into a socket nobody waits on costs (a wake-up). So after a round that read
 messages the pump pauses ``COALESCE_S`` before it waits again: reports that come in that pause
 are cheap for the worker and read together, and the pause is a small share of any step longer
 than it.

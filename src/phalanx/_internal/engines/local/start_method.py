@@ -9,7 +9,11 @@ every POSIX platform and after the driver initialised a runtime that does not su
 re-importing.
 
 Chosen in this order: ``PHALANX_START_METHOD``, then ``spawn`` off Linux, then ``spawn`` when
-the driver has initialised CUDA or JAX or is connected to Ray, else ``fork``.
+the driver has initialised CUDA or JAX or is connected to Ray, else ``fork``. The ``spawn`` chosen
+for such a driver on Linux forks each worker from one fresh interpreter that imported torch and
+the driver's ``__main__`` imports (``forkserver.SpawnedForkServer``), so only that server pays the
+imports; ``PHALANX_START_METHOD=spawn``, and a fresh fork server that cannot start, give each
+worker an interpreter of its own.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ _logged: set[str] = set()  # the reasons already logged in this process (each on
 class StartMethod:
     name: str  # FORK or SPAWN
     reason: str  # why, for the log ("" for the default)
+    # SPAWN only: fork each worker from one fresh interpreter (Linux, a fork-unsafe driver)
+    fresh_fork_server: bool = False
 
 
 def choose_start_method() -> StartMethod:
@@ -54,8 +60,10 @@ def choose_start_method() -> StartMethod:
         return _chosen(
             SPAWN,
             f"{runtime} is already initialised in this process and does not survive a fork: "
-            "workers start as new interpreters (slower to start; "
-            f"set {env.START_METHOD_VAR}=spawn to say so and silence this)",
+            "workers fork from a fresh interpreter that never initialised it and imports "
+            f"torch and your __main__'s packages once ({env.START_METHOD_VAR}=spawn: a new "
+            "interpreter per worker)",
+            fresh_fork_server=True,
         )
     return StartMethod(FORK, "")
 
@@ -81,12 +89,14 @@ def _requested(requested: str, runtime: str | None) -> StartMethod:
     return _chosen(requested, f"{env.START_METHOD_VAR}={requested}", debug=True)
 
 
-def _chosen(name: str, reason: str, debug: bool = False) -> StartMethod:
+def _chosen(
+    name: str, reason: str, debug: bool = False, fresh_fork_server: bool = False
+) -> StartMethod:
     if reason not in _logged:
         _logged.add(reason)
         level = logging.DEBUG if debug else logging.INFO
         logger.log(level, "Workers start with %s: %s.", name, reason)
-    return StartMethod(name, reason)
+    return StartMethod(name, reason, fresh_fork_server)
 
 
 def posix_supported() -> bool:

@@ -18,6 +18,8 @@ runs:
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import selectors
 import socket
@@ -27,9 +29,12 @@ import time
 import traceback
 from typing import Any
 
+import cloudpickle
+
 from phalanx._internal import env as env_vars
 from phalanx._internal.engines.process_tree import become_subreaper, kill_descendants
 from phalanx._internal.worker.runtime import capture_exception, dumps, run_call, set_outbox
+from phalanx._internal.worker.session import AttemptInterrupted, get_session
 
 # Lines Ray's log monitor uses to attribute worker output; they mean nothing to the user.
 _RAY_MARKERS = (":actor_name:", ":task_name:", ":job_id:")
@@ -75,6 +80,12 @@ class MessageBuffer:
             if not self._items and not self.closed:
                 self._cond.wait(wait_s)
             return self._base, list(self._items)
+
+    @property
+    def sent(self) -> int:
+        """How many messages were sent so far."""
+        with self._cond:
+            return self._base + len(self._items)
 
     def close(self) -> None:
         with self._cond:
@@ -201,13 +212,20 @@ def _is_marker(line: str) -> bool:
 
 
 class CallRunner:
-    """Runs calls one at a time in ``seq`` order (they may arrive out of order on Ray's threads)."""
+    """Runs calls one at a time in ``seq`` order (they may arrive out of order on Ray's threads).
+
+    ``end_current`` ends the call that runs (in-place recovery): the session's next ``report()``
+    raises, and so does the call's own code at its next Python instruction; a call blocked in C
+    (a collective, a sleep) ends only when that returns.
+    """
 
     def __init__(self, buffer: MessageBuffer) -> None:
         self._buffer = buffer
         self._pending: dict[int, bytes] = {}
         self._next = 0
         self._cond = threading.Condition()
+        self._running = False  # a call is taken and its answer not sent yet
+        self._interruptible = False  # the call's own code runs: an interrupt lands inside it
         self.thread = threading.Thread(target=self._run, name="phalanx-calls", daemon=True)
         self.thread.start()
 
@@ -223,11 +241,65 @@ class CallRunner:
                     self._cond.wait()
                 seq, payload = self._next, self._pending.pop(self._next)
                 self._next += 1
-            ok, value = run_call(payload)
+                self._running = True
+            ok, value = self._call(payload)
             try:
                 self._buffer.send(("ret", seq, ok, value))
             except Exception as exc:  # the return value does not pickle
                 self._buffer.send(("ret", seq, False, capture_exception(exc)))
+            # An exception holds its traceback's frames, and they the call's objects (a model on
+            # the GPU): none of them may outlive the call into the next attempt's.
+            value = None
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
+
+    def _call(self, payload: bytes) -> tuple[bool, Any]:
+        """``run_call``, interruptible only while the call's code runs: an interrupt can land
+        nowhere but inside this ``try`` (the flag is cleared under the lock the interrupter
+        holds, then a pending interrupt is cancelled)."""
+        try:
+            fn, args, kwargs = cloudpickle.loads(payload)
+            with self._cond:
+                self._interruptible = True
+            try:
+                value = fn(*args, **kwargs)
+            finally:
+                self._leave_interruptible()
+                _async_raise(self.thread, None)
+            return True, value
+        except BaseException as exc:  # the driver decides what a failure means
+            return False, capture_exception(exc)
+
+    def _leave_interruptible(self) -> None:
+        while True:
+            try:
+                with self._cond:
+                    self._interruptible = False
+                return
+            except AttemptInterrupted:  # landed on the way out: the flag is cleared next try
+                continue
+
+    def end_current(self, timeout_s: float) -> bool:
+        """End the running call; whether this worker is idle (no call runs) within ``timeout_s``."""
+        session = get_session()
+        if session is not None:
+            session.interrupted = True
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._running and time.monotonic() < deadline:
+                if self._interruptible:
+                    _async_raise(self.thread, AttemptInterrupted)
+                self._cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            return not self._running and not self._pending
+
+
+def _async_raise(thread: threading.Thread, exc_type: type[BaseException] | None) -> None:
+    """Raise ``exc_type`` in ``thread`` at its next Python instruction (None: cancel that)."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type) if exc_type else None
+        )
 
 
 class PhalanxWorker:
@@ -269,6 +341,22 @@ class PhalanxWorker:
         """The messages from number ``base`` on (``base``: the answer's first item), once some
         exist or after ``wait_s``; the driver has handled the first ``confirmed``."""
         return self._buffer.take(wait_s, confirmed)
+
+    def reset(self, timeout_s: float, reset_payload: bytes) -> tuple[bool, int, str]:
+        """Make this worker reusable by the next attempt (in-place recovery): end its training
+        call, kill what the call started, leave the framework's process group
+        (``reset_payload``: a pickled function). Returns ``(ok, sent, why)``: ``sent`` counts
+        the messages sent so far, all of the old attempt's; ``why`` says what failed."""
+        if not self._calls.end_current(timeout_s):
+            return False, 0, f"its training call did not end within {timeout_s:g} s"
+        kill_descendants(os.getpid())
+        gc.collect()  # the ended call's objects (reference cycles too), before the reset frees memory
+        ok, value = run_call(reset_payload)
+        if not ok:
+            return False, 0, f"leaving the process group failed: {value.message}"
+        if self._output is not None:
+            self._output.flush(timeout_s)
+        return True, self._buffer.sent, ""
 
     def stop(self, flush_timeout_s: float) -> None:
         """Kill every process the training function started, send the output written so far,

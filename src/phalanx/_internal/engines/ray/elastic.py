@@ -36,7 +36,7 @@ FIRST_RECHECKS_S, FIRST_RECHECK_S = 3.0, 0.2
 MakeGroup = Callable[[int], PlacementGroup]
 
 # How long the next placement waits for Ray's view to show a removed group's resources free
-# again (here ~0.1 s after the removal; a busy cluster takes longer), and how long after the
+# again (usually a fraction of a second after the removal; a busy cluster takes longer), and how long after the
 # removal that is still worth waiting for.
 RELEASE_WAIT_S = 5.0
 RELEASE_FRESH_S = 10.0

@@ -15,7 +15,8 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -38,6 +39,13 @@ from phalanx._internal.engines.ray.placement import (
     label_options,
     visible_resources,
     worker_bundle,
+)
+from phalanx._internal.engines.ray.reuse import (
+    Parked,
+    can_park,
+    log_reuse,
+    moved_off_its_node,
+    reset_survivors,
 )
 from phalanx._internal.storage.run_storage import LOG_DIR, MARKER_FILE
 from phalanx.config import ScalingConfig
@@ -78,6 +86,9 @@ class _Attempt:
     group: PlacementGroup
     handles: list[RayWorkerHandle]
     elastic_bundle: dict[str, float] | None = None
+    reset_worker: Callable[[], None] | None = None  # None: its actors are never reused
+    # In-place recovery: groups of the bundles that replace those of a node not yet dead
+    patches: list[PlacementGroup] = field(default_factory=list)
 
 
 def ensure_ray() -> None:
@@ -114,6 +125,7 @@ class RayEngine(Engine):
         self._attempts: list[_Attempt] = []
         self._lost_nodes: dict[str, float] = {}  # node id -> when its actors were lost
         self._released: Released | None = None  # the last elastic group this engine removed
+        self._parked: Parked | None = None  # a failed attempt whose survivors serve the next
 
     def _avoid_nodes(self) -> list[str]:
         now = time.monotonic()
@@ -151,11 +163,16 @@ class RayEngine(Engine):
     # -- launch ---------------------------------------------------------------------------------
 
     def launch(self, spec: WorkerGroupSpec, events: Events) -> list[WorkerHandle]:
-        if spec.min_workers is None:  # elastic: checked at fit(); a lost node may come back
-            self.check(spec.scaling_config)
         if self._poller is None:
             self._poller = DrainPoller()
         bundle = worker_bundle(spec.scaling_config)
+        parked, self._parked = self._parked, None
+        if parked is not None:  # placed already: a new node may still be on its way
+            if spec.min_workers is None and spec.num_workers == len(parked.attempt.handles):
+                return self._relaunch(parked, spec, bundle, events)
+            self._release(parked.attempt)
+        if spec.min_workers is None:  # elastic: checked at fit(); a lost node may come back
+            self.check(spec.scaling_config)
         avoid = self._avoid_nodes()
         if avoid:
             logger.info("Placing the workers off the node(s) lost last attempt: %s", avoid)
@@ -168,7 +185,8 @@ class RayEngine(Engine):
             spec = replace(spec, num_workers=size)
         else:
             group = make_group(spec.num_workers)
-        attempt = _Attempt(group, [], bundle if elastic else None)
+        reset = None if elastic or env.restore_mode() == "full" else spec.reset_worker
+        attempt = _Attempt(group, [], bundle if elastic else None, reset)
         self._attempts.append(attempt)
         try:
             # The actors and their hellos go out before the group is placed: Ray queues them
@@ -180,14 +198,66 @@ class RayEngine(Engine):
             self._wait_for_placement(group, spec, bundle)
             self._await_hellos(attempt.handles, hellos, spec)
         except BaseException as exc:
-            self._release(attempt)
-            if isinstance(exc, ConfigError | StorageError | WorkerStartupError):
-                raise
-            if not isinstance(exc, Exception):  # Ctrl-C
-                raise
-            why = f"creating the Ray actors failed: {type(exc).__name__}: {exc}"
-            raise WorkerStartupError.of(list(range(spec.num_workers)), why, START_HINT) from exc
+            self._start_failed(attempt, spec, exc)
         return list(attempt.handles)
+
+    def _relaunch(
+        self, parked: Parked, spec: WorkerGroupSpec, bundle: dict[str, float], events: Events
+    ) -> list[WorkerHandle]:
+        """The next attempt in the parked group: the kept actors serve it, new actors start in
+        the lost ranks' bundles (Ray places a dead node's bundles again), hellos from those."""
+        attempt = parked.attempt
+        fresh: list[RayWorkerHandle] = []
+        try:
+            places = self._lost_bundles(parked, spec, bundle)
+            for index in range(spec.num_workers):
+                kept = parked.kept.get(index)
+                if kept is not None:
+                    kept.rebind(events, spec.log_dir, spec.attempt)
+                else:
+                    group, at = places[index]
+                    fresh.append(self._start_actor(group, bundle, spec, events, index, at))
+            attempt.handles = sorted([*parked.kept.values(), *fresh], key=lambda h: h.index)
+            if fresh:
+                marker = run_marker(spec)
+                hellos = [h.actor.hello.remote(marker) for h in fresh]
+                self._await_hellos(fresh, hellos, spec)
+        except BaseException as exc:
+            attempt.handles = [*parked.kept.values(), *fresh]
+            self._start_failed(attempt, spec, exc)
+        return list(attempt.handles)
+
+    def _lost_bundles(
+        self, parked: Parked, spec: WorkerGroupSpec, bundle: dict[str, float]
+    ) -> dict[int, tuple[PlacementGroup, int]]:
+        """Where each lost rank's new actor goes: its old bundle (Ray places it again if its
+        node died), or, for a node the GCS does not yet say is dead (~15-30 s with Ray's
+        default health checks), a bundle of a new group placed off that node now."""
+        lost = {i: h for i, h in parked.lost.items() if i not in parked.kept}
+        soft = spec.scaling_config.placement_strategy in ("PACK", "SPREAD")
+        moved = [i for i, h in sorted(lost.items()) if soft and moved_off_its_node(h)]
+        places = {i: h.placement or (parked.attempt.group, i) for i, h in lost.items()}
+        if moved:
+            logger.info(
+                "In-place recovery: the new actors of worker(s) %s go to a new placement group "
+                "off the lost node(s), which Ray does not declare dead yet",
+                moved,
+            )
+            suffix = f":patch{len(parked.attempt.patches) + 1}"
+            avoid = self._avoid_nodes()
+            patch = _placement_group(spec, bundle, len(moved), avoid_nodes=avoid, suffix=suffix)
+            parked.attempt.patches.append(patch)
+            places.update({index: (patch, j) for j, index in enumerate(moved)})
+        return places
+
+    def _start_failed(self, attempt: _Attempt, spec: WorkerGroupSpec, exc: BaseException) -> None:
+        self._release(attempt)
+        if isinstance(exc, ConfigError | StorageError | WorkerStartupError):
+            raise exc
+        if not isinstance(exc, Exception):  # Ctrl-C
+            raise exc
+        why = f"creating the Ray actors failed: {type(exc).__name__}: {exc}"
+        raise WorkerStartupError.of(list(range(spec.num_workers)), why, START_HINT) from exc
 
     def _wait_for_placement(
         self, group: PlacementGroup, spec: WorkerGroupSpec, bundle: dict[str, float]
@@ -218,22 +288,36 @@ class RayEngine(Engine):
         spec: WorkerGroupSpec,
         events: Events,
     ) -> list[RayWorkerHandle]:
+        return [
+            self._start_actor(group, bundle, spec, events, index)
+            for index in range(spec.num_workers)
+        ]
+
+    def _start_actor(
+        self,
+        group: PlacementGroup,
+        bundle: dict[str, float],
+        spec: WorkerGroupSpec,
+        events: Events,
+        index: int,
+        bundle_index: int | None = None,
+    ) -> RayWorkerHandle:
+        """Worker ``index``'s actor in bundle ``bundle_index`` (default: ``index``) of ``group``."""
         assert self._poller is not None
-        handles = []
-        for index in range(spec.num_workers):
-            actor = _RemoteWorker.options(  # type: ignore[attr-defined]
-                **actor_options(bundle),
-                max_concurrency=ACTOR_CONCURRENCY,
-                max_restarts=0,
-                **({"runtime_env": dict(spec.runtime_env)} if spec.runtime_env else {}),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    group, placement_group_bundle_index=index
-                ),
-            ).remote(dict(spec.env), driver_sys_path())
-            handle = RayWorkerHandle(index, actor, events, spec.log_dir, spec.attempt)
-            handles.append(handle)
-            self._poller.add(handle)  # so output printed while starting reaches the driver
-        return handles
+        bundle_index = index if bundle_index is None else bundle_index
+        actor = _RemoteWorker.options(  # type: ignore[attr-defined]
+            **actor_options(bundle),
+            max_concurrency=ACTOR_CONCURRENCY,
+            max_restarts=0,
+            **({"runtime_env": dict(spec.runtime_env)} if spec.runtime_env else {}),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=bundle_index
+            ),
+        ).remote(dict(spec.env), driver_sys_path())
+        handle = RayWorkerHandle(index, actor, events, spec.log_dir, spec.attempt)
+        handle.placement = (group, bundle_index)
+        self._poller.add(handle)  # so output printed while starting reaches the driver
+        return handle
 
     def _await_hellos(
         self, handles: list[RayWorkerHandle], refs: list[Any], spec: WorkerGroupSpec
@@ -264,11 +348,36 @@ class RayEngine(Engine):
 
     # -- stop -----------------------------------------------------------------------------------
 
-    def shutdown(self, handles: list[WorkerHandle], grace_s: float) -> None:
+    def park(self, handles: list[WorkerHandle]) -> None:
+        """Keep the survivors of a failed attempt for the next (module ``reuse``); stop the rest."""
         ours = [h for h in handles if isinstance(h, RayWorkerHandle)]
-        for handle in ours:
+        attempt = next((a for a in self._attempts if set(a.handles) == set(ours)), None)
+        if attempt is None or not can_park(ours, attempt.reset_worker):
+            self.shutdown(handles, 0.0)
+            return
+        assert attempt.reset_worker is not None
+        self._note_lost_nodes(ours)
+        kept, why = reset_survivors(ours, attempt.reset_worker, env.reuse_stop_s())
+        log_reuse(kept, len(ours), why)
+        gone = [h for h in ours if h not in kept]
+        for handle in gone:
+            handle.kill()
+        _wait_gone([h for h in gone if h.is_alive()], GONE_TIMEOUT_S)
+        for handle in gone:
+            handle.finish()
+        if kept:
+            self._parked = Parked(attempt, {h.index: h for h in kept}, {h.index: h for h in gone})
+        else:
+            self._release(attempt)
+
+    def _note_lost_nodes(self, handles: list[RayWorkerHandle]) -> None:
+        for handle in handles:
             if handle.node_lost and handle.metadata.node_id:
                 self._lost_nodes[handle.metadata.node_id] = time.monotonic()
+
+    def shutdown(self, handles: list[WorkerHandle], grace_s: float) -> None:
+        ours = [h for h in handles if isinstance(h, RayWorkerHandle)]
+        self._note_lost_nodes(ours)
         alive = [h for h in ours if h.is_alive()]
         for handle in alive:  # the last output lines first, even when the rank is stuck
             try:
@@ -293,14 +402,16 @@ class RayEngine(Engine):
                 handle.kill()
         if attempt.elastic_bundle is not None:
             self._released = Released.of(attempt.group, attempt.elastic_bundle)
-        try:
-            remove_placement_group(attempt.group)
-        except Exception:
-            logger.debug("Removing the placement group failed", exc_info=True)
+        for group in [attempt.group, *attempt.patches]:
+            try:
+                remove_placement_group(group)
+            except Exception:
+                logger.debug("Removing the placement group failed", exc_info=True)
         if attempt in self._attempts:
             self._attempts.remove(attempt)
 
     def close(self) -> None:
+        self._parked = None
         for attempt in list(self._attempts):
             self._release(attempt)
         if self._poller is not None:
@@ -329,12 +440,16 @@ class RayEngine(Engine):
 
 
 def _placement_group(
-    spec: WorkerGroupSpec, bundle: dict[str, float], size: int, avoid_nodes: list[str]
+    spec: WorkerGroupSpec,
+    bundle: dict[str, float],
+    size: int,
+    avoid_nodes: list[str],
+    suffix: str = "",
 ) -> PlacementGroup:
     return placement_group(
         [dict(bundle) for _ in range(size)],
         strategy=spec.scaling_config.placement_strategy,
-        name=f"phalanx:{spec.run_name}",
+        name=f"phalanx:{spec.run_name}{suffix}",  # unique among the groups alive at once
         **label_options(spec.scaling_config, size, avoid_nodes),
     )
 

@@ -63,8 +63,8 @@ RETRY_S = 0.05  # a drain answered ActorUnavailableError is sent again this much
 OVERDUE_S = 1.5
 # ActorUnavailableError is transient: the worker is lost this long after the first one unless
 # the actor answers in between. A bound in time, checked every pass, not in tries nor in answers:
-# a call to an actor on a killed node takes ~2 s to fail (Ray retries the connection), so
-# waiting for the retry's answer made a loss ~6 s. Ray Train gives up at the first
+# a call to an actor on a killed node takes about 2 s to fail (Ray retries the connection), so
+# waiting for the retry's answer would make a loss take three times that. Ray Train gives up at the first
 # ActorUnavailableError its health check (a call every 2 s) gets, so it survives only blips that
 # fall between two checks; the drain call is always in flight, so phalanx sees every blip and
 # needs to ride out any blip Ray Train can: 2 s, and a retry that connects once it is over.
@@ -97,6 +97,7 @@ class RayWorkerHandle(WorkerHandle):
         # Lost with its node (unreachable, or the GCS says the node is dead), not a process
         # that died alone: the next placement keeps off that node (engine._LostNodes).
         self.node_lost = False
+        self.placement: tuple[Any, int] | None = None  # (placement group, bundle index)
 
     # -- WorkerHandle ---------------------------------------------------------------------------
 
@@ -123,6 +124,16 @@ class RayWorkerHandle(WorkerHandle):
     def set_rank(self, rank: int) -> None:
         self.rank = rank
 
+    def rebind(self, events: Events, log_dir: str | None, attempt: int) -> None:
+        """Serve the next attempt (in-place recovery): the same actor, its calls and messages
+        numbered on; its events and output go to the new attempt's queue and log."""
+        with self._lock:
+            self._output.close()
+            self._events = events
+            self._output = RankOutput(self, log_dir, attempt)
+            self.rank = self.index
+            self.closed.clear()
+
     @property
     def stopping(self) -> bool:
         """The driver killed this actor: its death is expected."""
@@ -133,8 +144,10 @@ class RayWorkerHandle(WorkerHandle):
     def on_answer(self, base: int, batch: list[bytes]) -> None:
         """A drain's answer: messages numbered from ``base``; those handled already are skipped."""
         fresh = batch[max(0, self.confirmed - base) :]
-        self.confirmed = max(self.confirmed, base + len(batch))
         self.on_messages(fresh)
+        # Counted once handled: in-place recovery rebinds this handle to the next attempt once
+        # every message of the old one is counted, so none of them reaches the new attempt.
+        self.confirmed = max(self.confirmed, base + len(batch))
 
     def on_messages(self, batch: list[bytes]) -> None:
         for data in batch:

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from phalanx._internal import env
-from phalanx._internal.storage import copy as local_copy
-from phalanx._internal.storage.syncfs import rename_no_replace
+from phalanx._internal.fs import copy as local_copy
+from phalanx._internal.fs.syncfs import rename_no_replace
 from phalanx.errors import StorageError
 
 __all__ = [

@@ -1,0 +1,124 @@
+"""The store of an object store (S3, GCS, ``memory://``...): no rename, no append, no lock.
+
+Parts are uploaded straight to the checkpoint's final prefix and the commit is the snapshot
+listing it (readers and resume go by the snapshot); parts of a round that never committed are
+deleted when the attempt ends or the run resumes. A small file is one PUT, there whole or not
+at all. History flushes are part objects folded now and then (``history_parts``), the snapshot
+is rewritten at every commit (there is no journal to append to), and the run is claimed with a
+lease object that has a heartbeat (``lease``). Rank logs are written to a private directory on
+the driver's machine.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx._internal.fs.access import (
+    copy_tree,
+    is_local,
+    private_log_dir,
+    private_log_path,
+    storage_error,
+    storage_errors,
+)
+from phalanx._internal.storage.claim import Owner
+from phalanx._internal.storage.history_parts import PartsLog, read_whole
+from phalanx._internal.storage.lease import Lease, lease_held
+from phalanx._internal.storage.run_storage import (
+    STAGING_DIR,
+    RunStorage,
+    merge_metadata,
+    write_files,
+)
+from phalanx.errors import StorageError
+
+
+@dataclass(frozen=True)
+class ObjectStore(RunStorage, register=True):
+    """A run on any filesystem without rename (see the module docstring)."""
+
+    appends = False
+
+    @classmethod
+    def serves(cls, filesystem: Any) -> bool:
+        return not is_local(filesystem)
+
+    def local_log_dir(self, create: bool = True) -> str:
+        if create:
+            return private_log_dir(self.name, self.run_uri)
+        return private_log_path(self.name, self.run_uri)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def stage_part(self, source: Any, dir_name: str, attempt: int, move: bool = False) -> None:
+        """Upload one rank's files to the final prefix; ``move``: remove the local source after."""
+        target = self.path(dir_name)
+        try:
+            copy_tree(source.filesystem, source.path, self.filesystem, target)
+            if move and is_local(source.filesystem):
+                shutil.rmtree(source.path)
+        except Exception as exc:
+            raise storage_error(f"save checkpoint {dir_name!r} to", target, exc) from exc
+
+    def mark_in_place(self, dir_name: str, attempt: int) -> None:
+        """Every part is in place here already."""
+
+    def commit(
+        self,
+        dir_name: str,
+        attempt: int,
+        metadata: dict[str, Any] | None,
+        extra_files: dict[str, bytes] | None = None,
+    ) -> str:
+        """The parts are in place; the snapshot entry the caller writes next commits them."""
+        final = self.checkpoint_path(dir_name)
+        fs = self.filesystem
+        with storage_errors(f"commit checkpoint {dir_name!r} in", self.run_uri):
+            if not fs.exists(final):  # the NO_UPLOAD parts may be listed late
+                fs.makedirs(final, exist_ok=True)
+            if not fs.exists(final):  # an empty checkpoint: keep it readable
+                fs.pipe(final.rstrip("/") + "/", b"")  # a directory marker, as S3 consoles write
+            if metadata:
+                merge_metadata(fs, final, metadata)
+            write_files(fs, final, extra_files)
+        return final
+
+    def delete_checkpoint(self, dir_name: str) -> None:
+        self._remove_tree(self.checkpoint_path(dir_name), "delete checkpoint")
+
+    def remove_staging(self) -> None:
+        self._remove_tree(self.path(STAGING_DIR), "remove uncommitted checkpoint parts in")
+
+    def _remove_tree(self, path: str, action: str) -> None:
+        with storage_errors(action, path):
+            if self.filesystem.exists(path):
+                self.filesystem.rm(path, recursive=True)
+
+    # -- small files and logs -------------------------------------------------------------------
+
+    def write_atomic(self, relative: str, data: bytes) -> None:
+        final = self.path(relative)
+        with storage_errors("write", self.uri(final)), self.filesystem.open(final, "wb") as f:
+            f.write(data)
+
+    def append_durable(self, relative: str, data: bytes) -> None:
+        raise StorageError(
+            f"Cannot append to {self.uri(self.path(relative))!r}: an object store has no "
+            "appends.\nHINT: this is a bug in phalanx: callers must check the store's `appends`."
+        )
+
+    def open_log(self, relative: str) -> PartsLog:
+        return PartsLog(self, relative)
+
+    def read_log(self, relative: str) -> bytes:
+        return read_whole(self, relative)[0]
+
+    # -- one owner at a time: a lease -----------------------------------------------------------
+
+    def claim(self, owner: Owner, stale_s: float, settle_s: float) -> Lease:
+        return Lease.take(self, owner, stale_s, settle_s)
+
+    def claim_held(self) -> bool | None:
+        return lease_held(self)

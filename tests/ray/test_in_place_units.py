@@ -1,0 +1,76 @@
+"""The actor's side of in-place recovery, without Ray: ending a running call, and the count of
+messages sent that tells the driver when the old attempt's last message is in."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import cloudpickle
+
+from phalanx._internal.engines.ray.actor import CallRunner, MessageBuffer
+
+
+def returns(buffer: MessageBuffer) -> list[tuple]:
+    _, items = buffer.take(0.0)
+    return [m for m in map(pickle.loads, items) if m[0] == "ret"]
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
+
+
+RELEASE = threading.Event()
+
+
+def block() -> None:
+    RELEASE.wait(30)  # blocks in C: an interrupt waits until it returns
+
+
+def make_runner(buffer: MessageBuffer) -> CallRunner:
+    runner = CallRunner(buffer)
+    # Its thread lives as long as the actor's process does (here: this test process); renamed,
+    # so the leak check, which looks for phalanx-* threads, leaves it alone.
+    runner.thread.name = "test-calls"
+    return runner
+
+
+def spin() -> None:
+    while True:  # Python code: an interrupt lands at its next instruction
+        pass
+
+
+def test_a_call_running_python_code_is_ended_and_the_next_call_runs():
+    buffer = MessageBuffer()
+    runner = make_runner(buffer)
+    runner.submit(0, cloudpickle.dumps((spin, (), {})))
+    wait_for(lambda: runner._interruptible)
+    assert runner.end_current(5.0)
+    runner.submit(1, cloudpickle.dumps((sum, ([1, 2],), {})))
+    wait_for(lambda: len(returns(buffer)) == 2)
+    first, second = returns(buffer)
+    assert first[1:3] == (0, False) and first[3].type_name == "AttemptInterrupted"
+    assert second[1:] == (1, True, 3)
+    assert buffer.sent == 2
+
+
+def test_a_call_blocked_in_c_code_is_not_idle_within_the_bound():
+    buffer = MessageBuffer()
+    runner = make_runner(buffer)
+    runner.submit(0, cloudpickle.dumps((block, (), {})))
+    wait_for(lambda: runner._interruptible)
+    started = time.monotonic()
+    assert not runner.end_current(0.3)  # Event.wait blocks in C: the interrupt waits
+    assert time.monotonic() - started >= 0.3
+    RELEASE.set()
+    wait_for(lambda: len(returns(buffer)) == 1)
+    assert returns(buffer)[0][2] is False  # it ended as soon as it came back to Python
+
+
+def test_ending_an_idle_worker_is_immediate():
+    runner = make_runner(MessageBuffer())
+    assert runner.end_current(0.0)
