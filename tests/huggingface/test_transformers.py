@@ -214,12 +214,14 @@ def test_guide_flow_checkpoints_survive_a_killed_worker_and_predict(tmp_path, mo
 
 def _folders_train_func(config):
     rank = phalanx.get_context().get_world_rank()
-    report = phalanx.report  # record, in this worker only, whether this rank passed a checkpoint
+    # Record, in this worker only, whether this rank passed a checkpoint (the callback calls
+    # phalanx.session.report).
+    report = phalanx.session.report
 
     def recording_report(metrics, checkpoint=None, **kwargs):
         report({**metrics, "passed": checkpoint is not None}, checkpoint=checkpoint, **kwargs)
 
-    phalanx.report = recording_report
+    phalanx.session.report = recording_report
     args = TrainingArguments(
         output_dir=os.path.join(config["output_dir"], "" if config["shared"] else f"rank{rank}"),
         max_steps=4,
