@@ -47,7 +47,9 @@ class SklearnCheckpoint(Checkpoint):
     ) -> SelfCheckpoint:
         """A checkpoint of ``estimator`` in directory ``path`` (a new temporary one if None;
         Ray's AIR required it)."""
-        directory = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix="phalanx_sk_")
+        directory = (
+            os.fspath(path) if path is not None else tempfile.mkdtemp(prefix="phalanx_sklearn_")
+        )
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, cls.MODEL_FILENAME), "wb") as f:
             cloudpickle.dump(estimator, f)

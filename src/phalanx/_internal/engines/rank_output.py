@@ -53,9 +53,9 @@ class RankOutput:
         if rank not in self._files:
             os.makedirs(self.log_dir, exist_ok=True)
             log = open(os.path.join(self.log_dir, f"rank_{rank}.log"), "a", buffering=1)
+            self._files[rank] = log  # kept first: close() closes it even if the header fails
             # The file gathers every attempt (and every resumed run): say where each starts
             log.write(f"{attempt_header(self.attempt + 1)}\n")
-            self._files[rank] = log
         return self._files[rank]
 
     def close(self) -> None:

@@ -266,7 +266,7 @@ class CallRunner:
                 value = fn(*args, **kwargs)
             finally:
                 self._leave_interruptible()
-                _async_raise(self.thread, None)
+                _drop_pending_interrupt()
             return True, value
         except BaseException as exc:  # the driver decides what a failure means
             return False, capture_exception(exc)
@@ -292,6 +292,29 @@ class CallRunner:
                     _async_raise(self.thread, AttemptInterrupted)
                 self._cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             return not self._running and not self._pending
+
+
+class _Dropped(BaseException):
+    """Raised in the calling thread by :func:`_drop_pending_interrupt`, and caught there."""
+
+
+def _drop_pending_interrupt() -> None:
+    """Drop an interrupt that did not land, in the calling thread.
+
+    Not by ``PyThreadState_SetAsyncExc(thread, NULL)``: CPython then leaves the interpreter's
+    "asynchronous exception pending" signal set with nothing to deliver, and every traced call
+    (a debugger, coverage) spins forever at its first line. Delivering an exception of our own
+    to this thread replaces the pending one and clears the signal, and it is caught here.
+    """
+    while True:
+        try:
+            _async_raise(threading.current_thread(), _Dropped)
+            while True:  # delivered at the next check of the eval loop
+                pass
+        except _Dropped:
+            return
+        except AttemptInterrupted:  # an interrupt landed before ours was set: set ours again
+            continue
 
 
 def _async_raise(thread: threading.Thread, exc_type: type[BaseException] | None) -> None:
