@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from phalanx.callbacks import Callback, ReportInfo, TrainRunContext
@@ -40,7 +41,11 @@ class TBXLoggerCallback(Callback):
         if self.logdir is None:
             self._out = OutputDir(run_context, TB_DIR)
         path = self._out.path if self._out is not None else self.logdir
-        self._writer = tensorboardx.SummaryWriter(logdir=path, flush_secs=self.flush_secs)
+        # tensorboardX names its file by the second and the host: a second fit() into the same
+        # directory within that second (a quick retry or resume) would truncate the first's file.
+        self._writer = tensorboardx.SummaryWriter(
+            logdir=path, flush_secs=self.flush_secs, filename_suffix=f".{uuid.uuid4().hex[:8]}"
+        )
 
     def on_report(self, run_context: TrainRunContext, report: ReportInfo) -> None:
         values = scalars(report.run_metrics)
