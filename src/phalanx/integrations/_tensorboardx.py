@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import time
 from typing import TYPE_CHECKING, Any
 
 from phalanx.callbacks import Callback, ReportInfo, TrainRunContext
@@ -42,9 +42,9 @@ class TBXLoggerCallback(Callback):
             self._out = OutputDir(run_context, TB_DIR)
         path = self._out.path if self._out is not None else self.logdir
         # tensorboardX names its file by the second and the host: a second fit() into the same
-        # directory within that second (a quick retry or resume) would truncate the first's file.
+        # directory within that second (a quick retry or resume) would truncate the first's file; nanoseconds keep them in order.
         self._writer = tensorboardx.SummaryWriter(
-            logdir=path, flush_secs=self.flush_secs, filename_suffix=f".{uuid.uuid4().hex[:8]}"
+            logdir=path, flush_secs=self.flush_secs, filename_suffix=f".{time.time_ns()}"
         )
 
     def on_report(self, run_context: TrainRunContext, report: ReportInfo) -> None:
