@@ -17,8 +17,8 @@ EXIT_ATTENTION = 2
 
 _DESCRIPTION = """\
 Rewrite Ray Train code (V2 and AIR era) to phalanx with libcst, keeping comments and formatting:
-every import form (import ray, import ray.train as train, from ray import train,
-from ray.train.torch import ..., ray.train.v2.*, ray.air.*) and every use (ray.train.report,
+every import form (import ray, import ray.train as train, from ray import train, the
+ray.train.torch names, ray.train.v2.*, ray.air.*) and every use (ray.train.report,
 ray.train.torch.TorchTrainer, ray.data.from_pandas, session.get_world_rank(), ...). Ray Core
 (ray.remote, ray.get, ray.init(address=...)) stays, with `import ray`; a bare ray.init() and
 ray.shutdown() are removed when nothing else uses Ray. What phalanx has no equivalent for
