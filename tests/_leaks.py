@@ -5,7 +5,8 @@ environment variable, or a new entry in ``~/phalanx_results`` (the session's tem
 ``isolated_home`` in tests/conftest.py; with ``PHALANX_TESTS_ALONE=1``, as ``.ci/run`` sets,
 the real home's too) or a ``phalanx*`` entry in the temp directory that is not a user's object
 by design (``USERS_TEMP_PREFIXES``; also only with ``PHALANX_TESTS_ALONE=1``). The environment is restored before
-the asserts, so one leak fails one test and changes nothing for the next. Under Ray, Ray's own processes (GCS, raylet, agents, ``ray::IDLE`` pool
+the asserts, so one leak fails one test and changes nothing for the next. The fork server a
+CUDA-initialised driver keeps warm for its next fit() is stopped first, as at the driver's exit. Under Ray, Ray's own processes (GCS, raylet, agents, ``ray::IDLE`` pool
 workers, Ray Data's actors) may outlive a test until its fixture shuts Ray down; phalanx's actors
 (``ray::PhalanxWorker``) may not.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -134,6 +136,9 @@ def no_leaks(is_leak: Callable[[str], bool] = any_child) -> Iterator[None]:
         }
         os.environ.clear()
         os.environ.update(env_before)
+    warm = sys.modules.get("phalanx._internal.engines.local.warm_server")
+    if warm is not None:  # the fork server kept for the next fit() ends with the test
+        warm.shut_down()
     deadline = time.monotonic() + 5
     while True:
         leaked_children = {

@@ -78,6 +78,8 @@ BAD = [
     (D, "enable_shard_locality", 1, "True or False"),
     (D, "equal_split", "yes", "True or False"),
     (D, "equal_split", None, "True or False"),
+    (D, "resume_position", "yes", "True, False or a dict"),
+    (D, "resume_position", {"train": 1}, "True, False or a dict"),
     (R, "storage_path", "", "non-empty path"),
     (R, "storage_path", "   ", "non-empty path"),
     (R, "storage_path", 3, "path or a URI"),

@@ -367,6 +367,11 @@ class DataConfig(KeywordChecked):
     ``equal_split`` (default True, as Ray's ``streaming_split(equal=True)``): every rank gets
     the same number of rows, so DDP ranks run the same number of steps; the ``rows % world_size``
     left over are left out. False keeps every row (ranks may differ by one): for inference.
+    ``resume_position`` (default True; or a dict of dataset name -> bool, others True): when an
+    attempt starts from a checkpoint (a retry, a rerun, ``resume_from_checkpoint``, a resize),
+    each split phalanx dataset continues its epoch where the checkpoint was taken: the rows of
+    the epoch no rank had consumed are split over the new world size, and the following passes
+    are the next epochs. False: every attempt starts a fresh epoch 0, as in Ray.
 
     Example::
 
@@ -379,6 +384,7 @@ class DataConfig(KeywordChecked):
     execution_options: Any = None
     enable_shard_locality: bool = True
     equal_split: bool = True
+    resume_position: bool | dict[str, bool] = True
 
     def __post_init__(self) -> None:
         split = self.datasets_to_split
@@ -399,6 +405,22 @@ class DataConfig(KeywordChecked):
         for name in ("enable_shard_locality", "equal_split"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail("DataConfig", name, getattr(self, name), "True or False")
+        resume = self.resume_position
+        if not isinstance(resume, bool) and not (
+            isinstance(resume, dict)
+            and all(isinstance(k, str) and isinstance(v, bool) for k, v in resume.items())
+        ):
+            raise _fail(
+                "DataConfig",
+                "resume_position",
+                resume,
+                "True, False or a dict of dataset name -> True/False",
+            )
+
+    def resumes(self, name: str) -> bool:
+        """Whether dataset ``name`` continues its epoch from a checkpoint (``resume_position``)."""
+        resume = self.resume_position
+        return resume.get(name, True) if isinstance(resume, dict) else resume
 
     @staticmethod
     def default_ingest_options() -> Any:

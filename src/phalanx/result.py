@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from phalanx._internal.goodput import Goodput
 from phalanx._internal.optional import require
@@ -15,6 +15,23 @@ if TYPE_CHECKING:
     import pyarrow.fs
 
 __all__ = ["Result"]
+
+
+class RunFiles(Protocol):
+    """What a Result reads its run directory with: the run reader
+    (``_internal/storage/reader.py``, a layer above this module, so named by its surface here)."""
+
+    @property
+    def filesystem(self) -> Any: ...
+
+    @property
+    def local_path(self) -> str | None: ...
+
+    def history(self) -> list[dict[str, Any]]: ...
+
+    def all_ranks_history(self) -> list[dict[str, Any]]: ...
+
+    def record(self) -> dict[str, Any] | None: ...
 
 
 @dataclass
@@ -52,7 +69,8 @@ class Result:
     attempt_errors: list[str | None] = field(default_factory=list)
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     goodput: Goodput | None = None
-    _storage: Any = field(default=None, repr=False)  # the run's store (storage/store.py)
+    # Reads the run directory; not compared: two Results of one run are equal as before
+    _storage: RunFiles | None = field(default=None, repr=False, compare=False)
 
     @property
     def filesystem(self) -> pyarrow.fs.FileSystem:
@@ -61,11 +79,6 @@ class Result:
         if self._storage is None or self._storage.local_path is not None:
             return pafs.LocalFileSystem()
         return pafs.PyFileSystem(pafs.FSSpecHandler(self._storage.filesystem))
-
-    def _reader(self) -> Any:
-        from phalanx._internal.storage.reader import RunReader
-
-        return RunReader(self._storage) if self._storage else None
 
     @property
     def metrics_dataframe(self) -> pd.DataFrame:
@@ -78,8 +91,7 @@ class Result:
         superseded by the retry's. ``all_ranks_metrics_dataframe`` keeps them all.
         """
         pd = require("pandas", "Result.metrics_dataframe")
-        reader = self._reader()
-        rows = reader.history() if reader else []
+        rows = self._storage.history() if self._storage else []
         return pd.DataFrame(rows)
 
     @property
@@ -87,8 +99,7 @@ class Result:
         """Every report of every rank, in arrival order, with ``rank`` and ``_phalanx_attempt``:
         also rounds that never completed (the reports of a rank that failed, superseded rows)."""
         pd = require("pandas", "Result.all_ranks_metrics_dataframe")
-        reader = self._reader()
-        rows = reader.all_ranks_history() if reader else []
+        rows = self._storage.all_ranks_history() if self._storage else []
         return pd.DataFrame(rows)
 
     @property
@@ -102,8 +113,7 @@ class Result:
         Ray V1's ``Result.config`` held the trial's config, ``{"train_loop_config": ...}``;
         ``result.config["train_loop_config"]`` reads the same here.
         """
-        reader = self._reader()
-        return reader.record() if reader else None
+        return self._storage.record() if self._storage else None
 
     def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
         """The retained checkpoint with the best ``metric`` (``mode`` is ``"max"`` or ``"min"``;

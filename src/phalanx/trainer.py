@@ -256,6 +256,7 @@ class DataParallelTrainer(BaseTrainer):
             recorded_run,
             start_afresh_after_config_error,
         )
+        from phalanx._trainer_shards import DatasetShards
 
         run_config = self.run_config
         storage.prepare()
@@ -265,6 +266,7 @@ class DataParallelTrainer(BaseTrainer):
         if manager.load():
             log_resume(name, manager)
         manager.remove_orphans()
+        shards = DatasetShards(self.datasets, self.dataset_config, self.preprocessor)
         spec = RunSpec(
             train_fn_payload=self._payload,
             train_loop_config=self.train_loop_config,
@@ -274,7 +276,9 @@ class DataParallelTrainer(BaseTrainer):
             run_name=name,
             metadata=self.metadata,
             resume_from_checkpoint=self.resume_from_checkpoint,
-            make_shards=_DatasetShards(self.datasets, self.dataset_config, self.preprocessor),
+            make_shards=shards,
+            dataset_positions=shards,
+            resume_data_position=self.dataset_config.resume_position is not False,
             dataset_names=tuple(str(key) for key in self.datasets),
             checkpoint_files=checkpoint_files,
             start_timeout_s=env.worker_start_timeout_s(),
@@ -288,32 +292,6 @@ class DataParallelTrainer(BaseTrainer):
             controller.record = record  # the goodput breakdown is added at the end
             controller.goodput.began = started or controller.goodput.began
             return controller.run()
-
-
-class _DatasetShards:
-    """``RunSpec.make_shards``: each rank's dataset shards, built anew for every attempt (dataset
-    factories are called again), read through the preprocessor if there is one."""
-
-    def __init__(self, datasets: dict[str, Any], config: DataConfig, preprocessor: Any) -> None:
-        self.datasets = datasets
-        self.config = config
-        self.preprocessor = preprocessor
-        self._attempt_shards: list[dict[str, Any]] = []
-
-    def __call__(self, world_size: int) -> list[dict[str, Any]]:
-        if not self.datasets:
-            return [{} for _ in range(world_size)]
-        from phalanx.data._ingest import shard_datasets
-
-        shards = shard_datasets(self.datasets, self.config, world_size)
-        # Ray Data's split coordinator (an actor owned here) lives while this process holds
-        # the iterators: the workers' pickled copies do not count. Keep them for the attempt.
-        self._attempt_shards = shards
-        if self.preprocessor is None:
-            return shards
-        from phalanx.preprocess._attach import preprocess_shards
-
-        return preprocess_shards(shards, self.preprocessor)
 
 
 def default_run_name() -> str:

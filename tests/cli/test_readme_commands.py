@@ -19,13 +19,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from _helpers import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"(?:<!-- not run: (?P<why>.*?) -->\n)?```bash\n(?P<code>.*?)```", re.S)
@@ -49,22 +48,6 @@ def readme_blocks() -> list[tuple[str | None, list[str]]]:
         lines = [line.strip() for line in match["code"].splitlines()]
         blocks.append((match["why"], [ln for ln in lines if ln and not ln.startswith("#")]))
     return blocks
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 @dataclass
@@ -112,7 +95,7 @@ class Shell:
             assert process.poll() is None, f"{line}\nexited:\n{log.read_text()}"
             return f"Serving on http://127.0.0.1:{port}" in log.read_text()
 
-        wait_for(serving, 60, f"{line} to load its model")
+        wait_until(serving, 60, f"{line} to load its model")
         ready = subprocess.run(
             ["curl", "-sf", f"localhost:{port}/readyz"], capture_output=True, text=True, timeout=60
         )

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from _helpers import free_port, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 import phalanx as train
@@ -24,12 +25,6 @@ from phalanx._internal.goodput import PARTS
 
 DASHBOARD = Path(__file__).parents[2] / "docs" / "grafana" / "phalanx.json"
 DEADLINE_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -43,16 +38,6 @@ def scrape(port: int) -> dict[str, float]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
             samples[f"{sample.name}{{{labels}}}"] = sample.value
     return samples
-
-
-def wait_for(condition, what: str):
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def gated_loop(config):
@@ -84,7 +69,7 @@ def test_scraped_during_a_run_the_counters_move(tmp_path, monkeypatch):
                     return None
                 return samples if samples.get(key, 0) >= rounds else None
 
-            seen.append(wait_for(reached, f"{rounds} rounds"))
+            seen.append(wait_until(reached, DEADLINE_S, f"{rounds} rounds"))
             (gates / gate).touch()
 
     thread = threading.Thread(target=scraper)

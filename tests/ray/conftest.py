@@ -10,11 +10,11 @@ one: tests/_leaks.py's check, tolerant of Ray's own processes until the fixture 
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _helpers import free_port
 from _leaks import no_leaks as check_no_leaks
 from _leaks import ray_tolerant, wait_until_settled
 
@@ -48,7 +48,7 @@ def cluster() -> Iterator[tuple[Any, list[str]]]:
             "num_cpus": 1,
             "include_dashboard": False,
             # Not 8265: when another Ray (a benchmark) holds it, Ray's start leaks a socket.
-            "dashboard_port": _free_port(),
+            "dashboard_port": free_port(),
             "_system_config": FAST_HEALTH_CHECKS,
         },
     )
@@ -71,7 +71,28 @@ def storage(tmp_path: Any) -> str:
     return str(tmp_path / "runs")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+@pytest.fixture(scope="module")
+def default_checks_cluster() -> Iterator[Any]:
+    """A head node (1 CPU, ``slot: 1``) with Ray's default health checks: a killed node is
+    declared dead ~15 s after the kill, long after phalanx notices the loss (the node-loss
+    tests add and remove their own worker nodes)."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "resources": {"slot": 1},
+            "include_dashboard": False,
+            "dashboard_port": free_port(),  # not 8265: a benchmark's cluster may hold it
+        },
+    )
+    ray.init(address=cluster.address)
+    try:
+        cluster.wait_for_nodes()
+        wait_until_settled()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -9,6 +9,7 @@ import threading
 import time
 
 import cloudpickle
+from _helpers import wait_until
 
 from phalanx._internal.engines.ray.actor import CallRunner, MessageBuffer
 
@@ -16,13 +17,6 @@ from phalanx._internal.engines.ray.actor import CallRunner, MessageBuffer
 def returns(buffer: MessageBuffer) -> list[tuple]:
     _, items = buffer.take(0.0)
     return [m for m in map(pickle.loads, items) if m[0] == "ret"]
-
-
-def wait_for(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)
 
 
 RELEASE = threading.Event()
@@ -80,10 +74,10 @@ def test_a_call_running_python_code_is_ended_and_the_next_call_runs():
     buffer = MessageBuffer()
     runner = make_runner(buffer)
     runner.submit(0, cloudpickle.dumps((spin, (), {})))
-    wait_for(lambda: runner._interruptible)
+    wait_until(lambda: runner._interruptible)
     assert runner.end_current(5.0)
     runner.submit(1, cloudpickle.dumps((sum, ([1, 2],), {})))
-    wait_for(lambda: len(returns(buffer)) == 2)
+    wait_until(lambda: len(returns(buffer)) == 2)
     first, second = returns(buffer)
     assert first[1:3] == (0, False) and first[3].type_name == "AttemptInterrupted"
     assert second[1:] == (1, True, 3)
@@ -95,12 +89,12 @@ def test_a_call_blocked_in_c_code_is_not_idle_within_the_bound():
     buffer = MessageBuffer()
     runner = make_runner(buffer)
     runner.submit(0, cloudpickle.dumps((block, (), {})))
-    wait_for(lambda: runner._interruptible)
+    wait_until(lambda: runner._interruptible)
     started = time.monotonic()
     assert not runner.end_current(0.3)  # Event.wait blocks in C: the interrupt waits
     assert time.monotonic() - started >= 0.3
     RELEASE.set()
-    wait_for(lambda: len(returns(buffer)) == 1)
+    wait_until(lambda: len(returns(buffer)) == 1)
     assert returns(buffer)[0][2] is False  # it ended as soon as it came back to Python
 
 
@@ -135,7 +129,7 @@ def test_after_calls_ended_or_not_a_traced_call_still_returns():
     runner = make_runner(buffer)
     runner.submit(0, cloudpickle.dumps((sum, ([1, 2],), {})))  # a call that is not interrupted
     runner.submit(1, cloudpickle.dumps((spin, (), {})))
-    wait_for(lambda: runner._interruptible and len(returns(buffer)) == 1)
+    wait_until(lambda: runner._interruptible and len(returns(buffer)) == 1)
     assert runner.end_current(5.0)
-    wait_for(lambda: len(returns(buffer)) == 2)
+    wait_until(lambda: len(returns(buffer)) == 2)
     assert a_traced_call_finishes()

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from _helpers import wait_until
 
 pytest.importorskip("ray")
 
@@ -90,13 +91,6 @@ def start_fit(scaling, storage, config, max_failures=1, datasets=None):
     return runner, outcome
 
 
-def wait_for(condition, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def committed(storage):
     run = os.path.join(storage, "elastic")
     if not os.path.isdir(run):
@@ -114,7 +108,7 @@ def test_starts_below_max_then_continues_smaller_after_a_node_loss(cluster, stor
         scaling = ScalingConfig(num_workers=(2, 4), resources_per_worker=ELASTIC)
         runner, outcome = start_fit(scaling, storage, {"rounds": 6, "hold_after": 2})
         # Attempt 0: 3 of max 4 fit; it commits rounds 0..2, then holds.
-        wait_for(lambda: len(committed(storage)) == 3, 90, "attempt 0's three checkpoints")
+        wait_until(lambda: len(committed(storage)) == 3, 90, "attempt 0's three checkpoints")
         ray_cluster.remove_node(doomed, allow_graceful=False)
         runner.join(120)
         assert not runner.is_alive()
@@ -182,7 +176,7 @@ def test_below_min_waits_and_starts_when_capacity_frees(cluster, storage, tmp_pa
             def said_waiting():
                 return any("at least 2 workers" in r.getMessage() for r in caplog.records)
 
-            wait_for(said_waiting, 60, "fit() to say it waits (1 of min 2 fits)")
+            wait_until(said_waiting, 60, "fit() to say it waits (1 of min 2 fits)")
         assert runner.is_alive() and not committed(storage)
         remove_placement_group(hog)
         runner.join(90)
@@ -211,7 +205,7 @@ def test_a_healthy_group_grows_when_capacity_frees_without_using_the_failure_bud
         )
         # max_failures=0: the growth restart must not count as a failure.
         runner, outcome = start_fit(scaling, storage, {"rounds": 4, "hold_after": 1}, 0)
-        wait_for(lambda: len(committed(storage)) == 2, 90, "attempt 0's two checkpoints")
+        wait_until(lambda: len(committed(storage)) == 2, 90, "attempt 0's two checkpoints")
         remove_placement_group(hog)
         runner.join(120)
         assert not runner.is_alive()
@@ -248,7 +242,7 @@ def test_a_node_added_mid_run_grows_the_group_and_the_shards_are_split_again(clu
         config = {"rounds": 4, "hold_after": 1, "shards": {"native": "i", "on_ray": "id"}}
         # max_failures=0: growing must not use the failure budget.
         runner, outcome = start_fit(scaling, storage, config, 0, datasets)
-        wait_for(lambda: len(committed(storage)) == 2, 120, "attempt 0's two checkpoints")
+        wait_until(lambda: len(committed(storage)) == 2, 120, "attempt 0's two checkpoints")
         added = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
         runner.join(180)
         assert not runner.is_alive()

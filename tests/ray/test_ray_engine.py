@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from _helpers import wait_until
 
 pytest.importorskip("ray")
 
@@ -33,14 +34,6 @@ def fit(fn, storage, workers=2, config=None, name="run", scaling=None, **run_kwa
         scaling_config=scaling or ScalingConfig(num_workers=workers),
         run_config=RunConfig(name=name, storage_path=storage, **run_kwargs),
     ).fit()
-
-
-def wait_for(condition, timeout_s=20.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def test_each_rank_is_its_own_ray_actor(storage):
@@ -84,7 +77,7 @@ def test_bars_and_prompts_reach_the_driver_while_the_actor_waits(storage, tmp_pa
             seen["err"] += err
             return "[rank0]: continue? " in seen["out"] and "\r[rank0]:  10%|#" in seen["err"]
 
-        wait_for(arrived, timeout_s=60, what="the prompt and the bar")
+        wait_until(arrived, timeout_s=60, what="the prompt and the bar")
         assert "yes" not in seen["out"]  # the worker is still waiting
     finally:
         open(go, "w").close()
@@ -172,7 +165,7 @@ def test_a_request_for_busy_resources_waits_and_says_so(storage, monkeypatch, ca
     runner = threading.Thread(target=run)
     runner.start()
     try:
-        wait_for(lambda: "Waiting" in caplog.text, 20, "the waiting message")
+        wait_until(lambda: "Waiting" in caplog.text, 20, "the waiting message")
         assert "available now" in caplog.text and "{CPU=1}" in caplog.text
     finally:
         remove_placement_group(blocker)

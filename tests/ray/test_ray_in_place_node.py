@@ -7,51 +7,17 @@ the node that remains) serve the new attempt in their processes.
 from __future__ import annotations
 
 import logging
-import socket
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 pytest.importorskip("ray")
 
-from _leaks import wait_until_settled
 from test_ray_in_place import ROUNDS, Committed, fit_in_thread, marks, plain_trainer
 
 from phalanx import ScalingConfig
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def default_checks_cluster() -> Iterator[Any]:
-    """A head node (1 CPU), Ray's default health checks."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "include_dashboard": False,
-            "dashboard_port": free_port(),  # not 8265: a benchmark's cluster may hold it
-        },
-    )
-    ray.init(address=cluster.address)
-    try:
-        cluster.wait_for_nodes()
-        wait_until_settled()
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_a_removed_node_loses_only_its_ranks(default_checks_cluster, tmp_path, caplog):

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import queue
-import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,6 @@ import pytest
 
 pytest.importorskip("ray")
 
-from _leaks import wait_until_settled
 
 import phalanx as train
 from phalanx import (
@@ -47,37 +44,6 @@ GCS_DECLARES_DEAD_S = 14.0  # measured here: 14 s from the kill to the node's ac
 NOTICED_WITHIN_S = 5.5
 ROUNDS = 8
 ROUND_S = 0.3
-
-
-@pytest.fixture(scope="module")
-def default_checks_cluster() -> Iterator[Any]:
-    """A head node (1 CPU, ``slot: 1``), Ray's default health checks."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "resources": {"slot": 1},
-            "include_dashboard": False,
-            "dashboard_port": free_port(),  # not 8265: a benchmark's cluster may hold it
-        },
-    )
-    ray.init(address=cluster.address)
-    try:
-        cluster.wait_for_nodes()
-        wait_until_settled()
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rounds_with_checkpoints(config: dict[str, Any]) -> None:

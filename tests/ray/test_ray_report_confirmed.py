@@ -3,8 +3,8 @@ process dies right after it (SIGKILL: a lost machine, the OOM killer; ``os._exit
 the report nor the round it completes, on a real local Ray.
 
 Before, a report waited in the actor's memory until the driver's next ``drain`` took it, and a
-process that died in that moment took it along (tests/test_failure_rounds.py is the same check
-for local workers).
+process that died in that moment took it along (tests/controller/test_failure_rounds.py is the
+same check for local workers).
 """
 
 from __future__ import annotations

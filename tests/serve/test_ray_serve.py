@@ -5,24 +5,18 @@ test's leak snapshot, and stop in its teardown."""
 
 from __future__ import annotations
 
-import socket
 import time
 
 import httpx
 import numpy as np
 import pytest
+from _helpers import free_port
 from serve_models import make_net, raw_frame
 
 import phalanx.serve
 from phalanx.predict import TorchPredictor
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

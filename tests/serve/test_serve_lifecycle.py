@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import psutil
 import pytest
+from _helpers import wait_until
 from serve_models import GatedXGBoostPredictor, raw_frame
 
 import phalanx.serve
@@ -25,16 +26,6 @@ from phalanx.cli import main
 from phalanx.predict import TorchPredictor, XGBoostPredictor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def wait_for(condition, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def in_flight(url: str) -> float:
@@ -92,9 +83,9 @@ def test_stop_lets_requests_in_flight_finish_and_refuses_new_ones(runs, tmp_path
     try:
         for t in clients:
             t.start()
-        wait_for(lambda: in_flight(server.url) == 3, what="3 requests in flight")
+        wait_until(lambda: in_flight(server.url) == 3, what="3 requests in flight")
         stopper.start()
-        wait_for(lambda: not listening(server.port), what="the listener to close")
+        wait_until(lambda: not listening(server.port), what="the listener to close")
         assert refused(server.url)
         # A connection made before the stop gets its request answered, with a clear refusal.
         answer = request_on(early, body)
@@ -131,9 +122,9 @@ def test_stop_with_worker_processes_refuses_new_connections_at_once(runs, tmp_pa
     stopper = threading.Thread(target=server.stop)
     try:
         client.start()
-        wait_for(lambda: os.path.exists(f"{gate}.waiting"), what="a request in a worker's model")
+        wait_until(lambda: os.path.exists(f"{gate}.waiting"), what="a request in a worker's model")
         stopper.start()
-        wait_for(lambda: not listening(server.port), what="the listeners to close")
+        wait_until(lambda: not listening(server.port), what="the listeners to close")
         assert refused(server.url)
         assert client.is_alive()
     finally:
@@ -161,7 +152,7 @@ def test_workers_are_processes_sharing_one_port(runs):
                 np.testing.assert_allclose(got.json()["predictions"], want, rtol=1e-6)
             return len(pids) == 2
 
-        wait_for(both_answered, what="an answer from each worker process")
+        wait_until(both_answered, what="an answer from each worker process")
         assert os.getpid() not in pids
     assert all(p.poll() is not None for p in server._processes)
 
@@ -182,9 +173,9 @@ def cli_server(tmp_path, args: list[str], **env: str) -> Iterator[tuple[subproce
             assert process.poll() is None, log.read()
             return found.group(1) if found else None
 
-        base = wait_for(url, 60, "the server's address")
+        base = wait_until(url, 60, "the server's address")
         # With --workers N, a connection waits in the backlog until a worker has loaded.
-        wait_for(
+        wait_until(
             lambda: httpx.get(f"{base}/readyz", timeout=60).status_code == 200, 60, "readiness"
         )
         yield process, base

@@ -7,35 +7,22 @@ end of ``fit()``.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _helpers import moto_s3
 
 from phalanx._internal.storage import history_parts as hp
 from phalanx._internal.storage.history import MetricsHistory, read_history
 from phalanx._internal.storage.run_storage import HISTORY_FILE, RunStorage
 
-s3fs = pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
-
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[Any]:
-    """A real S3-compatible server on 127.0.0.1 and a filesystem pointed at it."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    fs = s3fs.S3FileSystem(
-        key="testing", secret="testing", client_kwargs={"endpoint_url": endpoint}
-    )
-    fs.mkdir("phalanx-history")
-    yield fs
-    server.stop()
+    with moto_s3("phalanx-history") as fs:
+        yield fs
 
 
 @pytest.fixture

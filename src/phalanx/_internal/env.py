@@ -136,6 +136,14 @@ def hang_timeout_floor_s() -> float:
     return float(os.environ.get(HANG_FLOOR_VAR, "1800"))
 
 
+SAVE_STATE_TIMEOUT_VAR = "PHALANX_SAVE_STATE_TIMEOUT_S"
+
+
+def save_state_timeout_s() -> float:
+    """How long ``phalanx.torch.save_state`` waits for every rank to call it too: 300 s."""
+    return float(os.environ.get(SAVE_STATE_TIMEOUT_VAR, "300"))
+
+
 def straggler_detection() -> bool:
     """``PHALANX_STRAGGLER_DETECTION=0`` silences straggler detection (on by default)."""
     return os.environ.get("PHALANX_STRAGGLER_DETECTION", "1").strip().lower() not in (

@@ -8,6 +8,7 @@ from typing import Any
 
 from phalanx._internal.goodput import Goodput
 from phalanx._internal.optional import require
+from phalanx._internal.worker.data_position import dataset_records, read_record
 from phalanx.cli import _text as text
 from phalanx.cli._runs import CLIError, RunView, flatten, is_number
 
@@ -103,6 +104,7 @@ def show(run: RunView, out: Out) -> None:
     out(f"rounds:       {len(run.history)}")
     out(f"metrics:      {text.metrics_line(flatten(run.last_metrics), limit=400) or '-'}")
     _show_checkpoints(run, out)
+    _show_data_position(run, out)
     _show_config(record, out)
     if run.error:
         out("error:")
@@ -167,6 +169,28 @@ def _show_checkpoints(run: RunView, out: Out) -> None:
         dir_name = checkpoint.path.rstrip("/").rsplit("/", 1)[-1]
         mark = "  (latest)" if dir_name == latest else ""
         out(f"  {dir_name}  {text.metrics_line(flatten(metrics))}{mark}")
+
+
+def _show_data_position(run: RunView, out: Out) -> None:
+    """Where each dataset is at the latest checkpoint (nothing when it stored no position)."""
+    latest = run.manager.latest_checkpoint
+    try:
+        datasets = dataset_records(read_record(latest))
+    except OSError as exc:  # the run's other lines are still worth showing
+        out(f"data:         (unreadable: {exc})")
+        return
+    if not datasets or run.manager.latest is None:
+        return
+    from phalanx.data._position import describe
+
+    out(f"data:         at {run.manager.latest.dir_name}")
+    for name, record in datasets.items():
+        try:
+            total = int(record["num_rows"])
+            share = int(record["consumed"]) / total if total else 1.0
+            out(f"  {name}: {describe(record)} ({share:.0%})")
+        except (KeyError, TypeError, ValueError):  # written by another version, or edited
+            out(f"  {name}: (unreadable position record)")
 
 
 def _show_config(record: dict[str, Any], out: Out) -> None:

@@ -18,7 +18,9 @@ __all__ = [
     "ARROW",
     "NUMPY",
     "BlockOps",
+    "ShuffleKeys",
     "arrow_to_numpy",
+    "key_order",
     "rebatch",
     "shuffle_blocks",
     "to_arrow_column",
@@ -167,24 +169,111 @@ def rebatch(
         yield ops.concat(pending)
 
 
+class ShuffleKeys:
+    """The local shuffle's order, as a sort key per row of a pass's stream.
+
+    Row ``i`` (its index in the stream this rank reads) gets ``max(i, B) + 2B * u_i`` with
+    ``u_i`` uniform in [0, 1) (``B``: the buffer size); the rows are given out in the order of
+    their keys (ties by index). A row is given out once every row that could have a smaller key
+    is read, so about ``B`` rows on average (``2B`` at most) plus a block wait in memory, as in
+    a buffer of ``B`` rows; each batch is a draw from the ``2B`` rows before it (the first from
+    the first ``B`` rows). Unlike a buffer's random draws, the order depends only on the seed,
+    the epoch and the stream, not on how the rows were read in blocks: which rows the first
+    ``k`` given out were is computable without the data (``first``), which is what lets a
+    checkpoint say exactly which rows were trained.
+    """
+
+    CHUNK = 65536
+
+    def __init__(self, seed: int, epoch: int, buffer_size: int) -> None:
+        # plain ints: a numpy seed would not go into the JSON of a position
+        self.seed, self.epoch, self.buffer = int(seed), int(epoch), int(buffer_size)
+        self.width = 2 * self.buffer
+        self._chunk: tuple[int, np.ndarray] | None = None
+
+    @classmethod
+    def from_state(cls, state: list[int], epoch: int) -> ShuffleKeys:
+        return cls(int(state[0]), epoch, int(state[1]))
+
+    def state(self) -> list[int]:
+        """What a position records of this shuffle: ``[seed, buffer_size]``."""
+        return [self.seed, self.buffer]
+
+    def __call__(self, lo: int, hi: int) -> np.ndarray:
+        """The keys of rows ``[lo, hi)``."""
+        if hi <= lo:
+            return np.empty(0)
+        parts = []
+        for c in range(lo // self.CHUNK, -(-hi // self.CHUNK)):
+            base = c * self.CHUNK
+            parts.append(self._uniform(c)[max(lo - base, 0) : hi - base])
+        u = np.concatenate(parts) if len(parts) != 1 else parts[0]
+        return np.maximum(np.arange(lo, hi), self.buffer) + self.width * u
+
+    def _uniform(self, chunk: int) -> np.ndarray:
+        if self._chunk is None or self._chunk[0] != chunk:
+            rng = np.random.default_rng([self.seed, self.epoch, chunk])
+            self._chunk = (chunk, rng.random(self.CHUNK))
+        return self._chunk[1]
+
+    def ready_below(self, rows_read: int) -> float:
+        """Every row not yet read has a key at least this."""
+        return float(max(rows_read, self.buffer))
+
+    def first(self, n: int, k: int) -> tuple[int, np.ndarray]:
+        """Which rows of a stream of ``n`` the first ``k`` given out are: every row below
+        ``lo``, and the sorted indices returned. With keys in ``[max(i, B), max(i, B) + W)``
+        (``W = 2B``), rows below ``k - W`` (once that is at least ``B``) always are, and rows
+        from ``max(k, B) + W`` on never are: only about ``2W`` keys are computed."""
+        k = min(max(k, 0), n)
+        b, w = self.buffer, self.width
+        lo = k - w if k - w >= b else 0
+        hi = min(n, max(k, b) + w)
+        if k == lo:
+            return lo, np.empty(0, dtype=np.int64)
+        chosen = key_order(self(lo, hi))[: k - lo] + lo
+        return lo, np.sort(chosen)
+
+
+def key_order(keys: np.ndarray) -> np.ndarray:
+    """The indices that sort ``keys``, ties by index. Ties (two rows with equal float keys)
+    almost never happen, so the fast unstable sort is used and checked: the order is the
+    same on every machine either way."""
+    order = np.argsort(keys)
+    ranked = keys[order]
+    if len(ranked) > 1 and not (ranked[1:] > ranked[:-1]).all():
+        return np.argsort(keys, kind="stable")
+    return order
+
+
 def shuffle_blocks(
-    blocks: Iterator[B], ops: BlockOps[B], buffer_size: int, min_out: int, seed: Any
+    blocks: Iterator[B], ops: BlockOps[B], keys: ShuffleKeys, min_out: int
 ) -> Iterator[B]:
-    """A local shuffle: rows wait in a buffer of at least ``buffer_size`` rows, and each block
-    given out is a random draw from everything buffered. The buffer is drained at the end."""
-    rng = np.random.default_rng(seed)
+    """A local shuffle: the rows in the order of ``keys`` (see :class:`ShuffleKeys`), given
+    out in blocks of at least ``min_out`` rows."""
     held: list[B] = []
-    rows = 0
+    held_keys: list[np.ndarray] = []
+    read = 0
     for block in blocks:
+        n = ops.length(block)
+        if not n:
+            continue
         held.append(block)
-        rows += ops.length(block)
-        if rows >= buffer_size + min_out:
-            mixed = ops.take(ops.concat(held), rng.permutation(rows))
-            out = rows - buffer_size
-            yield ops.slice(mixed, 0, out)
-            held, rows = [ops.slice(mixed, out, rows)], buffer_size
-    if rows:
-        yield ops.take(ops.concat(held), rng.permutation(rows))
+        held_keys.append(keys(read, read + n))
+        read += n
+        key = np.concatenate(held_keys) if len(held_keys) > 1 else held_keys[0]
+        ready = key < keys.ready_below(read)
+        out = np.flatnonzero(ready)
+        if len(out) < min_out:
+            continue
+        rows = ops.concat(held)
+        yield ops.take(rows, out[key_order(key[out])])
+        rest = np.flatnonzero(~ready)  # kept in stream order: ties go by index
+        held, held_keys = [ops.take(rows, rest)], [key[rest]]
+    if held:
+        key = np.concatenate(held_keys)
+        if len(key):
+            yield ops.take(ops.concat(held), key_order(key))
 
 
 def to_arrow_column(values: Any) -> pa.Array:

@@ -18,7 +18,8 @@ import pyarrow as pa
 from phalanx.data._batching import to_arrow_column
 from phalanx.data._files import file_source
 from phalanx.data._iterator import Assignment, DataIterator, Passes
-from phalanx.data._plan import pieces_in_range, rank_range
+from phalanx.data._plan import Start, pieces_in_range, rank_range
+from phalanx.data._position import fingerprint
 from phalanx.data._source import Source, TableSource
 
 __all__ = [
@@ -75,19 +76,41 @@ class Dataset:
         rows, and the last ``count() % n`` rows (of each epoch's order) are left out."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n={n!r} is invalid: use a positive int.")
+        return self._split(n, equal)
+
+    def _split(
+        self,
+        n: int,
+        equal: bool,
+        start: Start | None = None,
+        seed: int | None = None,
+        split: bool = True,
+    ) -> list[DataIterator]:
+        """``streaming_split``, the passes beginning at ``start`` (a resume), the file order
+        seeded by ``seed`` (a resume's; default: the dataset's, else drawn now). ``split=False``
+        marks an iterator over every row that a rank reads whole (its position is not kept)."""
         source, total = self._source, self._source.num_rows
+        start = start or Start()
+        common: dict[str, Any] = {
+            "world_size": n,
+            "equal": equal,
+            "total": total,
+            "fingerprint": fingerprint(source),
+            "start": start,
+            "split": split,
+        }
         if self._shuffle_files:
-            seed = self._seed if self._seed is not None else secrets.randbits(63)
-            return [
-                DataIterator(source, Assignment(seed=seed, rank=r, world_size=n, equal=equal))
-                for r in range(n)
-            ]
+            seed = seed if seed is not None else self._seed
+            seed = seed if seed is not None else secrets.randbits(63)
+            return [DataIterator(source, Assignment(seed=seed, rank=r, **common)) for r in range(n)]
+        if start.partial:  # the first passes read scattered rows: every rank gets the source
+            return [DataIterator(source, Assignment(rank=r, **common)) for r in range(n)]
         shards = []
         for rank in range(n):
-            start, stop = rank_range(total, rank, n, equal)
-            pieces = pieces_in_range(source.fragment_rows, start, stop)
+            lo, hi = rank_range(total, rank, n, equal)
+            pieces = pieces_in_range(source.fragment_rows, lo, hi)
             subset, local = source.restrict(pieces)
-            shards.append(DataIterator(subset, Assignment(local)))
+            shards.append(DataIterator(subset, Assignment(local, rank=rank, **common)))
         return shards
 
     # -- reading, as Ray Data's Dataset ----------------------------------------------------------

@@ -25,6 +25,8 @@ from phalanx.data._dataset import Dataset, from_arrow, from_items, from_numpy, f
 from phalanx.data._describe import shorten
 from phalanx.data._files import file_source
 from phalanx.data._iterator import DataIterator
+from phalanx.data._plan import ranges_len
+from phalanx.data._position import resume_start
 from phalanx.errors import ConfigError
 
 __all__ = ["as_dataset", "require_columns", "shard_datasets", "validate_datasets"]
@@ -51,6 +53,13 @@ def validate_datasets(datasets: dict[str, Any], data_config: DataConfig) -> None
                 f"DataConfig(datasets_to_split={list(split)}) names {unknown}, which are not in "
                 f"datasets (given: {sorted(datasets)}).\nHINT: use the keys of datasets=."
             )
+    resume = data_config.resume_position
+    if isinstance(resume, dict) and set(resume) - set(datasets):
+        raise ConfigError(
+            f"DataConfig(resume_position={resume}) names {sorted(set(resume) - set(datasets))}, "
+            f"which are not in datasets (given: {sorted(datasets)}).\nHINT: use the keys of "
+            "datasets=."
+        )
     for name, value in datasets.items():
         if _is_ray_dataset(value) or _is_factory(value):
             continue  # a factory is checked when it is called, at the start of each attempt
@@ -58,11 +67,20 @@ def validate_datasets(datasets: dict[str, Any], data_config: DataConfig) -> None
 
 
 def shard_datasets(
-    datasets: dict[str, Any], data_config: DataConfig, world_size: int
+    datasets: dict[str, Any],
+    data_config: DataConfig,
+    world_size: int,
+    resume: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """One dict per rank: dataset name -> that rank's ``DataIterator`` (split datasets) or an
     iterator over every row (the others). Split datasets are split equally: every rank gets
-    ``rows // world_size`` rows, and the remainder is left out, so ranks run the same steps."""
+    ``rows // world_size`` rows, and the remainder is left out, so ranks run the same steps.
+
+    ``resume``: dataset name -> the record ``phalanx.data._position.combine`` made at the
+    checkpoint the attempt starts from. The first pass over each split dataset with a record
+    reads what the record left of its epoch, split exactly and disjointly over ``world_size``
+    ranks; later passes are the following epochs, in the order a run that never stopped reads
+    them. Datasets read whole by every rank start their epochs over (as in Ray)."""
     split = data_config.datasets_to_split
     # DataConfig(equal_split=False) keeps every row; the ranks then differ by at most one row.
     equal = data_config.equal_split
@@ -76,15 +94,30 @@ def shard_datasets(
         if iterators is None:
             dataset = as_dataset(value, name)
             if is_split:
-                iterators = dataset.streaming_split(world_size, equal=equal)
-                _log_split(name, dataset.count(), world_size, equal)
+                record = (resume or {}).get(name) if data_config.resumes(name) else None
+                iterators = _split(dataset, name, world_size, equal, record)
             else:  # one iterator object per rank: each keeps its own epoch count
-                iterators = [dataset.iterator() for _ in range(world_size)]
+                iterators = [dataset._split(1, False, split=False)[0] for _ in range(world_size)]
             for iterator in iterators:
                 iterator.limit_prefetch_bytes(prefetch_bytes(options))
         for rank, iterator in enumerate(iterators):
             shards[rank][name] = iterator
     return shards
+
+
+def _split(
+    dataset: Dataset, name: str, world_size: int, equal: bool, record: dict[str, Any] | None
+) -> list[DataIterator]:
+    if not isinstance(record, dict):
+        _log_split(name, dataset.count(), world_size, equal)
+        return dataset.streaming_split(world_size, equal=equal)
+    own_seed = dataset._seed if dataset._shuffle_files else None
+    start, seed = resume_start(record, name, dataset.source, own_seed)
+    if start.partial:
+        _log_split(name, ranges_len(start.partial[0]), world_size, equal, resumed=start.epoch)
+    else:
+        _log_split(name, dataset.count(), world_size, equal)
+    return dataset._split(world_size, equal, start=start, seed=seed)
 
 
 def as_dataset(value: Any, name: str = "dataset") -> Dataset:
@@ -318,9 +351,22 @@ def _from_arrow_dataset(value: Any, label: str) -> Dataset:
     return Dataset(source)
 
 
-def _log_split(name: str, rows: int, world_size: int, equal: bool) -> None:
+def _log_split(
+    name: str, rows: int, world_size: int, equal: bool, resumed: int | None = None
+) -> None:
     dropped = rows % world_size if equal else 0
-    if dropped:
+    if dropped and resumed is not None:
+        logger.info(
+            "Dataset %r: the %d rows left of epoch %d over %d ranks: %d per rank; %d row(s) "
+            "left out so every rank runs the same number of steps.",
+            name,
+            rows,
+            resumed,
+            world_size,
+            rows // world_size,
+            dropped,
+        )
+    elif dropped:
         logger.info(
             "Dataset %r: %d rows over %d ranks: %d per rank; %d row(s) left out each epoch so "
             "every rank runs the same number of steps.",

@@ -1,87 +1,25 @@
 """DataIterator: one worker's shard of a dataset; every pass over an ``iter_*`` result is one
-epoch over it."""
+epoch over it, and the iterator knows where the pass it is in stands (``position_state``).
+
+A pass itself (reading, shuffling, batching, counting) is in ``_pass``."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from phalanx._internal.worker import data_wait
-from phalanx.data._batching import ARROW, NUMPY, NUMPY_WRITABLE, BlockOps, rebatch, shuffle_blocks
-from phalanx.data._plan import Piece, epoch_order, pieces_in_range, rank_range
-from phalanx.data._prefetch import prefetched
+from phalanx.data._batching import ARROW, NUMPY, NUMPY_WRITABLE, BlockOps
+from phalanx.data._pass import BatchArgs, Passes, read, read_rows, start_pass
+from phalanx.data._plan import Assignment, Piece, ranges_len
+from phalanx.data._position import DataPosition, PassPosition
 from phalanx.data._source import Source, TableSource
 
-__all__ = ["DataIterator", "Passes"]
+__all__ = ["Assignment", "DataIterator", "Passes"]
 
-READ_BYTES = 8 << 20
-"""About this many bytes of rows are read from storage at a time (more when a batch is larger)."""
-MIN_READ_ROWS, MAX_READ_ROWS = 1024, 262144
 BATCH_FORMATS = ("numpy", "pandas", "pyarrow", "default")
-_END = object()
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """Which rows of the source a shard reads: fixed pieces, or this rank's range of a seeded
-    per-epoch order of the fragments (the same order on every rank, so shards stay disjoint)."""
-
-    pieces: tuple[Piece, ...] | None = None
-    seed: int | None = None
-    rank: int = 0
-    world_size: int = 1
-    equal: bool = True
-
-    def pieces_for(self, source: Source, epoch: int) -> list[Piece]:
-        if self.pieces is not None:
-            return list(self.pieces)
-        assert self.seed is not None
-        order = epoch_order(len(source.fragment_rows), self.seed, epoch)
-        start, stop = rank_range(source.num_rows, self.rank, self.world_size, self.equal)
-        return pieces_in_range(source.fragment_rows, start, stop, order)
-
-    def num_rows(self, source: Source) -> int:
-        if self.pieces is not None:
-            return sum(p.num_rows for p in self.pieces)
-        start, stop = rank_range(source.num_rows, self.rank, self.world_size, self.equal)
-        return stop - start
-
-
-class Passes:
-    """The batches of a shard, as Ray's ``iter_batches`` returns them: an iterable whose every
-    pass (``for``, ``iter()``) is a new epoch. A framework given it once (Lightning's
-    ``train_dataloaders``, Hugging Face's Trainer) gets every epoch's rows, not an exhausted
-    generator from epoch 2 on.
-
-    ``next()`` also works (unlike Ray's): it starts a pass and continues it, and a ``for`` loop
-    after ``next()`` finishes that pass, as it would on the generator phalanx returned before
-    (``first = next(batches); for b in batches: ...`` sees every batch once).
-    """
-
-    def __init__(self, start: Callable[[], Iterator[Any]]) -> None:
-        self._start = start
-        self._current: Iterator[Any] | None = None
-
-    def __iter__(self) -> Iterator[Any]:
-        current, self._current = self._current, None
-        return current if current is not None else self._start()
-
-    def __next__(self) -> Any:
-        if self._current is None:
-            self._current = self._start()
-        return next(self._current)
-
-    def close(self) -> None:
-        """Stop the pass ``next()`` started (its read-ahead thread), as a generator's ``close``."""
-        current, self._current = self._current, None
-        close = getattr(current, "close", None)
-        if close is not None:
-            close()
 
 
 class DataIterator:
@@ -93,6 +31,12 @@ class DataIterator:
     are read from storage by this worker, in a background thread that stays about
     ``prefetch_batches`` batches ahead (at least one block of rows as read), so memory stays
     bounded whatever the dataset's size.
+
+    It counts the rows it has given out in the pass in progress (``position()``); ``report()``
+    sends that with each round, and an attempt that starts from a checkpoint continues the
+    epoch there: its first pass reads only the rows of the epoch no rank had consumed (split
+    over the new world size), the next passes are the following epochs. A local shuffle's
+    order depends only on its seed, the epoch and the shard, so that too is exact.
 
     Example::
 
@@ -108,7 +52,8 @@ class DataIterator:
         self._assignment = assignment or Assignment(
             tuple(Piece(i, 0, int(n)) for i, n in enumerate(source.fragment_rows))
         )
-        self._epoch = 0
+        self._passes = 0
+        self._position: PassPosition | None = None
         self._prefetch_bytes: int | None = None
         self._lock = threading.Lock()
 
@@ -116,6 +61,36 @@ class DataIterator:
         """Hold at most about ``limit`` bytes of rows read ahead (None: ``prefetch_batches``
         alone decides); what ``DataConfig(execution_options=...)``'s object-store limit sets."""
         self._prefetch_bytes = limit
+
+    # -- position -------------------------------------------------------------------------------
+
+    def position(self) -> DataPosition:
+        """Where this rank is in its shard: the epoch of the pass in progress (the last one
+        started), the rows of it given out so far (``consumed``) and the rows of the whole pass
+        (``rows``; a pass resumed from a checkpoint holds only what the checkpoint left of its
+        epoch). Before the first pass: the epoch it will read, nothing consumed.
+
+        Example::
+
+            position = phalanx.get_dataset_shard("train").position()
+            print(f"epoch {position.epoch}: {position.consumed} of {position.rows} rows")
+        """
+        current = self._position
+        if current is None:
+            a = self._assignment
+            rows = ranges_len(a.positions(self._source.num_rows, self._passes))
+            return DataPosition(a.epoch_of(self._passes), 0, rows)
+        return DataPosition(current.epoch, min(current.consumed, current.rows), current.rows)
+
+    def position_state(self) -> dict[str, Any] | None:
+        """The position of the pass in progress as a small JSON-able dict, for the driver's
+        ``phalanx.data._position.combine`` (None before the first pass, and for a dataset every
+        rank reads whole, whose position is not kept). Two passes at once: the last started
+        counts; a pass left early (``break``) counts as done once the next one starts."""
+        current = self._position
+        if current is None or not self._assignment.split:
+            return None
+        return current.state()
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -131,8 +106,9 @@ class DataIterator:
     ) -> Passes:
         """Batches of ``batch_size`` rows: a dict of column -> numpy array (``"numpy"``, the
         default), a ``pandas.DataFrame`` or a ``pyarrow.Table``. ``batch_size=None`` gives the
-        blocks as read. With ``local_shuffle_buffer_size``, rows are drawn at random from a
-        buffer of at least that many rows (seeded by ``local_shuffle_seed``; each epoch differs).
+        blocks as read. With ``local_shuffle_buffer_size``, each batch is drawn at random
+        from about that many rows around it (seeded by ``local_shuffle_seed``, else a seed
+        drawn per pass; each epoch differs).
         """
         _check_args(batch_size, prefetch_batches, local_shuffle_buffer_size)
         if batch_format not in BATCH_FORMATS:
@@ -184,10 +160,9 @@ class DataIterator:
         ops: BlockOps[Any]
         finish: Callable[[Any], Any]
         if collate_fn is None:
-            ops = tb.TensorOps(dtypes, self._source.private_buffers)
-
-            def finish(block: Any) -> Any:
-                return tb.to_device(block.as_dict(), target)
+            # on CUDA, blocks travel to the device whole, in the read-ahead thread (staged)
+            tensor_ops = tb.TensorOps(dtypes, self._source.private_buffers, target)
+            ops, finish = tensor_ops, tensor_ops.finish
 
         else:
             fmt = tb.collate_format(collate_fn)
@@ -260,45 +235,15 @@ class DataIterator:
         prefetch_batches: int,
     ) -> Iterator[Any]:
         with self._lock:
-            epoch, self._epoch = self._epoch, self._epoch + 1
-        pieces = self._assignment.pieces_for(self._source, epoch)
-        source = self._source
-        read_rows = _read_rows(source, batch_size)
-        # The thread reads, decodes and shuffles whole blocks (work that mostly releases the
-        # GIL); cutting batches and making tensors stays in the caller's thread, so small
-        # batches do not pay a thread hand-off (and GIL contention) each.
-        ahead = -(-prefetch_batches * (batch_size or read_rows) // read_rows)
-        if self._prefetch_bytes is not None and ahead > 1:
-            block_bytes = max(read_rows * source.row_bytes(), 1)
-            ahead = max(1, min(ahead, self._prefetch_bytes // block_bytes))
-
-        def produce() -> Iterator[Any]:
-            blocks: Iterator[Any] = (
-                ops.from_arrow(b) for p in pieces for b in source.read(p, read_rows)
-            )
-            if buffer_size:
-                seed = None if shuffle_seed is None else [shuffle_seed, epoch]
-                blocks = shuffle_blocks(blocks, ops, buffer_size, batch_size or 1, seed)
-            return blocks
-
-        def batches() -> Iterator[Any]:
-            blocks = prefetched(produce, ahead, _size_of)
-            cut = rebatch(blocks, ops, batch_size, drop_last)
-            try:
-                while True:
-                    # the training thread's wait for each batch, for the goodput breakdown
-                    asked = time.perf_counter()
-                    batch = next(cut, _END)
-                    if batch is _END:
-                        data_wait.add(time.perf_counter() - asked)
-                        return
-                    batch = batch if finish is None else finish(batch)
-                    data_wait.add(time.perf_counter() - asked)
-                    yield batch
-            finally:
-                blocks.close()  # type: ignore[attr-defined]
-
-        return batches()
+            index, self._passes = self._passes, self._passes + 1
+        args = BatchArgs(
+            ops, finish, batch_size, drop_last, buffer_size, shuffle_seed, prefetch_batches
+        )
+        position, batches = start_pass(
+            self._source, self._assignment, index, args, self._prefetch_bytes
+        )
+        self._position = position
+        return batches
 
     # -- whole shard ----------------------------------------------------------------------------
 
@@ -313,11 +258,12 @@ class DataIterator:
         return list(self._source.schema.names)
 
     def to_arrow(self) -> pa.Table:
-        """The whole shard as one ``pyarrow.Table`` (must fit in memory)."""
-        epoch = max(self._epoch - 1, 0)  # the rows of the last epoch; no new epoch starts
-        pieces = self._assignment.pieces_for(self._source, epoch)
-        read_rows = _read_rows(self._source, None)
-        batches = [b for p in pieces for b in self._source.read(p, read_rows)]
+        """The whole shard as one ``pyarrow.Table`` (must fit in memory): a whole epoch's
+        rows, also when the shard's first pass resumes a checkpoint's partial epoch."""
+        # the rows of the last pass, no new pass started; never a resumed partial one
+        index = max(self._passes - 1, len(self._assignment.start.partial))
+        pieces = self._assignment.pieces_for(self._source, index)
+        batches = list(read(self._source, pieces, read_rows(self._source, None)))
         return pa.Table.from_batches(batches, schema=self._source.schema)
 
     def to_pandas(self) -> Any:
@@ -338,14 +284,15 @@ class DataIterator:
         return {
             "source": self._source,
             "assignment": self._assignment,
-            "epoch": self._epoch,
+            "passes": self._passes,
             "prefetch_bytes": self._prefetch_bytes,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._source = state["source"]
         self._assignment = state["assignment"]
-        self._epoch = state["epoch"]
+        self._passes = state["passes"]
+        self._position = None
         self._prefetch_bytes = state.get("prefetch_bytes")
         self._lock = threading.Lock()
 
@@ -361,18 +308,5 @@ def _check_args(batch_size: Any, prefetch: Any, buffer_size: Any) -> None:
         )
 
 
-def _read_rows(source: Source, batch_size: int | None) -> int:
-    rows = min(max(READ_BYTES // source.row_bytes(), MIN_READ_ROWS), MAX_READ_ROWS)
-    return max(rows, batch_size or 0)
-
-
 def _to_pandas(table: pa.Table) -> Any:
     return table.to_pandas()
-
-
-def _size_of(batch: Any) -> int:
-    if isinstance(batch, dict):
-        return sum(int(getattr(v, "nbytes", 1 << 20)) for v in batch.values())
-    if isinstance(batch, pa.Table):
-        return int(batch.nbytes)
-    return 1 << 30  # unknown (a collate_fn's output, a DataFrame): one batch per bundle

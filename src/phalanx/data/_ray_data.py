@@ -18,10 +18,14 @@ Example (on the driver, with Ray initialised)::
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
+from phalanx._internal.worker import data_wait
 from phalanx.data._iterator import Passes
+
+T = TypeVar("T")
 
 __all__ = [
     "RayDataShard",
@@ -67,20 +71,22 @@ class RayDataShard:
     ``iter_batches``/``iter_torch_batches``/``iter_rows`` take Ray's arguments; every other
     ``DataIterator`` attribute (``materialize``, ``schema``, ``stats``, ``to_torch``...) is passed
     through. Each pass over what an ``iter_*`` call returns (and ``to_pandas``/``count``) is a new epoch
-    over the shard.
+    over the shard. The time the ``iter_*`` iterators make the training loop wait for each batch
+    (or row) is counted as the rank's data wait (the goodput's data part), as phalanx's own
+    datasets count theirs.
     """
 
     def __init__(self, iterator: Any) -> None:
         self._iterator = iterator
 
     def iter_batches(self, **kwargs: Any) -> Passes:
-        return Passes(lambda: iter(self._iterator.iter_batches(**kwargs)))
+        return Passes(lambda: timed(iter(self._iterator.iter_batches(**kwargs))))
 
     def iter_torch_batches(self, **kwargs: Any) -> Passes:
-        return Passes(lambda: iter(self._iterator.iter_torch_batches(**kwargs)))
+        return Passes(lambda: timed(iter(self._iterator.iter_torch_batches(**kwargs))))
 
     def iter_rows(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        return iter(self._iterator.iter_rows(**kwargs))
+        return timed(iter(self._iterator.iter_rows(**kwargs)))
 
     def to_pandas(self) -> Any:
         """The whole shard as one pandas DataFrame (one epoch)."""
@@ -101,3 +107,23 @@ class RayDataShard:
 
     def __repr__(self) -> str:
         return f"RayDataShard({self._iterator!r})"
+
+
+def timed(items: Iterator[T]) -> Iterator[T]:
+    """``items``, adding the time each ``next()`` took to the rank's data wait; closing it
+    closes ``items`` (Ray's read-ahead)."""
+    clock = time.perf_counter
+    try:
+        while True:
+            asked = clock()
+            try:
+                item = next(items)
+            except StopIteration:
+                data_wait.add(clock() - asked)  # the end of an epoch can be waited for too
+                return
+            data_wait.add(clock() - asked)
+            yield item
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()

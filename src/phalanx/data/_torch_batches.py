@@ -4,13 +4,18 @@ Without a ``collate_fn``, blocks of rows are turned into tensors once, in the pr
 the 1-D numeric columns of one dtype are stacked into one ``(columns, rows)`` tensor, so a batch
 is one slice and one ``unbind`` however many columns there are (a batch of 32 rows of 100
 columns costs about as much as slicing 100 numpy arrays).
+
+With a CUDA ``device``, each block goes to the GPU whole, in the prefetch thread (see
+``_staging``): one pinned host copy and one non-blocking copy on a side stream per block, so the
+next blocks travel while the current batch trains, and a batch is a slice of GPU memory. On the
+CPU nothing is staged: tensors share the memory of the stacked block, as before.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +25,7 @@ import torch
 from phalanx._internal.devices import torch_devices
 from phalanx.data._batching import BlockOps, arrow_to_numpy
 from phalanx.data._describe import describe_value, shorten
+from phalanx.data._staging import CudaFeed, Part
 
 __all__ = ["TensorBlock", "TensorOps", "collate_format", "resolve_device", "to_device"]
 
@@ -57,6 +63,8 @@ class TensorBlock:
     groups: tuple[tuple[tuple[str, ...], torch.Tensor], ...]
     others: tuple[tuple[str, torch.Tensor], ...]
     rows: int
+    ready: Any = None
+    """On a GPU: the event after which the tensors hold their rows (None: they do now)."""
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = dict(self.others)
@@ -72,34 +80,92 @@ class TensorBlock:
             tuple((n, group(t)) for n, t in self.groups),
             tuple((n, other(t)) for n, t in self.others),
             rows,
+            self.ready,
         )
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for _, t in self.groups] + [t for _, t in self.others]
 
 
 class TensorOps(BlockOps[TensorBlock]):
     """Block operations on :class:`TensorBlock`; ``dtypes`` as ``iter_torch_batches`` takes it.
-    ``private``: the rows read are this batch's own memory (decoded from files)."""
+    ``private``: the rows read are this batch's own memory (decoded from files). ``device``:
+    where batches go; with a CUDA device blocks are staged there as they are read, and
+    :meth:`finish` hands a batch to the calling thread's stream."""
 
-    def __init__(self, dtypes: Any, private: bool) -> None:
+    def __init__(self, dtypes: Any, private: bool, device: torch.device | None = None) -> None:
         self.dtypes = dtypes
         self.private = private
+        self.device = device
+        self.feed: CudaFeed | None = None
+        if device is not None and device.type == "cuda" and torch.cuda.is_available():
+            self.feed = CudaFeed(device)
 
     def from_arrow(self, batch: pa.RecordBatch) -> TensorBlock:
         arrays = arrow_to_numpy(batch)
         stacks: dict[tuple[str, Any], list[str]] = {}
-        others = []
+        others: list[tuple[str, np.ndarray]] = []
         for name, array in arrays.items():
-            dtype = self.dtypes.get(name) if isinstance(self.dtypes, dict) else self.dtypes
+            dtype = self._dtype(name)
             if array.ndim == 1 and array.dtype.kind in "biuf":
                 stacks.setdefault((array.dtype.str, dtype), []).append(name)
             else:
-                if not (self.private or array.flags.writeable):
-                    array = array.copy()
-                others.append((name, _tensor(name, array, dtype)))
+                others.append((name, array))
+        if self.feed is not None:
+            return self._staged(arrays, stacks, others, batch.num_rows)
         groups = []
         for (_, dtype), names in stacks.items():
-            stacked = torch.from_numpy(np.stack([arrays[n] for n in names]))  # one copy
+            stacked = torch.from_numpy(_stack([arrays[n] for n in names]))  # one copy
             groups.append((tuple(names), stacked if dtype is None else stacked.to(dtype)))
-        return TensorBlock(tuple(arrays), tuple(groups), tuple(others), batch.num_rows)
+        tensors = []
+        for name, array in others:
+            if not (self.private or array.flags.writeable):
+                array = array.copy()
+            tensors.append((name, _tensor(name, array, self._dtype(name))))
+        return TensorBlock(tuple(arrays), tuple(groups), tuple(tensors), batch.num_rows)
+
+    def _dtype(self, name: str) -> Any:
+        return self.dtypes.get(name) if isinstance(self.dtypes, dict) else self.dtypes
+
+    def _staged(
+        self,
+        arrays: dict[str, np.ndarray],
+        stacks: dict[tuple[str, Any], list[str]],
+        others: list[tuple[str, np.ndarray]],
+        rows: int,
+    ) -> TensorBlock:
+        """The block on the GPU: numeric columns through pinned staging, in one copy; a column
+        of anything else is made a tensor as on the CPU (or named in the error) and copied on
+        its own."""
+        feed = self.feed
+        assert feed is not None
+        names = [tuple(n) for n in stacks.values()]
+        parts = [Part(tuple(arrays[n] for n in ns), True, d) for (_, d), ns in stacks.items()]
+        direct = []
+        for name, array in others:
+            if array.dtype.kind in "biuf":
+                names.append((name,))
+                parts.append(Part((np.ascontiguousarray(array),), False, self._dtype(name)))
+            else:
+                direct.append((name, _tensor(name, array, self._dtype(name))))
+        tensors, ready = feed.upload(parts) if parts else ([], None)
+        if direct:
+            # rare: a plain copy from pageable memory, done when it returns
+            waits = [ready] if ready is not None else []
+            direct, ready = feed.run(waits, lambda: [(n, t.to(feed.device)) for n, t in direct])
+        groups = tuple((ns, t) for ns, t, p in zip(names, tensors, parts) if p.stack)
+        staged = [(ns[0], t) for ns, t, p in zip(names, tensors, parts) if not p.stack]
+        return TensorBlock(tuple(arrays), groups, (*staged, *direct), rows, ready)
+
+    def finish(self, block: TensorBlock) -> dict[str, torch.Tensor]:
+        """The batch as a dict of tensors on ``device``, ready for the calling thread's stream
+        (what ``iter_torch_batches`` gives the user)."""
+        if self.feed is None:
+            batch: dict[str, torch.Tensor] = block.as_dict()
+            return batch if self.device is None else to_device(batch, self.device)
+        if block.ready is not None:
+            self.feed.hand_over(block.ready, block.tensors())
+        return block.as_dict()
 
     def length(self, block: TensorBlock) -> int:
         return block.rows
@@ -110,20 +176,44 @@ class TensorOps(BlockOps[TensorBlock]):
     def concat(self, blocks: list[TensorBlock]) -> TensorBlock:
         if len(blocks) == 1:
             return blocks[0]
-        first = blocks[0]
-        groups = tuple(
-            (names, torch.cat([b.groups[i][1] for b in blocks], dim=1))
-            for i, (names, _) in enumerate(first.groups)
-        )
-        others = tuple(
-            (name, torch.cat([b.others[i][1] for b in blocks]))
-            for i, (name, _) in enumerate(first.others)
-        )
-        return TensorBlock(first.names, groups, others, sum(b.rows for b in blocks))
+        return self._on_device(blocks, lambda: _concat(blocks))
 
     def take(self, block: TensorBlock, indices: np.ndarray) -> TensorBlock:
-        index = torch.from_numpy(indices)
-        return block.map(lambda t: t[:, index], lambda t: t[index], len(indices))
+        def take() -> TensorBlock:
+            index = torch.from_numpy(indices)
+            if block.ready is not None:
+                index = index.to(block.tensors()[0].device)
+            return block.map(lambda t: t[:, index], lambda t: t[index], len(indices))
+
+        return self._on_device([block], take)
+
+    def _on_device(self, blocks: list[TensorBlock], work: Callable[[], TensorBlock]) -> TensorBlock:
+        """``work`` as is on the CPU; on the GPU, on the side stream after the blocks' copies."""
+        waits = [b.ready for b in blocks if b.ready is not None]
+        if self.feed is None or not waits:
+            return work()
+        block, ready = self.feed.run(waits, work)
+        return replace(block, ready=ready)
+
+
+def _stack(columns: list[np.ndarray]) -> np.ndarray:
+    """``np.stack`` of 1-D same-dtype columns, about twice as fast (no per-column reshape)."""
+    out = np.empty((len(columns), len(columns[0])), dtype=columns[0].dtype)
+    np.concatenate(columns, out=out.reshape(-1))
+    return out
+
+
+def _concat(blocks: list[TensorBlock]) -> TensorBlock:
+    first = blocks[0]
+    groups = tuple(
+        (names, torch.cat([b.groups[i][1] for b in blocks], dim=1))
+        for i, (names, _) in enumerate(first.groups)
+    )
+    others = tuple(
+        (name, torch.cat([b.others[i][1] for b in blocks]))
+        for i, (name, _) in enumerate(first.others)
+    )
+    return TensorBlock(first.names, groups, others, sum(b.rows for b in blocks))
 
 
 _readonly_warning_spent = False

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -29,11 +31,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from phalanx._internal import env
 from phalanx._internal.storage.run_storage import STAGING_DIR
+from phalanx._internal.worker import checkpoint_wait
 from phalanx._internal.worker.session import Session, get_session, require_session
 from phalanx._internal.worker.state_writer import StateWriter, WriteJob
 from phalanx.checkpoint import Checkpoint
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, SessionMisuseError
 from phalanx.torch._snapshot import BufferPool, take_snapshot
 
 __all__ = ["load_state", "save_state"]
@@ -63,7 +67,9 @@ def save_state(
 
     ``state`` maps names to modules (plain, DDP or FSDP2), optimizers, LR schedulers (anything
     with ``state_dict``/``load_state_dict``), tensors and plain picklable values. Call it on
-    every rank (DCP's planning is collective). It returns once the tensors are copied;
+    every rank (DCP's planning is collective): a rank that does not call it within
+    ``PHALANX_SAVE_STATE_TIMEOUT_S`` (300 s) fails the run with a
+    :class:`~phalanx.errors.SessionMisuseError` naming it. It returns once the tensors are copied;
     ``report(metrics, checkpoint=...)`` then returns at once and the round commits when every
     rank's files are written. A write that fails fails the run. ``blocking=True`` returns
     once the files are written and makes that ``report()`` wait until the part is stored.
@@ -78,6 +84,20 @@ def save_state(
     """
     _check_arguments(state, max_pending, format)
     session = require_session("torch.save_state")
+    started = time.perf_counter()
+    try:
+        return _save_state(session, state, blocking, max_pending, format)
+    finally:  # the training thread was held: the goodput's checkpoint part
+        checkpoint_wait.add(time.perf_counter() - started)
+
+
+def _save_state(
+    session: Session, state: dict[str, Any], blocking: bool, max_pending: int, format: str
+) -> Checkpoint:
+    if _distributed():
+        previous = session.state_writer
+        index = previous.count if isinstance(previous, _TorchStateWriter) else 0
+        _roll_call("save_state", session.attempt, index)
     writer = _writer(session, max_pending)
     writer.raise_error()
     index = writer.count
@@ -103,7 +123,9 @@ def load_state(checkpoint: Checkpoint, state: dict[str, Any]) -> None:
 
     Modules and optimizers are filled through ``set_state_dict`` (FSDP2 shards are resharded
     onto the current world size), tensors are copied into, other values are replaced in
-    ``state``. Call it on every rank when training is distributed (``dcp.load`` is collective).
+    ``state``. Call it on every rank when training is distributed (``dcp.load`` is collective;
+    a rank that does not call it within ``PHALANX_SAVE_STATE_TIMEOUT_S`` fails the run with a
+    :class:`~phalanx.errors.SessionMisuseError` naming it).
 
     Example::
 
@@ -111,6 +133,11 @@ def load_state(checkpoint: Checkpoint, state: dict[str, Any]) -> None:
             phalanx.torch.load_state(checkpoint, state)
     """
     _check_arguments(state, 1, "dcp")
+    if _distributed():
+        session = get_session()
+        attempt = session.attempt if session is not None else 0
+        _load_calls[attempt] = _load_calls.get(attempt, -1) + 1
+        _roll_call("load_state", attempt, _load_calls[attempt])
     with checkpoint.as_directory() as path:
         own = os.path.join(path, _rank_dir(_train_rank()))
         if not os.path.exists(os.path.join(path, ".metadata")) and os.path.isdir(own):
@@ -146,6 +173,47 @@ def _check_arguments(state: Any, max_pending: int, format: str) -> None:
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _roll_call(api: str, attempt: int, index: int) -> None:
+    """Every rank checks in for call ``index`` of ``api`` in the process group's store before
+    any collective (the write's group, a full state dict's gather, DCP's planning and reads): a
+    call on some ranks only fails naming the others instead of waiting in a collective for
+    ever."""
+    store = dist.distributed_c10d._get_default_store()
+    rank = dist.get_rank()
+    keys = [f"phalanx/{api}/{attempt}/{index}/{r}" for r in range(dist.get_world_size())]
+    store.set(keys[rank], "1")
+    timeout_s = env.save_state_timeout_s()
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+    except RuntimeError:  # DistStoreError: some rank never checked in
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+    else:
+        missing = []
+    if not missing:
+        if index > 0:  # every rank is past the previous roll call: its keys are not read again
+            store.delete_key(f"phalanx/{api}/{attempt}/{index - 1}/{rank}")
+        return
+    raise SessionMisuseError(
+        f"phalanx.torch.{api} was called (call #{index + 1}) on rank {rank}, but rank(s) "
+        f"{missing} did not call it within {timeout_s:g} s. With a process group {api} is "
+        f"collective ({_COLLECTIVE[api]}), so a call on some ranks only, such as inside "
+        f"`if rank == 0:`, would wait for the others for ever.\nHINT: call {api} on every "
+        f"rank, as often on each{_HINT[api]}; if a rank is only slow to get there, raise "
+        f"{env.SAVE_STATE_TIMEOUT_VAR}."
+    )
+
+
+_COLLECTIVE = {
+    "save_state": "the ranks plan one DCP checkpoint together, each writing its own part",
+    "load_state": "the ranks read one DCP checkpoint together, each loading its own part",
+}
+_HINT = {
+    "save_state": ", and pass each rank's checkpoint to its own report()",
+    "load_state": " (each rank loads its own part, replicas included)",
+}
+_load_calls: dict[int, int] = {}  # load_state calls of this process by attempt
 
 
 def _writer(session: Session, max_pending: int) -> _TorchStateWriter:

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
 
 import pytest
+from _helpers import wait_until
 from conftest import StoreCase
 
 from phalanx import Checkpoint, CheckpointConfig, StorageError
@@ -98,6 +102,47 @@ def test_a_checkpoint_is_visible_whole_or_not_at_all_wherever_the_driver_dies(
         manager.register(TrackedCheckpoint("checkpoint_000000", {"step": 0}, 0))
         manager.close()
         assert _visible(case) == whole
+
+
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "commit_child.py")
+
+
+@pytest.mark.parametrize("killed_after", range(len(STEPS) + 1))
+def test_a_driver_process_killed_9_between_commit_steps_leaves_the_old_set_or_the_new_one(
+    case: StoreCase, tmp_path: Any, killed_after: int
+) -> None:
+    """The SIGKILL form of the scenario above: a real driver process commits round 0, runs the
+    first ``killed_after`` steps of round 1's commit and is killed -9 there (no ``finally``, no
+    atexit, no flush). A reader then sees round 0's set, or round 0's and round 1's, whole."""
+    if case.child_args is None:
+        pytest.skip("the store lives in this process's memory: a killed process takes it along")
+    marker = tmp_path / "at_kill_point"
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    command = [sys.executable, CHILD, str(marker), str(killed_after), str(parts)]
+    with subprocess.Popen([*command, *case.child_args("run")], stdin=subprocess.PIPE) as child:
+        try:
+            wait_until(lambda: marker.exists() or child.poll() is not None, 60, "the kill point")
+            assert child.poll() is None, f"the committing process exited ({child.returncode})"
+            child.send_signal(signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait(30)
+    assert child.returncode == -signal.SIGKILL
+    old = {"checkpoint_000000": {"shard_0", "shard_1"}}
+    new = old | {"checkpoint_000001": {"shard_0", "shard_1"}}
+    assert _visible(case) == (new if killed_after == len(STEPS) else old)
+
+    store, manager = _restart(case)  # the next fit() cleans up and commits round 1 again
+    assert _visible(case) == (new if killed_after == len(STEPS) else old)
+    if killed_after < len(STEPS):
+        manager.begin_attempt()
+        for rank in range(RANKS):
+            store.stage_part(_part(tmp_path, rank, 1), "checkpoint_000001", 2)
+        store.commit("checkpoint_000001", 2, None)
+        manager.register(TrackedCheckpoint("checkpoint_000001", {"step": 1}, 1))
+        manager.close()
+        assert _visible(case) == new
 
 
 def test_retention_removes_the_dropped_checkpoints_and_keeps_the_rest(

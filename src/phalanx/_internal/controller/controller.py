@@ -8,14 +8,15 @@ Each state has one method that does its work and returns the next state (``step`
       Failure(error, preempted) -> START    (the failure budget allows a retry)
                                 -> ERRORED  (it does not)
 
-Starting an attempt is in ``launch``, the failure budget in ``failure_policy``, the end of the
-run in ``outcome``; ``tests/controller/`` steps this machine over a scripted worker group.
+Starting an attempt is in ``launch``, reading the engine's events in ``events``, what a
+complete round writes (history, checkpoint, data positions) in ``commit``, the failure budget's
+decision in ``retry`` (over ``failure_policy``), the elastic growth check in ``growth``, the end
+of the run in ``outcome``; ``tests/controller/`` steps this machine over a scripted worker group.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import time
 from collections.abc import Callable
 from functools import partial
@@ -23,10 +24,11 @@ from typing import Any
 
 from phalanx._internal import env
 from phalanx._internal.controller.attempt import Attempt
-from phalanx._internal.controller.failure_policy import FailureDecision, FailurePolicy, retry_line
+from phalanx._internal.controller.commit import RoundCommitter
+from phalanx._internal.controller.events import drain, round_report
 from phalanx._internal.controller.goodput import GoodputClock
+from phalanx._internal.controller.growth import GrowthCheck
 from phalanx._internal.controller.hooks import notify
-from phalanx._internal.controller.interrupt import resume_hint
 from phalanx._internal.controller.launch import (
     group_spec,
     prepare_workers,
@@ -44,7 +46,8 @@ from phalanx._internal.controller.outcome import (
 )
 from phalanx._internal.controller.progress import RunWatcher
 from phalanx._internal.controller.report_steps import ReportSteps
-from phalanx._internal.controller.rounds import Report, ReportRounds, Round
+from phalanx._internal.controller.retry import Retries
+from phalanx._internal.controller.rounds import ReportRounds, Round
 from phalanx._internal.controller.spec import RunSpec, run_context
 from phalanx._internal.controller.state import FINAL_STATES, Failure, State, Step
 from phalanx._internal.controller.stragglers import StragglerWatch
@@ -52,21 +55,16 @@ from phalanx._internal.controller.validation import Validations, resume_unfinish
 from phalanx._internal.controller.watchdog import ProgressWatchdog, hang_error
 from phalanx._internal.engines import messages
 from phalanx._internal.engines.base import Engine
-from phalanx._internal.engines.messages import Events
 from phalanx._internal.engines.rank_output import log_failures
 from phalanx._internal.goodput import Goodput
-from phalanx._internal.storage.checkpoint_manager import CheckpointManager, TrackedCheckpoint
+from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.history import MetricsHistory
+from phalanx._internal.storage.reader import RunReader
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.session import init_session
 from phalanx._internal.worker_group.group import WorkerGroup
 from phalanx.callbacks import Callback
-from phalanx.errors import (
-    ControllerError,
-    TrainingFailedError,
-    WorkerGroupError,
-    WorkerStartupError,
-)
+from phalanx.errors import TrainingFailedError, WorkerGroupError, WorkerStartupError
 from phalanx.result import Result, attempt_errors
 
 logger = logging.getLogger(__name__)
@@ -90,7 +88,7 @@ class Controller:
         self.manager = manager
         self.history = MetricsHistory(storage)
         self.failure_config = spec.run_config.failure_config
-        self.policy = FailurePolicy(self.failure_config)
+        self.retries = Retries(spec, storage, manager)
         self.backend = spec.backend_config.backend_cls()
         self.callbacks: list[Callback] = list(spec.run_config.callbacks)
         self.run_context = run_context(spec, storage)
@@ -103,8 +101,6 @@ class Controller:
         self._warned_silent = False
         self.return_value: Any = None
         self.validations = Validations(spec.validation_config)
-        self._validation_requests: dict[int, Any] = {}  # round -> report(validation=...)
-        self._awaited_rounds: set[int] = set()  # get_all_reported_checkpoints waits for these
         self.watcher = RunWatcher(
             spec.run_name,
             max(1, spec.scaling_config.max_workers),
@@ -112,10 +108,13 @@ class Controller:
             spec.total_rounds,
             self.goodput.snapshot,
         )
+        self.commits = RoundCommitter(
+            spec, storage, manager, self.history, self.goodput, self.validations, self.watcher
+        )
         self.endpoint: MetricsEndpoint | None = None
         self.poll_timeout_s = POLL_TIMEOUT_S
         self.sleep: Callable[[float], None] = time.sleep  # the wait before a retry
-        self._last_resize_check = 0.0  # time.monotonic() of the last elastic growth check
+        self.growth = GrowthCheck(spec.scaling_config, engine)
         self.stragglers = StragglerWatch(env.straggler_detection())
 
     # -- the loop -------------------------------------------------------------------------------
@@ -133,7 +132,7 @@ class Controller:
             self.goodput.attempt_ended("interrupted")
             quietly("record the end of the attempt", partial(self._end_attempt, exc))
             if isinstance(exc, KeyboardInterrupt):
-                logger.warning(self._resume_hint())
+                logger.warning(self.retries.resume_hint())
             raise
         finally:
             self.close(failed)
@@ -175,8 +174,15 @@ class Controller:
             if len(group) != group.spec.num_workers:  # elastic: fewer than max_workers placed
                 self._resize_attempt(attempt, len(group))
             checkpoint = self.manager.latest_checkpoint or self.spec.resume_from_checkpoint
+            record = self.commits.resume_record(checkpoint)
             specs = session_specs(
-                self.spec, self.storage, group, checkpoint, self.manager.next_round, attempt.index
+                self.spec,
+                self.storage,
+                group,
+                checkpoint,
+                self.manager.next_round,
+                attempt.index,
+                record,
             )
             group.execute_per_rank(init_session, [(s,) for s in specs])
             prepare_workers(self.engine, group, self.spec, self.backend)
@@ -199,7 +205,7 @@ class Controller:
         # retry's rows take the training_iteration of the rows they supersede. Set before the
         # snapshot is written: ranks read there which rounds of theirs are processed.
         self.manager.next_round = self.manager.resume_round()
-        self._awaited_rounds.clear()
+        self.commits.awaited_rounds.clear()
         self.manager.begin_attempt()
         self.history.attempt = self.manager.attempts
         group = WorkerGroup(self.engine, group_spec(self.spec, self.storage, self.attempts - 1))
@@ -226,10 +232,7 @@ class Controller:
         attempt = self.attempt
         if attempt is None:
             return
-        for index, message in _drain(attempt.group.events, None):
-            self._on_event(attempt, attempt.group.rank_of(index), message)
-        self._commit_complete_rounds(attempt, set())
-        self._record_awaited_rounds()
+        self._take_events(attempt, drain(attempt.group.events, None), set())
         self.validations.collect(self.manager.update_validation)
 
     # -- RUNNING --------------------------------------------------------------------------------
@@ -237,15 +240,12 @@ class Controller:
     def _poll(self) -> Step:
         attempt = self.attempt
         assert attempt is not None
-        events = _drain(attempt.group.events, attempt.poll_timeout(self.poll_timeout_s))
+        events = drain(attempt.group.events, attempt.poll_timeout(self.poll_timeout_s))
         # A rank's reports are queued before its training call resolves: snapshot which calls
         # are done, then drain again, and every report of those ranks is in hand.
         finished = attempt.finished_ranks()
-        events += _drain(attempt.group.events, None)
-        for index, message in events:
-            self._on_event(attempt, attempt.group.rank_of(index), message)
-        self._commit_complete_rounds(attempt, finished)
-        self._record_awaited_rounds()
+        events += drain(attempt.group.events, None)
+        self._take_events(attempt, events, finished)
         self._warn_silent_ranks(attempt, finished)
         self.validations.collect(self.manager.update_validation)
         self.history.maybe_flush()
@@ -259,7 +259,7 @@ class Controller:
         hung = attempt.watchdog.hung_ranks(finished)
         if hung:
             return self._declare_hang(attempt, hung)
-        if not finished and self._can_grow(attempt):
+        if not finished and self.growth.can_grow(attempt):
             return self._grow(attempt)
         if len(finished) == len(attempt.train_futures):
             self.return_value = attempt.train_futures[0].result()
@@ -269,58 +269,37 @@ class Controller:
             return State.FINISHED
         return State.RUNNING
 
-    def _can_grow(self, attempt: Attempt) -> bool:
-        """Elastic, below max_workers, and every elastic_resize_monitor_interval_s since the
-        attempt started: can the engine now place more workers (Ray Train's resize check)?"""
-        scaling = self.spec.scaling_config
-        size = len(attempt.group)
-        if not scaling.elasticity_enabled or size >= scaling.max_workers:
-            return False
-        now = time.monotonic()
-        if now - max(attempt.started, self._last_resize_check) < (
-            scaling.elastic_resize_monitor_interval_s
-        ):
-            return False
-        self._last_resize_check = now
-        return self.engine.free_worker_slots(scaling) > 0
-
     def _grow(self, attempt: Attempt) -> Step:
         """Restart the group larger from the latest checkpoint, as Ray Train does; not a
         failure, so it does not count against max_failures."""
         size = len(attempt.group)
-        logger.warning(
-            "Elastic: the cluster can place more than the %d running workers (max_workers=%d): "
-            "restarting the group larger from the latest checkpoint (not counted as a failure).",
-            size,
-            self.spec.scaling_config.max_workers,
-        )
+        logger.warning(self.growth.grow_line(size))
         self._shutdown_backend()
         self._teardown(graceful=True)
         self._drain_failed_attempt(attempt)  # complete rounds are committed, never lost
         self.goodput.attempt_ended("resized")
         self._report_goodput(self.goodput.snapshot())
-        quietly("remove uncommitted checkpoint parts", self.storage.remove_staging)
-        quietly("remove uncommitted checkpoints", self.manager.remove_orphans)
+        self.commits.discard_uncommitted()
         self.manager.end_attempt("resized", f"grown from {size} workers")
         return State.START
+
+    def _take_events(
+        self, attempt: Attempt, events: list[tuple[int, messages.Event]], finished: set[int]
+    ) -> None:
+        """Record the events, then commit every round they completed."""
+        for index, message in events:
+            self._on_event(attempt, attempt.group.rank_of(index), message)
+        self._commit_complete_rounds(attempt, finished)
+        self.commits.record_awaited_rounds()
 
     def _on_event(self, attempt: Attempt, rank: int, event: messages.Event) -> None:
         match event:
             case messages.Report(round=index, metrics=metrics, validation=validation):
-                report = Report(
-                    index,
-                    metrics,
-                    event.checkpoint_dir_name,
-                    event.time,
-                    event.checkpoint_class,
-                    event.checkpoint_s,
-                    event.data_wait_s,
-                )
-                attempt.rounds.add(rank, report)
+                attempt.rounds.add(rank, round_report(event))
                 self.goodput.report(rank, event.time, event.started)
                 self.history.add_rank_report(rank, index, metrics)  # every report, complete or not
                 if validation:
-                    self._validation_requests.setdefault(index, validation)
+                    self.commits.validation_requests.setdefault(index, validation)
                 attempt.watchdog.progress(rank)
             case messages.CallDone():
                 attempt.watchdog.progress(rank)
@@ -330,7 +309,7 @@ class Controller:
                 self._on_preemption(attempt, rank)
             case messages.Poll(round=awaited):
                 if awaited is not None:  # else it woke the poll loop: that was all it was for
-                    self._awaited_rounds.add(awaited)
+                    self.commits.awaited_rounds.add(awaited)
             case _:  # a bug (an engine that queues something else): never ignore it silently
                 raise TypeError(f"not an engine event: {event!r}")
 
@@ -348,14 +327,6 @@ class Controller:
         for round_ in attempt.rounds.pop_complete(attempt.returned_ranks(finished)):
             self._commit_round(round_)
 
-    def _record_awaited_rounds(self) -> None:
-        """Rounds without a checkpoint write no snapshot: record that the rounds a rank waits for
-        in get_all_reported_checkpoints are processed, once they are."""
-        done = {r for r in self._awaited_rounds if r <= self.manager.next_round}
-        if done:
-            self._awaited_rounds -= done
-            self.manager.record_next_round()
-
     def _warn_silent_ranks(self, attempt: Attempt, finished: set[int]) -> None:
         """Once per run: rounds wait for ranks that have not reported at all (rank-0-only)."""
         running = set(range(len(attempt.train_futures))) - finished
@@ -366,34 +337,9 @@ class Controller:
         logger.warning(lag)
 
     def _commit_round(self, round_: Round) -> None:
-        names = round_.checkpoint_dir_names
-        if len(names) > 1:
-            raise ControllerError(
-                f"Ranks reported different checkpoint_dir_name values in round {round_.index}: "
-                f"{sorted(names)}. HINT: pass the same checkpoint_dir_name on every rank."
-            )
-        dir_name = next(iter(names), None)
-        metrics = round_.run_metrics
-        if dir_name is not None and round_.index not in self._validation_requests:
-            self.manager.check_score(dir_name, metrics)  # a config error commits nothing
-        self.last_metrics = metrics
-        self.manager.next_round = round_.index + 1
-        self.history.add_round(round_.index, metrics, dir_name)
-        checkpoint, commit_s = None, None
-        if dir_name is not None:
-            committing = time.perf_counter()
-            self.storage.commit(
-                dir_name, self.attempts - 1, self.spec.metadata, self.spec.checkpoint_files
-            )
-            commit_s = time.perf_counter() - committing
-            self.history.flush()
-            validation = self._validation_requests.pop(round_.index, None)
-            tracked = TrackedCheckpoint(dir_name, metrics, round_.index, round_.checkpoint_class)
-            self.manager.register(tracked, pending_validation=validation is not None)
-            checkpoint = self.manager.latest_checkpoint
-            if validation is not None and checkpoint is not None:
-                self.validations.submit(dir_name, checkpoint, validation)
-        self.goodput.round_committed(round_, commit_s)
+        dir_name = self.commits.check(round_)  # a config error commits nothing
+        self.last_metrics = round_.run_metrics
+        checkpoint = self.commits.commit(round_, dir_name, self.attempts - 1)
         self._notify("after_report", self.run_context, round_.metrics, checkpoint)
         info = self.report_steps.info(round_, self.attempts - 1, checkpoint)
         self._notify("on_report", self.run_context, info)
@@ -408,32 +354,27 @@ class Controller:
         attempt = self.attempt
         assert attempt is not None
         # A retry follows: the engine may keep the survivors for it (Ray's in-place recovery)
-        self._teardown(graceful=False, reuse=self.policy.may_retry(failure.preempted))
+        self._teardown(graceful=False, reuse=self.retries.may_retry(failure))
         self._drain_failed_attempt(attempt)  # before the staged parts are removed
-        quietly("remove uncommitted checkpoint parts", self.storage.remove_staging)
-        quietly("remove uncommitted checkpoints", self.manager.remove_orphans)
+        self.commits.discard_uncommitted()
         self.goodput.attempt_ended("failed")
         self._report_goodput(self.goodput.snapshot())
         self._end_attempt(failure.error)
         failed_ranks = getattr(failure.error, "worker_failures", {})
         log_failures(self.storage.local_log_dir(), attempt.number, failed_ranks)
         self._notify("after_exception", self.run_context, failure.exceptions())
-        match self.policy.decide(failure.preempted):
-            case FailureDecision.RETRY:
-                ran_for = time.time() - self.manager.attempt_history[-1]["started"]
-                delay = self.policy.backoff_s(failure.preempted, ran_for)
-                logger.warning(self._retry_line(attempt, failure, delay))
-                self.sleep(delay)  # Ctrl-C still stops the run while it waits
-                return State.START
-            case FailureDecision.RAISE:
-                logger.warning(self._retry_line(attempt, failure, None))
-                self.error = failure.error
-                return State.ERRORED
+        delay, line = self.retries.decide(attempt.number, failure)
+        logger.warning(line)
+        if delay is None:
+            self.error = failure.error
+            return State.ERRORED
+        self.sleep(delay)  # Ctrl-C still stops the run while it waits
+        return State.START
 
     def _drain_failed_attempt(self, attempt: Attempt) -> None:
         """Reports that arrived while the group was torn down: record them, and commit every
         round that is complete (a round every rank reported is never lost)."""
-        for index, event in _drain(attempt.group.events, None):
+        for index, event in drain(attempt.group.events, None):
             match event:
                 case messages.Report():
                     self._on_event(attempt, attempt.group.rank_of(index), event)
@@ -442,24 +383,6 @@ class Controller:
         if attempt.train_futures:
             self._commit_complete_rounds(attempt, attempt.finished_ranks())
         self.history.flush()
-
-    def _retry_line(self, attempt: Attempt, failure: Failure, delay: float | None) -> str:
-        latest = self.manager.latest_checkpoint or self.spec.resume_from_checkpoint
-        where = latest.path.rstrip("/").rsplit("/", 1)[-1] if latest is not None else None
-        return retry_line(
-            attempt.number,
-            failure.error,
-            self.policy.budget(failure.preempted),
-            None if delay is None else (where, delay),
-        )
-
-    def _resume_hint(self) -> str:
-        return resume_hint(
-            len(self.manager.checkpoints),
-            self.manager.latest_checkpoint,
-            self.storage.run_uri,
-            self.spec.run_name,
-        )
 
     # -- the end --------------------------------------------------------------------------------
 
@@ -504,7 +427,7 @@ class Controller:
             attempt_errors=attempt_errors(self.manager.attempt_history),
             stragglers=list(self.stragglers.periods),
             goodput=self.goodput.finish(),
-            _storage=self.storage,
+            _storage=RunReader(self.storage),
         )
         if self.record is not None and result.goodput is not None:
             self.record["goodput"] = result.goodput.to_dict()  # run.json, once the run ends
@@ -527,18 +450,3 @@ class Controller:
         trackers' ``on_goodput``; not a hook of Ray's Callback)."""
         takers = [c for c in self.callbacks if callable(getattr(c, "on_goodput", None))]
         notify(takers, "on_goodput", self.run_context, self.attempts, goodput)
-
-
-def _drain(events: Events, timeout_s: float | None) -> list[tuple[int, messages.Event]]:
-    """Everything queued; waits up to ``timeout_s`` for the first event (None: no wait)."""
-    batch = []
-    if timeout_s is not None:
-        try:
-            batch.append(events.get(timeout=timeout_s))
-        except queue.Empty:
-            return []
-    while True:
-        try:
-            batch.append(events.get_nowait())
-        except queue.Empty:
-            return batch

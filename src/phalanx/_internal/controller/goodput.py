@@ -15,7 +15,8 @@ wall time::
   the attempt, or its start, to the failure), detection, teardown, the wait before the retry
   and the restart up to every rank's first line again;
 - inside training: **checkpoints** (per round, the longest a rank was blocked in ``report()``
-  saving its checkpoint), **data** (per round, the longest a rank waited for batches),
+  saving its checkpoint or waiting for its previous ASYNC upload, or in ``save_state``),
+  **data** (per round, the longest a rank waited for batches: phalanx's datasets, Ray Data's),
   **stragglers** (per round, from the first rank's report to the last one's; overlapping
   rounds count once) and **productive**, the rest;
 - **other**: the driver after the last rank returned (teardown, validations, the end of the run),
@@ -28,14 +29,20 @@ All times are ``time.time()`` of the driver and of the workers (one clock per ho
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from phalanx._internal.controller.rounds import Round
+from phalanx._internal.fs.access import is_local
 from phalanx._internal.goodput import PARTS, Goodput
 
-__all__ = ["AttemptClock", "GoodputClock", "RunCounts"]
+__all__ = ["AttemptClock", "GoodputClock", "RunCounts", "tree_bytes"]
+
+logger = logging.getLogger(__name__)
 
 _WAITS = ("checkpoints", "data", "stragglers")  # inside training, besides productive
 
@@ -98,6 +105,7 @@ class RunCounts:
     rounds: int = 0
     commits: int = 0
     commit_s: float = 0.0  # committing checkpoints, in all
+    bytes_written: int = 0  # the committed checkpoints' bytes, in all
     last_report: dict[int, float] = field(default_factory=dict)  # rank -> its last report
     step_s: dict[int, float] = field(default_factory=dict)  # rank -> between its last 2 reports
     last_to_report: dict[int, int] = field(default_factory=dict)  # rank -> rounds it was last
@@ -180,6 +188,11 @@ class GoodputClock:
             attempt.kept = dict(waits)
             attempt.kept_at = self.now()
 
+    def checkpoint_committed(self, filesystem: Any, path: str) -> None:
+        """The checkpoint at ``path`` was committed: count its bytes (after the commit, so
+        the commit latency does not include the count)."""
+        self.counts.bytes_written += tree_bytes(filesystem, path)
+
     def attempt_ended(self, outcome: str) -> None:
         attempt = self.current
         if attempt is not None and attempt.end is None:
@@ -210,4 +223,21 @@ class GoodputClock:
             per_attempt[-1]["other"] += tail
         else:
             total["startup"] += now - self.began
-        return Goodput(now - self.began, total, tuple(per_attempt))
+        return Goodput(now - self.began, total, tuple(per_attempt), self.counts.bytes_written)
+
+
+def tree_bytes(filesystem: Any, path: str) -> int:
+    """The bytes of the files under ``path``: a walk of a local tree (its entries are in the
+    page cache: the commit just fsynced them), one listing on an object store. 0 when it cannot
+    be read: the count is a metric, never a reason to fail the run."""
+    try:
+        if is_local(filesystem):
+            total = 0
+            for root, _dirs, files in os.walk(path):
+                for name in files:
+                    total += os.lstat(os.path.join(root, name)).st_size
+            return total
+        return int(filesystem.du(path, total=True))
+    except (OSError, ValueError, TypeError):
+        logger.debug("Counting the bytes of checkpoint %r failed", path, exc_info=True)
+        return 0

@@ -13,6 +13,7 @@ from phalanx._internal.controller.spec import RunSpec
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec
 from phalanx._internal.engines.messages import CallDone, Events
 from phalanx._internal.storage.run_storage import RunStorage
+from phalanx._internal.worker.data_position import dataset_records
 from phalanx._internal.worker.session import SessionSpec, run_train_fn
 from phalanx._internal.worker.storage_context import StorageContext
 from phalanx._internal.worker_group.group import WorkerGroup
@@ -70,9 +71,15 @@ def session_specs(
     checkpoint: Checkpoint | None,
     next_round: int,
     attempt_index: int,
+    data_record: dict[str, Any] | None = None,
 ) -> list[SessionSpec]:
-    """Each rank's session: its context, the checkpoint to resume from, its dataset shards."""
-    shards = spec.make_shards(len(group))
+    """Each rank's session: its context, the checkpoint to resume from, its dataset shards.
+    ``data_record``: the data positions stored with ``checkpoint`` (None: the data starts
+    afresh; empty: the checkpoint stored none)."""
+    if data_record is None:
+        shards = spec.make_shards(len(group))
+    else:
+        shards = spec.make_shards(len(group), resume=dataset_records(data_record))
     specs = []
     for worker in group.workers:
         r = worker.ranks
@@ -97,6 +104,7 @@ def session_specs(
                 attempt_index,
                 shards[worker.world_rank],
                 has_validation=spec.validation_config is not None,
+                data_record=data_record or None,
             )
         )
     return specs

@@ -30,6 +30,7 @@ EXPORTED = {
     "phalanx_train_checkpoint_commits_total": "counter",
     "phalanx_train_checkpoint_commit_seconds_sum": "summary",
     "phalanx_train_checkpoint_commit_seconds_count": "summary",
+    "phalanx_train_checkpoint_bytes_written_total": "counter",
     "phalanx_train_step_seconds": "gauge",
     "phalanx_train_last_to_report_total": "counter",
     "phalanx_train_attempts_total": "counter",
@@ -67,6 +68,11 @@ class _RunCollector:
         )
         yield counter("phalanx_train_reports", "report() calls of every rank.", counts.reports)
         yield counter("phalanx_train_checkpoint_commits", "Checkpoints committed.", counts.commits)
+        yield counter(
+            "phalanx_train_checkpoint_bytes_written",
+            "Bytes of the checkpoints committed (every rank's files).",
+            counts.bytes_written,
+        )
         yield counter("phalanx_train_attempts", "Attempts started.", len(self.clock.attempts))
         yield counter("phalanx_train_failures", "Attempts that failed.", self.clock.failures)
         latency = core.SummaryMetricFamily(

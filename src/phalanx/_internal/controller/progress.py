@@ -2,7 +2,7 @@
 
 On a terminal (the driver's stderr is a tty) a status line sits under the workers' output::
 
-    exp · attempt 1 · 4/4 workers · round 12 · loss=0.231 acc=0.91 · 3 checkpoints · 0:01:07
+    exp · attempt 1 · 4/4 workers · round 12 · loss=0.231 acc=0.91 · 3 checkpoints · train epoch 1 42% · 0:01:07
 
 Elsewhere (a log file, CI) the same line is logged every ``PHALANX_PROGRESS_INTERVAL_S`` (30 s).
 ``RunConfig(verbose=0)`` turns both off. Everything here runs in the driver, fed by the rounds the
@@ -57,6 +57,7 @@ class RunWatcher:
         self.round: int | None = None
         self.metrics: dict[str, Any] = {}
         self.checkpoints = 0
+        self.data = ""  # where the latest committed checkpoint's datasets are ("train epoch 1 42%")
         self.straggling: dict[int, float] = {}  # rank -> slowdown, set by the controller
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -135,6 +136,8 @@ class RunWatcher:
         if shown:
             parts.append(shown)
         parts.append(f"{self.checkpoints} checkpoint{'' if self.checkpoints == 1 else 's'}")
+        if self.data:
+            parts.append(self.data)
         if self.straggling:
             slow = ", ".join(f"rank {r} {x:.2f}x" for r, x in sorted(self.straggling.items()))
             parts.append(f"straggler: {slow}")

@@ -1,10 +1,14 @@
-"""The line fit() logs when it continues an existing run (same name and storage_path)."""
+"""The lines fit() logs when it continues an existing run (same name and storage_path) and when
+an attempt resumes its data mid-epoch."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+from phalanx._internal.controller.spec import DatasetPositions
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
+from phalanx._internal.worker.data_position import dataset_records
 
 logger = logging.getLogger(__name__)
 
@@ -34,3 +38,11 @@ def log_resume(run_name: str, manager: CheckpointManager) -> None:
         start,
         OUTCOMES.get(outcome, str(outcome)),
     )
+
+
+def log_data_resume(record: dict[str, Any], positions: DatasetPositions) -> None:
+    """``Resuming data from the checkpoint: dataset 'train' at epoch 3, sample 91,200 of
+    120,000.`` when the checkpoint an attempt starts from stored dataset positions."""
+    described = [positions.describe(name, rec) for name, rec in dataset_records(record).items()]
+    if described:
+        logger.warning("Resuming data from the checkpoint: %s.", "; ".join(described))

@@ -27,12 +27,15 @@ class Report:
     checkpoint_class: str | None = None  # a Checkpoint subclass's name, None for Checkpoint
     checkpoint_s: float = 0.0  # report() blocked saving the checkpoint (goodput)
     data_wait_s: float = 0.0  # waited for batches since the rank's previous report (goodput)
+    data_position: dict[str, Any] | None = None  # the rank's data streams after this report
 
 
 @dataclass(frozen=True)
 class Round:
     index: int
     reports: list[Report | None]  # indexed by rank; None: the rank had returned before
+    # Each rank's data position at this round (its last known one), for the checkpoint
+    positions: list[dict[str, Any] | None] | None = None
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
@@ -62,6 +65,9 @@ class ReportRounds:
         self.counts = [0] * world_size
         self.start_round = start_round
         self.next_round = start_round
+        # Each rank's data position as of the last round handed out: a rank that reported none
+        # in a round (or had returned) keeps its last known one
+        self.positions: list[dict[str, Any] | None] = [None] * world_size
 
     def add(self, rank: int, report: Report) -> None:
         self._pending[rank].append(report)
@@ -77,7 +83,10 @@ class ReportRounds:
             if not any(self._pending):
                 return rounds
             reports = [q.popleft() if q else None for q in self._pending]
-            rounds.append(Round(self.next_round, reports))
+            for rank, report in enumerate(reports):
+                if report is not None and report.data_position is not None:
+                    self.positions[rank] = report.data_position
+            rounds.append(Round(self.next_round, reports, list(self.positions)))
             self.next_round += 1
 
     def reported_through(self, rank: int) -> int:

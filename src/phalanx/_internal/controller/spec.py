@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx.backend import BackendConfig
@@ -18,9 +18,40 @@ from phalanx.checkpoint import Checkpoint
 from phalanx.config import RunConfig, ScalingConfig
 
 
-def no_shards(world_size: int) -> list[dict[str, Any]]:
+def no_shards(world_size: int, resume: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """``RunSpec.make_shards`` of a run without datasets."""
     return [{} for _ in range(world_size)]
+
+
+class DatasetPositions(Protocol):
+    """What the trainer's datasets say about data positions (``data_position.py``), for the
+    controller, which does not import the data package."""
+
+    def combine(self, name: str, states: list[Any]) -> dict[str, Any]:
+        """The record of dataset ``name`` from each rank's position state (None: the rank read
+        nothing yet), for the shards of the current attempt."""
+        ...
+
+    def describe(self, name: str, record: dict[str, Any]) -> str:
+        """``"dataset 'train' at epoch 3, sample 91,200 of 120,000"``."""
+        ...
+
+    def progress(self, name: str, record: dict[str, Any]) -> str:
+        """``"train epoch 3 76%"``, for the progress view."""
+        ...
+
+
+class NoDatasetPositions:
+    """``RunSpec.dataset_positions`` of a run without phalanx datasets."""
+
+    def combine(self, name: str, states: list[Any]) -> dict[str, Any]:
+        return {"world_size": len(states), "ranks": states}
+
+    def describe(self, name: str, record: dict[str, Any]) -> str:
+        return f"dataset {name!r}"
+
+    def progress(self, name: str, record: dict[str, Any]) -> str:
+        return name
 
 
 @dataclass(frozen=True)
@@ -36,8 +67,11 @@ class RunSpec:
     metadata: dict[str, Any] = field(default_factory=dict)
     resume_from_checkpoint: Checkpoint | None = None
     # Each rank's dataset shards for a group of n ranks, called anew for every attempt (the
-    # trainer's datasets, DataConfig and preprocessor live in it, not here)
-    make_shards: Callable[[int], list[dict[str, Any]]] = no_shards
+    # trainer's datasets, DataConfig and preprocessor live in it, not here); an attempt that
+    # starts from a checkpoint passes resume= (dataset name -> its stored record, maybe empty)
+    make_shards: Callable[..., list[dict[str, Any]]] = no_shards
+    dataset_positions: DatasetPositions = field(default_factory=NoDatasetPositions)
+    resume_data_position: bool = True  # DataConfig(resume_position=False): start epochs over
     dataset_names: tuple[str, ...] = ()  # for run.json
     # Files added to every committed checkpoint (the fitted preprocessor), by file name
     checkpoint_files: dict[str, bytes] = field(default_factory=dict)

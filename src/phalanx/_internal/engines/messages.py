@@ -46,6 +46,8 @@ class Report:
     checkpoint_s: float = 0.0
     data_wait_s: float = 0.0
     started: float | None = None
+    # Each data stream's position after this report (``DataPositions.snapshot()``), or None
+    data_position: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +142,7 @@ def decode(wire: tuple[Any, ...]) -> Message:
             extras.get("checkpoint_s", 0.0),
             extras.get("data_wait_s", 0.0),
             extras.get("started"),
+            extras.get("data_position"),
         )
     if kind == "ret" and size == 4:
         return Return(wire[1], wire[2], wire[3])
@@ -175,6 +178,7 @@ def in_process_event(wire: tuple[Any, ...]) -> Event:
                 r.checkpoint_s,
                 r.data_wait_s,
                 r.started,
+                r.data_position,  # a new dict per report(): snapshot() builds it
             )
         case Preempting() | Poll() as event:
             return event

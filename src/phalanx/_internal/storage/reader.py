@@ -45,6 +45,14 @@ class RunReader:
         self.storage = storage
         self.shown_as = shown_as or storage.run_uri  # the path as the caller wrote it
 
+    @property
+    def filesystem(self) -> Any:
+        return self.storage.filesystem
+
+    @property
+    def local_path(self) -> str | None:
+        return self.storage.local_path
+
     @classmethod
     def open(cls, path: str | os.PathLike[str], filesystem: Any = None) -> RunReader:
         """The run at ``path`` (``<storage_path>/<name>``, a local path or a URI)."""
@@ -115,7 +123,7 @@ class RunReader:
             attempt_errors=[entry.get("error") for entry in manager.attempt_history],
             stragglers=_recorded_stragglers(self.storage),
             goodput=_recorded_goodput(self.storage),
-            _storage=self.storage,
+            _storage=self,
         )
         if isinstance(error, TrainingFailedError) and error.result is None:
             error.result = result

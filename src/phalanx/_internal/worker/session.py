@@ -8,6 +8,7 @@ the driver; it never waits for the driver.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import shutil
 import threading
@@ -20,9 +21,16 @@ from phalanx._internal.checkpoint_class import class_name
 from phalanx._internal.fs.access import is_local
 from phalanx._internal.fs.paths import check_checkpoint_dir_name, default_checkpoint_dir_name
 from phalanx._internal.storage.run_storage import RunStorage
-from phalanx._internal.worker import data_wait
+from phalanx._internal.worker import checkpoint_wait, data_wait
 from phalanx._internal.worker.code_origins import load_function
+from phalanx._internal.worker.data_position import DataPositions, dataset_key
 from phalanx._internal.worker.metrics import checked_metrics
+from phalanx._internal.worker.report_checks import (
+    check_checkpoint,
+    check_upload_fn,
+    check_validation,
+    upload_mode,
+)
 from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
 from phalanx._internal.worker.state_writer import StateWriter, pending_write
 from phalanx._internal.worker.uploader import (
@@ -69,16 +77,20 @@ class SessionSpec:
     attempt: int
     dataset_shards: dict[str, Any] = field(default_factory=dict)
     has_validation: bool = False  # the trainer has a validation_config
+    # The data positions stored with ``checkpoint`` (``data_position.read_record``), if any
+    data_record: dict[str, Any] | None = None
 
 
 class Session:
     def __init__(self, spec: SessionSpec, outbox: Outbox) -> None:
-        self.context = spec.context
+        self.context = dataclasses.replace(spec.context, dataset_shards=spec.dataset_shards)
         self.storage = spec.storage
         self.attempt = spec.attempt
         self.next_round = spec.start_round
         self.latest_checkpoint = spec.checkpoint
         self.dataset_shards = spec.dataset_shards
+        # Per session, not per process: on the thread engine every rank is a thread
+        self.data_positions = _track_shards(DataPositions(spec.data_record), spec.dataset_shards)
         self.preemption: PreemptionInfo | None = None
         self.has_validation = spec.has_validation
         self._outbox = outbox
@@ -99,18 +111,14 @@ class Session:
         validation: Any = False,
     ) -> None:
         self._raise_if_interrupted()
-        metrics = _check_metrics(metrics)
-        _check_validation(validation, checkpoint, self.has_validation)
-        mode = _upload_mode(checkpoint_upload_mode)
-        _check_upload_fn(checkpoint_upload_fn, mode)
+        metrics = checked_metrics(metrics)  # numpy values become Python ones
+        check_validation(validation, checkpoint, self.has_validation)
+        mode = upload_mode(checkpoint_upload_mode)
+        check_upload_fn(checkpoint_upload_fn, mode)
         if self._uploader is not None:
             self._uploader.raise_error()
         index = self.next_round
-        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
-            raise TypeError(
-                f"report(checkpoint=...) takes a phalanx.Checkpoint, got "
-                f"{type(checkpoint).__name__}. HINT: Checkpoint.from_directory(path)."
-            )
+        check_checkpoint(checkpoint)
         dir_name, delete = None, False
         if checkpoint is not None:  # every check before the round is taken
             dir_name = self._dir_name(checkpoint, checkpoint_dir_name, mode, index)
@@ -118,6 +126,7 @@ class Session:
         message: tuple[Any, ...] = ("report", index, metrics, dir_name, time.time())
         extras = _message_extras(validation, checkpoint)
         self._add_timings(extras)
+        self._add_position(extras)
         if extras:
             message += (extras,)
         self.next_round += 1
@@ -148,8 +157,17 @@ class Session:
         waited = data_wait.take()
         if waited:
             extras["data_wait_s"] = waited
+        if blocked := checkpoint_wait.take():  # save_state's hold on this thread
+            extras["checkpoint_s"] = blocked
         if self.started is not None:
             extras["started"], self.started = self.started, None
+
+    def _add_position(self, extras: dict[str, Any]) -> None:
+        """Where each data stream of this rank is after this round: stored with the round's
+        checkpoint, if it has one (a few integers per stream; nothing without a stream)."""
+        position = self.data_positions.snapshot()
+        if position is not None:
+            extras["data_position"] = position
 
     def _raise_if_interrupted(self) -> None:
         if self.interrupted:
@@ -281,16 +299,13 @@ class Session:
                 writer.close()
 
 
-def _upload_mode(value: CheckpointUploadMode | str) -> CheckpointUploadMode:
-    if isinstance(value, CheckpointUploadMode):
-        return value
-    try:
-        return CheckpointUploadMode(str(value).lower())
-    except ValueError:
-        raise ValueError(
-            f"checkpoint_upload_mode={value!r} is invalid: use CheckpointUploadMode.SYNC, "
-            "ASYNC or NO_UPLOAD."
-        ) from None
+def _track_shards(positions: DataPositions, shards: dict[str, Any]) -> DataPositions:
+    """Every shard that knows its position (phalanx datasets) is tracked under its name; Ray
+    Data's iterators and plain iterators are not."""
+    for name, shard in shards.items():
+        if callable(getattr(shard, "position_state", None)):
+            positions.track(dataset_key(name), shard)
+    return positions
 
 
 def _message_extras(validation: Any, checkpoint: Checkpoint | None) -> dict[str, Any]:
@@ -308,42 +323,8 @@ def _message_extras(validation: Any, checkpoint: Checkpoint | None) -> dict[str,
 def _with_checkpoint_time(message: tuple[Any, ...]) -> tuple[Any, ...]:
     """``message`` with the seconds since its report() started (saving the checkpoint)."""
     extras = dict(message[5]) if len(message) > 5 else {}
-    extras["checkpoint_s"] = time.time() - message[4]
+    extras["checkpoint_s"] = extras.get("checkpoint_s", 0.0) + time.time() - message[4]
     return (*message[:5], extras)
-
-
-def _check_validation(validation: Any, checkpoint: Checkpoint | None, configured: bool) -> None:
-    from phalanx.validation import ValidationTaskConfig
-
-    if not isinstance(validation, bool | ValidationTaskConfig):
-        raise TypeError(
-            f"report(validation={validation!r}) is invalid: pass True, False or a "
-            "phalanx.ValidationTaskConfig."
-        )
-    if validation and checkpoint is None:
-        raise ValueError(
-            "report(validation=...) validates a checkpoint, but no checkpoint was passed.\n"
-            "HINT: pass checkpoint=... in the same report() call."
-        )
-    if validation and not configured:
-        raise ValueError(
-            "report(validation=...) needs a validation function, but the trainer has none.\n"
-            "HINT: pass validation_config=phalanx.ValidationConfig(fn) to the trainer."
-        )
-
-
-def _check_upload_fn(fn: Any, mode: CheckpointUploadMode) -> None:
-    if fn is not None and mode is CheckpointUploadMode.NO_UPLOAD:
-        raise ValueError(
-            "report(checkpoint_upload_fn=...) uploads the checkpoint, but "
-            "checkpoint_upload_mode=NO_UPLOAD says there is nothing to upload.\n"
-            "HINT: drop one of the two."
-        )
-
-
-def _check_metrics(metrics: Any) -> dict[str, Any]:
-    """Refuse what the metrics history cannot hold exactly; numpy values become Python ones."""
-    return checked_metrics(metrics)
 
 
 def init_session(spec: SessionSpec) -> None:

@@ -108,6 +108,10 @@ class StateWriter:
         while (job := self._jobs.get()) is not None:
             job.run()
 
+    def busy(self) -> bool:
+        """A snapshot is still being written (the step-time benchmark asks between steps)."""
+        return any(not job.done() for job in self._all)
+
     def wait_all(self) -> None:
         """Wait until every queued write is done (errors stay for :meth:`raise_error`)."""
         for job in list(self._all):

@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from queue import SimpleQueue
@@ -133,6 +134,16 @@ def move_aside(checkpoint: Checkpoint) -> str:
     return private
 
 
+def _plus_checkpoint_s(message: tuple[Any, ...], seconds: float) -> tuple[Any, ...]:
+    """The report ``message`` with ``seconds`` more of ``checkpoint_s``: the training thread
+    waited that long for the previous upload (the goodput's checkpoint part)."""
+    if seconds < 1e-4:  # nothing to wait for: the message as it was
+        return message
+    extras = dict(message[5]) if len(message) > 5 else {}
+    extras["checkpoint_s"] = extras.get("checkpoint_s", 0.0) + seconds
+    return (*message[:5], extras)
+
+
 class BackgroundUploader:
     """One thread per worker that uploads parts and sends reports, strictly in order."""
 
@@ -175,7 +186,9 @@ class BackgroundUploader:
         # directories are bounded by its own max_pending
         tracked = prepare is None
         if tracked:
+            waiting = time.perf_counter()
             self._upload_done.wait()
+            message = _plus_checkpoint_s(message, time.perf_counter() - waiting)
         self.raise_error()
         if tracked:
             self._upload_done.clear()

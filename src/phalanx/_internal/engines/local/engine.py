@@ -3,7 +3,8 @@ started as new interpreters by a spawn server: see ``start_method.py``).
 
 One driver thread (the pump) watches every worker's control socket and output pipes: it resolves
 call futures, forwards reports to the events queue, and writes each output line, prefixed with
-the rank, to the driver's stdout/stderr and the rank's log file.
+the rank, to the driver's stdout/stderr and the rank's log file. The driver's side of one worker
+is ``handle.LocalWorkerHandle``; this module starts, stops and signals the group.
 """
 
 from __future__ import annotations
@@ -11,41 +12,28 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import shutil
 import signal
 import socket
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
-import cloudpickle
-
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
-from phalanx._internal.engines.calls import PendingCalls
+from phalanx._internal.engines.local import warm_server
 from phalanx._internal.engines.local.forkserver import ForkServer, SpawnedForkServer, main_imports
+from phalanx._internal.engines.local.handle import LocalWorkerHandle
 from phalanx._internal.engines.local.pump import OutputPump
 from phalanx._internal.engines.local.resources import check_local_resources, local_gpu_ids
 from phalanx._internal.engines.local.spawn import SpawnServer
 from phalanx._internal.engines.local.start_method import SPAWN, StartMethod, choose_start_method
-from phalanx._internal.engines.messages import (
-    Events,
-    Exited,
-    Hello,
-    Poll,
-    Preempting,
-    Report,
-    Return,
-    UnknownMessage,
-    decode,
-)
+from phalanx._internal.engines.messages import Events
 from phalanx._internal.engines.process_tree import kill_descendants
-from phalanx._internal.engines.rank_output import RankOutput, reader_error
+from phalanx._internal.engines.rank_output import RankOutput
 from phalanx._internal.env import NOTICE_FILE_VAR, START_METHOD_VAR
-from phalanx._internal.worker.runtime import RemoteCallError, RemoteException, undecodable_error
+from phalanx._internal.worker.runtime import RemoteException
 from phalanx.config import ScalingConfig
 from phalanx.errors import WorkerStartupError
 
@@ -56,107 +44,6 @@ START_HINT = (
     "raise PHALANX_WORKER_START_TIMEOUT_S if starting is only slow. The attempt is retried "
     "under FailureConfig(max_failures=...)."
 )
-
-
-class LocalWorkerHandle(WorkerHandle):
-    def __init__(self, index: int, conn: Connection, events: Events) -> None:
-        self.index = index
-        self.metadata = WorkerMetadata(host="", node_id="local", pid=None)
-        self.rank = index
-        self.conn = conn  # read by the pump; written here (calls) and by send_exit
-        self._events = events
-        self._calls = PendingCalls()
-        self.stack_file = tempfile.TemporaryFile()  # the worker's faulthandler writes here
-        self.returncode: int | None = None
-        self.hello = Future[tuple[int, str]]()
-        self.broken: RemoteCallError | None = None  # set once a message could not be read
-
-    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        if self.broken is not None:
-            future.set_exception(self.broken)
-            return future
-        call_id = self._calls.add(future)
-        payload = cloudpickle.dumps((fn, args, kwargs))
-        try:
-            self.conn.send_bytes(pickle.dumps(("call", call_id, payload)))
-        except OSError as exc:
-            self._calls.discard(call_id)
-            future.set_exception(ConnectionError(f"worker {self.index} is gone: {exc}"))
-        return future
-
-    # -- called from the pump thread ------------------------------------------------------------
-
-    def on_message(self, data: bytes) -> None:
-        try:
-            wire = pickle.loads(data)
-        except Exception as exc:
-            self.fail(undecodable_error(self.rank, data, exc))
-            return
-        match decode(wire):
-            case Return() as ret:
-                self._calls.resolve(ret)
-            case Hello(pid=pid, host=host):
-                self.hello.set_result((pid, host))
-            case Report() | Preempting() | Poll() as event:
-                self._events.put((self.index, event))
-            case other:
-                raise UnknownMessage(f"a local worker does not send {type(other).__name__}")
-
-    def on_error(self, exc: BaseException) -> None:
-        """Reading or handling this worker's messages failed (in the pump thread)."""
-        self.fail(reader_error(self.rank, exc))
-
-    def fail(self, error: RemoteCallError) -> None:
-        """Fail every call in flight (and every later one): the driver cannot follow this worker
-        any more, and a lost report or return value must not leave fit() waiting forever."""
-        self.broken = error
-        self._calls.fail_all(error)
-        if not self.hello.done():
-            self.hello.set_exception(ConnectionError(error.remote.message))
-
-    def on_disconnect(self) -> None:
-        error = ConnectionError(f"worker {self.index} (pid {self.metadata.pid}) disconnected")
-        self._calls.fail_all(error)
-        if not self.hello.done():
-            self.hello.set_exception(error)
-
-    def on_exit(self, returncode: int) -> None:
-        self.returncode = returncode
-        self._events.put((self.index, Exited(returncode)))
-
-    def send_exit(self) -> None:
-        try:
-            self.conn.send_bytes(pickle.dumps(("exit",)))
-        except OSError:
-            pass
-
-    def kill(self, force: bool = True) -> None:
-        self._signal(signal.SIGKILL if force else signal.SIGTERM)
-
-    def signal_worker(self, sig: int) -> None:
-        """Signal the worker process only (not its process group)."""
-        if self.metadata.pid is not None and self.returncode is None:
-            try:
-                os.kill(self.metadata.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def _signal(self, sig: int) -> None:
-        # Also after the worker exited: what it started in its process group outlives it.
-        pid = self.metadata.pid
-        if pid is None:
-            return
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def is_alive(self) -> bool:
-        return self.metadata.pid is not None and self.returncode is None
-
-    def set_rank(self, rank: int) -> None:
-        self.rank = rank
 
 
 class LocalProcessEngine(Engine):
@@ -219,11 +106,13 @@ class LocalProcessEngine(Engine):
 
     def _new_server(self, method: StartMethod) -> ForkServer | SpawnServer:
         callbacks: dict[str, Any] = {"on_exit": self._on_exit, "on_death": self._on_server_death}
+        if not method.fresh_fork_server:
+            warm_server.shut_down()  # kept for a driver that no longer needs it (ray.shutdown())
         if method.name != SPAWN:
             return ForkServer(**callbacks)
         if method.fresh_fork_server:
             try:
-                return SpawnedForkServer(**callbacks, modules=main_imports())
+                return warm_server.take(**callbacks, modules=main_imports())
             except OSError as exc:
                 logger.warning(
                     "Could not start a fresh fork server (%s): each worker starts as a new "
@@ -278,10 +167,14 @@ class LocalProcessEngine(Engine):
         method = self._start_method.name if self._start_method is not None else "fork"
         return SpawnServer.label if method == SPAWN else ForkServer.label
 
-    def _stop_server(self) -> None:
+    def _stop_server(self, park: bool = False) -> None:
+        """Stop the server; ``park``: a fresh fork server waits for the next fit() instead."""
         if self._server is not None:
             kill_descendants(self._server.pid)
-            self._server.stop()
+            if park and isinstance(self._server, SpawnedForkServer):
+                warm_server.give_back(self._server)
+            else:
+                self._server.stop()
             self._server = None
 
     def _spawn(
@@ -401,7 +294,7 @@ class LocalProcessEngine(Engine):
         if self._notice_dir is not None:
             shutil.rmtree(self._notice_dir, ignore_errors=True)
             self._notice_dir = None
-        self._stop_server()
+        self._stop_server(park=True)
         if self._pump is not None:
             self._pump.stop()
             self._pump = None

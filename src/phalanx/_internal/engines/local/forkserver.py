@@ -25,7 +25,8 @@ stack-dump file)
 the driver: for a driver that initialised a runtime that does not survive a fork (CUDA), it holds
 nothing of the driver (no CUDA context, no threads), imports what the workers need once (torch,
 the packages the driver's ``__main__`` imported), then forks each worker as fast as the fork
-server does. Its workers start a session of their own, as spawned workers do.
+server does. Its workers start a session of their own, as spawned workers do. It is kept warm for
+the driver's next ``fit()`` (``warm_server.py``).
 """
 
 from __future__ import annotations
@@ -196,6 +197,14 @@ class SpawnedForkServer(ForkServer):
             except subprocess.TimeoutExpired:
                 why = "it closed its socket"
         raise OSError(f"the fork server (a fresh interpreter) did not start: {why}")
+
+    def rebind(self, on_exit: Callable[[int, int], None], on_death: Callable[[], None]) -> None:
+        """Report to another engine from now on (the server is reused by a later ``fit()``)."""
+        self._on_exit, self._on_death = on_exit, on_death
+
+    def reusable(self) -> bool:
+        """Alive and not stopping: it can fork the workers of another ``fit()``."""
+        return not self._stopping and self._proc.poll() is None and self.alive
 
     def _wait(self, timeout_s: float) -> None:
         try:

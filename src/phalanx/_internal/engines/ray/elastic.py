@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import ray
@@ -56,17 +56,17 @@ class Released:
     freed: Mapping[str, Mapping[str, float]]
 
     @classmethod
-    def of(cls, group: PlacementGroup, bundle: Mapping[str, float]) -> Released | None:
-        """Read before ``group`` is removed; None where the GCS does not say (a group never
-        placed holds nothing)."""
+    def of(cls, groups: Sequence[PlacementGroup], bundle: Mapping[str, float]) -> Released | None:
+        """Read before ``groups`` (an attempt's, of bundles ``bundle``) are removed; None where
+        the GCS does not say (a group never placed holds nothing)."""
         from ray.util import placement_group_table
 
+        def placed_on() -> list[str]:
+            tables = [placement_group_table(g).get("bundles_to_node_id") or {} for g in groups]
+            return [node for table in tables for node in table.values()]
+
         try:
-            where = gcs.bounded(
-                lambda: placement_group_table(group).get("bundles_to_node_id") or {},
-                "placement_group_table()",
-                timeout_s=RELEASE_QUERY_S,
-            )
+            where = gcs.bounded(placed_on, "placement_group_table()", timeout_s=RELEASE_QUERY_S)
             if not where:
                 return None
             before = gcs.available_per_node(RELEASE_QUERY_S)
@@ -76,7 +76,7 @@ class Released:
         if before is None:
             return None
         freed: dict[str, dict[str, float]] = {}
-        for node in where.values():
+        for node in where:
             held = freed.setdefault(node, {})
             for key, amount in bundle.items():
                 held[key] = held.get(key, 0.0) + amount

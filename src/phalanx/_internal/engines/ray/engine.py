@@ -6,48 +6,45 @@ the cluster can never satisfy fails at once (:meth:`RayEngine.check`); one that 
 that are busy now waits, and logs every few seconds that it waits and for what.
 
 What runs in each actor is in ``actor``; the driver's side of an actor and the thread that
-drains every actor's messages are in ``handle``.
+drains every actor's messages are in ``handle``; starting a launch's actors and awaiting their
+hellos is ``start``. In-place recovery keeps a failed attempt's survivors (``reuse``, through
+:meth:`RayEngine.park`) and starts the next attempt around them (``relaunch``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import ray
 from ray.exceptions import RayActorError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from phalanx._internal import env
-from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
+from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle
 from phalanx._internal.engines.messages import Events
 from phalanx._internal.engines.ray import gcs
-from phalanx._internal.engines.ray.actor import PhalanxWorker
 from phalanx._internal.engines.ray.elastic import Released, place_elastic, placeable_now
 from phalanx._internal.engines.ray.handle import DrainPoller, RayWorkerHandle
 from phalanx._internal.engines.ray.placement import (
     _fmt,
-    actor_options,
     infeasibility,
-    label_options,
     visible_resources,
     worker_bundle,
 )
+from phalanx._internal.engines.ray.relaunch import relaunch, relaunch_elastic
 from phalanx._internal.engines.ray.reuse import (
+    Attempt,
     Parked,
     can_park,
     log_reuse,
-    moved_off_its_node,
     reset_survivors,
+    usable_bundles,
 )
-from phalanx._internal.storage.run_storage import LOG_DIR, MARKER_FILE
+from phalanx._internal.engines.ray.start import START_HINT, ActorStarter
 from phalanx.config import ScalingConfig
 from phalanx.errors import (
     ConfigError,
@@ -58,7 +55,6 @@ from phalanx.errors import (
 
 logger = logging.getLogger(__name__)
 
-ACTOR_CONCURRENCY = 8  # calls, drain, stop, stacks... answered while a training call runs
 WAIT_LOG_EVERY_S = 10.0  # how often a placement that waits for resources says so
 STOP_FLUSH_S = 0.5  # how long a stopping worker gets to send its last output lines
 GONE_TIMEOUT_S = 5.0
@@ -67,28 +63,6 @@ GONE_TIMEOUT_S = 5.0
 # long, so a restart neither waits on it nor sizes an elastic group by its phantom capacity. A
 # node that was only cut off for a while is used again after.
 AVOID_LOST_NODE_S = 120.0
-
-_RemoteWorker = ray.remote(PhalanxWorker)
-
-START_HINT = (
-    "check the Ray logs of those actors (ray logs, or /tmp/ray/session_latest/logs); raise "
-    "PHALANX_WORKER_START_TIMEOUT_S if starting is only slow. The attempt is retried under "
-    "FailureConfig(max_failures=...)."
-)
-
-
-@dataclass
-class _Attempt:
-    """One launch: its placement group and its actors; ``elastic_bundle``: each worker's bundle,
-    where the group was sized elastically (once it is removed, the next elastic placement waits
-    for Ray's view to show its resources free)."""
-
-    group: PlacementGroup
-    handles: list[RayWorkerHandle]
-    elastic_bundle: dict[str, float] | None = None
-    reset_worker: Callable[[], None] | None = None  # None: its actors are never reused
-    # In-place recovery: groups of the bundles that replace those of a node not yet dead
-    patches: list[PlacementGroup] = field(default_factory=list)
 
 
 def ensure_ray() -> None:
@@ -104,11 +78,6 @@ def ensure_ray() -> None:
         ray.init(include_dashboard=False)
 
 
-def driver_sys_path() -> list[str]:
-    """The driver's import path as absolute directories ('' is the driver's working directory)."""
-    return [os.path.abspath(p or os.curdir) for p in sys.path]
-
-
 def alive_node_resources() -> list[dict[str, float]]:
     return [visible_resources(n["Resources"]) for n in gcs.nodes() if n.get("Alive")]
 
@@ -122,7 +91,7 @@ class RayEngine(Engine):
 
     def __init__(self) -> None:
         self._poller: DrainPoller | None = None
-        self._attempts: list[_Attempt] = []
+        self._attempts: list[Attempt] = []
         self._lost_nodes: dict[str, float] = {}  # node id -> when its actors were lost
         self._released: Released | None = None  # the last elastic group this engine removed
         self._parked: Parked | None = None  # a failed attempt whose survivors serve the next
@@ -155,7 +124,9 @@ class RayEngine(Engine):
     def free_worker_slots(self, scaling_config: ScalingConfig) -> int:
         try:
             bundle, most = worker_bundle(scaling_config), scaling_config.max_workers
-            return placeable_now(bundle, 0, most, self._avoid_nodes())
+            avoid = self._avoid_nodes()
+            idle = usable_bundles([p for a in self._attempts for p in a.idle], avoid)
+            return placeable_now(bundle, 0, most, avoid) + len(idle)
         except RayClusterUnresponsiveError as exc:  # no growth now; the run itself goes on
             logger.warning("Not resizing the worker group now: %s", exc)
             return 0
@@ -166,91 +137,61 @@ class RayEngine(Engine):
         if self._poller is None:
             self._poller = DrainPoller()
         bundle = worker_bundle(spec.scaling_config)
+        starter = ActorStarter(self._poller, spec, bundle, events)
         parked, self._parked = self._parked, None
         if parked is not None:  # placed already: a new node may still be on its way
-            if spec.min_workers is None and spec.num_workers == len(parked.attempt.handles):
-                return self._relaunch(parked, spec, bundle, events)
+            handles = self._relaunch(parked, starter)
+            if handles is not None:
+                return handles
             self._release(parked.attempt)
         if spec.min_workers is None:  # elastic: checked at fit(); a lost node may come back
             self.check(spec.scaling_config)
         avoid = self._avoid_nodes()
         if avoid:
             logger.info("Placing the workers off the node(s) lost last attempt: %s", avoid)
-        make_group = partial(_placement_group, spec, bundle, avoid_nodes=avoid)
         elastic = spec.min_workers is not None
         if elastic:
+            make_group = partial(starter.placement_group, avoid_nodes=avoid)
             group, size = place_elastic(
                 spec, bundle, make_group, WAIT_LOG_EVERY_S, avoid, self._released
             )
             spec = replace(spec, num_workers=size)
+            starter = replace(starter, spec=spec)
         else:
-            group = make_group(spec.num_workers)
-        reset = None if elastic or env.restore_mode() == "full" else spec.reset_worker
-        attempt = _Attempt(group, [], bundle if elastic else None, reset)
+            group = starter.placement_group(spec.num_workers, avoid)
+        reset = None if env.restore_mode() == "full" else spec.reset_worker
+        attempt = Attempt(group, [], bundle if elastic else None, reset)
         self._attempts.append(attempt)
         try:
             # The actors and their hellos go out before the group is placed: Ray queues them
             # and starts each worker process the moment its bundle is committed, without a
             # round trip through the driver (the group's creation overlaps the actors').
-            attempt.handles = self._start_actors(group, bundle, spec, events)
-            marker = run_marker(spec)
-            hellos = [h.actor.hello.remote(marker) for h in attempt.handles]
+            attempt.handles = [starter.start(group, index) for index in range(spec.num_workers)]
+            hellos = starter.send_hellos(attempt.handles)
             self._wait_for_placement(group, spec, bundle)
-            self._await_hellos(attempt.handles, hellos, spec)
+            starter.await_hellos(attempt.handles, hellos)
         except BaseException as exc:
             self._start_failed(attempt, spec, exc)
         return list(attempt.handles)
 
-    def _relaunch(
-        self, parked: Parked, spec: WorkerGroupSpec, bundle: dict[str, float], events: Events
-    ) -> list[WorkerHandle]:
-        """The next attempt in the parked group: the kept actors serve it, new actors start in
-        the lost ranks' bundles (Ray places a dead node's bundles again), hellos from those."""
-        attempt = parked.attempt
-        fresh: list[RayWorkerHandle] = []
+    def _relaunch(self, parked: Parked, starter: ActorStarter) -> list[WorkerHandle] | None:
+        """The next attempt in the parked group (module ``relaunch``); None: place it afresh
+        (a fixed-size group of another size, an elastic one below min_workers)."""
+        spec = starter.spec
+        same_size = spec.num_workers == len(parked.attempt.handles)
+        if spec.min_workers is None and not same_size:
+            return None
         try:
-            places = self._lost_bundles(parked, spec, bundle)
-            for index in range(spec.num_workers):
-                kept = parked.kept.get(index)
-                if kept is not None:
-                    kept.rebind(events, spec.log_dir, spec.attempt)
-                else:
-                    group, at = places[index]
-                    fresh.append(self._start_actor(group, bundle, spec, events, index, at))
-            attempt.handles = sorted([*parked.kept.values(), *fresh], key=lambda h: h.index)
-            if fresh:
-                marker = run_marker(spec)
-                hellos = [h.actor.hello.remote(marker) for h in fresh]
-                self._await_hellos(fresh, hellos, spec)
+            if spec.min_workers is None:
+                return list(relaunch(parked, starter, self._avoid_nodes()))
+            handles = relaunch_elastic(parked, starter, self._avoid_nodes())
+            return None if handles is None else list(handles)
         except BaseException as exc:
-            attempt.handles = [*parked.kept.values(), *fresh]
-            self._start_failed(attempt, spec, exc)
-        return list(attempt.handles)
+            self._start_failed(parked.attempt, spec, exc)
 
-    def _lost_bundles(
-        self, parked: Parked, spec: WorkerGroupSpec, bundle: dict[str, float]
-    ) -> dict[int, tuple[PlacementGroup, int]]:
-        """Where each lost rank's new actor goes: its old bundle (Ray places it again if its
-        node died), or, for a node the GCS does not yet say is dead (~15-30 s with Ray's
-        default health checks), a bundle of a new group placed off that node now."""
-        lost = {i: h for i, h in parked.lost.items() if i not in parked.kept}
-        soft = spec.scaling_config.placement_strategy in ("PACK", "SPREAD")
-        moved = [i for i, h in sorted(lost.items()) if soft and moved_off_its_node(h)]
-        places = {i: h.placement or (parked.attempt.group, i) for i, h in lost.items()}
-        if moved:
-            logger.info(
-                "In-place recovery: the new actors of worker(s) %s go to a new placement group "
-                "off the lost node(s), which Ray does not declare dead yet",
-                moved,
-            )
-            suffix = f":patch{len(parked.attempt.patches) + 1}"
-            avoid = self._avoid_nodes()
-            patch = _placement_group(spec, bundle, len(moved), avoid_nodes=avoid, suffix=suffix)
-            parked.attempt.patches.append(patch)
-            places.update({index: (patch, j) for j, index in enumerate(moved)})
-        return places
-
-    def _start_failed(self, attempt: _Attempt, spec: WorkerGroupSpec, exc: BaseException) -> None:
+    def _start_failed(
+        self, attempt: Attempt, spec: WorkerGroupSpec, exc: BaseException
+    ) -> NoReturn:
         self._release(attempt)
         if isinstance(exc, ConfigError | StorageError | WorkerStartupError):
             raise exc
@@ -280,71 +221,6 @@ class RayEngine(Engine):
                 spec.scaling_config.placement_strategy,
                 _fmt(visible_resources(gcs.available_resources())),
             )
-
-    def _start_actors(
-        self,
-        group: PlacementGroup,
-        bundle: dict[str, float],
-        spec: WorkerGroupSpec,
-        events: Events,
-    ) -> list[RayWorkerHandle]:
-        return [
-            self._start_actor(group, bundle, spec, events, index)
-            for index in range(spec.num_workers)
-        ]
-
-    def _start_actor(
-        self,
-        group: PlacementGroup,
-        bundle: dict[str, float],
-        spec: WorkerGroupSpec,
-        events: Events,
-        index: int,
-        bundle_index: int | None = None,
-    ) -> RayWorkerHandle:
-        """Worker ``index``'s actor in bundle ``bundle_index`` (default: ``index``) of ``group``."""
-        assert self._poller is not None
-        bundle_index = index if bundle_index is None else bundle_index
-        actor = _RemoteWorker.options(  # type: ignore[attr-defined]
-            **actor_options(bundle),
-            max_concurrency=ACTOR_CONCURRENCY,
-            max_restarts=0,
-            **({"runtime_env": dict(spec.runtime_env)} if spec.runtime_env else {}),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                group, placement_group_bundle_index=bundle_index
-            ),
-        ).remote(dict(spec.env), driver_sys_path())
-        handle = RayWorkerHandle(index, actor, events, spec.log_dir, spec.attempt)
-        handle.placement = (group, bundle_index)
-        self._poller.add(handle)  # so output printed while starting reaches the driver
-        return handle
-
-    def _await_hellos(
-        self, handles: list[RayWorkerHandle], refs: list[Any], spec: WorkerGroupSpec
-    ) -> None:
-        """Wait for every actor's ``hello`` (sent at creation), counted from the group's placement."""
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=spec.start_timeout_s)
-        late = [h.index for h, ref in zip(handles, refs, strict=True) if ref not in ready]
-        if late:
-            why = (
-                f"no hello within {spec.start_timeout_s:g} s (the placement group was ready, "
-                "so the actors were scheduled)"
-            )
-            raise WorkerStartupError.of(late, why, START_HINT)
-        problems = {}
-        for handle, ref in zip(handles, refs, strict=True):
-            try:
-                info = ray.get(ref)
-            except RayActorError as exc:
-                why = f"the Ray actor failed to start: {exc}"
-                raise WorkerStartupError.of([handle.index], why, START_HINT) from exc
-            handle.metadata = WorkerMetadata(
-                info["host"], info["node_id"], info["pid"], info["gpu_ids"]
-            )
-            if info["storage_problem"]:
-                problems[handle.index] = (info["host"], info["node_id"], info["storage_problem"])
-        if problems:
-            raise _storage_error(problems)
 
     # -- stop -----------------------------------------------------------------------------------
 
@@ -396,12 +272,13 @@ class RayEngine(Engine):
             if all(h in ours for h in attempt.handles):
                 self._release(attempt)
 
-    def _release(self, attempt: _Attempt) -> None:
+    def _release(self, attempt: Attempt) -> None:
         for handle in attempt.handles:
             if handle.is_alive():
                 handle.kill()
         if attempt.elastic_bundle is not None:
-            self._released = Released.of(attempt.group, attempt.elastic_bundle)
+            groups = [attempt.group, *attempt.patches]
+            self._released = Released.of(groups, attempt.elastic_bundle)
         for group in [attempt.group, *attempt.patches]:
             try:
                 remove_placement_group(group)
@@ -439,21 +316,6 @@ class RayEngine(Engine):
                 handle.actor.preemption_notice.remote(notice)
 
 
-def _placement_group(
-    spec: WorkerGroupSpec,
-    bundle: dict[str, float],
-    size: int,
-    avoid_nodes: list[str],
-    suffix: str = "",
-) -> PlacementGroup:
-    return placement_group(
-        [dict(bundle) for _ in range(size)],
-        strategy=spec.scaling_config.placement_strategy,
-        name=f"phalanx:{spec.run_name}{suffix}",  # unique among the groups alive at once
-        **label_options(spec.scaling_config, size, avoid_nodes),
-    )
-
-
 def _wait_gone(handles: list[RayWorkerHandle], timeout_s: float) -> None:
     """Wait until Ray reports each killed actor dead (a call to it fails)."""
     deadline = time.monotonic() + timeout_s
@@ -470,30 +332,3 @@ def _wait_gone(handles: list[RayWorkerHandle], timeout_s: float) -> None:
                 continue
         if pending:
             time.sleep(0.02)
-
-
-def run_marker(spec: WorkerGroupSpec) -> tuple[Any, str] | None:
-    """(filesystem, path) of the marker file ``RunStorage.prepare()`` wrote in the run directory.
-
-    From ``spec.storage`` when the spec carries it, else from the run's log directory, which is
-    ``<run>/logs`` when storage is local (None: nothing to check).
-    """
-    storage = spec.storage
-    if storage is not None:
-        return storage.filesystem, storage.path(MARKER_FILE)
-    if spec.log_dir is not None and os.path.basename(spec.log_dir) == LOG_DIR:
-        return None, os.path.join(os.path.dirname(spec.log_dir), MARKER_FILE)
-    return None
-
-
-def _storage_error(problems: dict[int, tuple[str, str, str]]) -> StorageError:
-    detail = "\n".join(
-        f"  worker {index} on node {node} ({host}): {why}"
-        for index, (host, node, why) in sorted(problems.items())
-    )
-    return StorageError(
-        f"Workers cannot see the run directory that the driver created:\n{detail}\n"
-        "Every worker writes its checkpoint parts there, so every node must reach it.\n"
-        "HINT: use a filesystem shared by every node (NFS, ...) or a cloud URI such as "
-        "s3://bucket/path as RunConfig(storage_path=...)."
-    )

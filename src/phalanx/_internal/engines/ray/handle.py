@@ -95,7 +95,7 @@ class RayWorkerHandle(WorkerHandle):
         self.broken: RemoteCallError | None = None  # set once a message could not be read
         self.confirmed = 0  # messages of this actor handled (numbered from 0), told each drain
         # Lost with its node (unreachable, or the GCS says the node is dead), not a process
-        # that died alone: the next placement keeps off that node (engine._LostNodes).
+        # that died alone: the next placement keeps off that node (RayEngine._lost_nodes).
         self.node_lost = False
         self.placement: tuple[Any, int] | None = None  # (placement group, bundle index)
 
@@ -124,12 +124,17 @@ class RayWorkerHandle(WorkerHandle):
     def set_rank(self, rank: int) -> None:
         self.rank = rank
 
-    def rebind(self, events: Events, log_dir: str | None, attempt: int) -> None:
+    def rebind(
+        self, events: Events, log_dir: str | None, attempt: int, index: int | None = None
+    ) -> None:
         """Serve the next attempt (in-place recovery): the same actor, its calls and messages
-        numbered on; its events and output go to the new attempt's queue and log."""
+        numbered on; its events and output go to the new attempt's queue and log. ``index``:
+        its worker index in the new group (an elastic group renumbers its survivors)."""
         with self._lock:
             self._output.close()
             self._events = events
+            if index is not None:
+                self.index = index
             self._output = RankOutput(self, log_dir, attempt)
             self.rank = self.index
             self.closed.clear()

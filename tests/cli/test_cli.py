@@ -12,16 +12,16 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
+from _helpers import wait_until
 
 import phalanx as train
 from phalanx import DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig
 from phalanx.errors import TrainingFailedError
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+SRC = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src"))
 
 DRIVER = textwrap.dedent(
     """
@@ -71,16 +71,6 @@ def phalanx(*args: str, env: dict[str, str] | None = None, script: bool = False)
     )
 
 
-def wait_for(condition, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def ls_status(storage: str, name: str) -> str | None:
     """The STATUS column of ``name`` in ``phalanx ls`` (in-process, for polling)."""
     from phalanx.cli._runs import find_runs
@@ -122,13 +112,16 @@ def test_ls_shows_a_live_run_as_running_then_finished_and_logs_follow_it(tmp_pat
     )
     follow = None
     try:
-        wait_for(lambda: ls_status(storage, "live") == "running", what="the run to start")
+        wait_until(
+            lambda: ls_status(storage, "live") == "running", timeout_s=60, what="the run to start"
+        )
         listed = phalanx("ls", storage)
         assert listed.returncode == 0, listed.stderr
         assert row_of(listed.stdout, "live")[1] == "running"
         run = f"{storage}/live"
-        wait_for(
+        wait_until(
             lambda: "hello from rank 1" in phalanx("logs", run, "--rank", "1").stdout,
+            timeout_s=60,
             what="rank 1's first line in its log",
         )
         follow = subprocess.Popen(
@@ -169,7 +162,9 @@ def test_a_driver_killed_with_sigkill_shows_as_interrupted(tmp_path):
         [sys.executable, str(script), storage, "killed", release, "thread", "1"], env=cli_env()
     )
     try:
-        wait_for(lambda: ls_status(storage, "killed") == "running", what="the run to start")
+        wait_until(
+            lambda: ls_status(storage, "killed") == "running", timeout_s=60, what="the run to start"
+        )
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
@@ -519,3 +514,25 @@ def test_a_failed_run_records_failed_and_ctrl_c_records_interrupted(tmp_path):
         fit_thread(storage, "i", [0.5, 0.4], callbacks=[Interrupt()])
     assert Result.from_path(f"{storage}/i").config["status"] == "interrupted"
     assert row_of(phalanx("ls", storage).stdout, "i")[1] == "interrupted"
+
+
+def test_cli_shows_a_run_and_its_metrics(tmp_path, capsys):
+    from phalanx.cli import main
+
+    def loop():
+        for step in range(3):
+            train.report({"step": step, "loss": 1.0 / (step + 1)})
+
+    result = DataParallelTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=1, engine="thread"),
+        run_config=RunConfig(name="cli", storage_path=str(tmp_path)),
+    ).fit()
+    assert main(["show", result.path]) == 0
+    out = capsys.readouterr().out
+    assert "attempts:     1" in out and "step=2" in out
+    assert main(["metrics", result.path]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["step", "loss"] and len(lines) == 4
+    assert main(["show", str(tmp_path / "nope")]) == 2
+    assert "No run at" in capsys.readouterr().err

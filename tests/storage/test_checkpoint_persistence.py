@@ -9,7 +9,6 @@ cases run against a moto server on 127.0.0.1.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import stat
@@ -17,6 +16,7 @@ import tempfile
 import uuid
 
 import pytest
+from _helpers import moto_s3
 
 import phalanx as train
 from phalanx import (
@@ -447,21 +447,8 @@ BUCKET = "phalanx-persist"
 
 @pytest.fixture(scope="module")
 def s3():
-    """A real S3-compatible server on 127.0.0.1 (moto) and an s3fs filesystem pointed at it."""
-    s3fs = pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = {"endpoint_url": f"http://{host}:{port}", "region_name": "us-east-1"}
-    fs = s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs=endpoint)
-    import boto3
-
-    boto3.client("s3", aws_access_key_id="testing", aws_secret_access_key="testing",
-                 **endpoint).create_bucket(Bucket=BUCKET)  # fmt: skip
-    yield fs
-    server.stop()
+    with moto_s3(BUCKET) as fs:
+        yield fs
 
 
 def s3_run(loop, s3, config, workers=2, keep=None, name=None):

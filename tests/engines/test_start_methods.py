@@ -19,8 +19,9 @@ import psutil
 import pytest
 import test_local_engine as local
 import test_never_hang as never_hang
+from _helpers import free_port, wait_until
+from test_never_hang_contract import alive
 
-import phalanx as train
 from phalanx import (
     ConfigError,
     DataParallelTrainer,
@@ -28,7 +29,6 @@ from phalanx import (
     HangError,
     RunConfig,
     ScalingConfig,
-    TrainingFailedError,
 )
 from phalanx._internal.engines.local import start_method
 
@@ -100,7 +100,7 @@ def test_a_hang_names_the_sleeping_rank_with_every_rank_s_stack(storage):
         fit(
             never_hang.asleep_while_rank_0_waits_in_all_reduce,
             storage,
-            config={"ports": [never_hang.free_port()]},
+            config={"ports": [free_port()]},
             hang_timeout_s=10,
         )
     message = str(info.value)
@@ -119,71 +119,20 @@ def test_workers_die_with_their_spawn_server_while_the_driver_cannot_act(tmp_pat
     pids_dir.mkdir()
     driver = subprocess.Popen([sys.executable, str(script), str(pids_dir), str(tmp_path / "runs")])
     try:
-        local.wait_for(lambda: len(os.listdir(pids_dir)) == 2, 60, "both workers to start")
+        wait_until(lambda: len(os.listdir(pids_dir)) == 2, 60, "both workers to start")
         pids = [int(name.split("_")[1]) for name in os.listdir(pids_dir)]
         (server,) = {psutil.Process(pid).ppid() for pid in pids}
         assert SPAWN_SERVER in " ".join(psutil.Process(server).cmdline())
         driver.send_signal(signal.SIGSTOP)
         os.kill(server, signal.SIGKILL)
-        local.wait_for(lambda: not any(alive(p) for p in pids), 2.0, "workers to die")
+        wait_until(lambda: not any(alive(p) for p in pids), 10, "workers to die")
     finally:
         driver.kill()
         driver.wait()
 
 
-def start_processes(config):
-    """Start processes that leave the worker's reach in every way we know; write their pids."""
-    import multiprocessing
-
-    pids = [
-        subprocess.Popen(["sleep", "1000"]).pid,  # in the worker's process group
-        subprocess.Popen(["sleep", "1000"], start_new_session=True).pid,  # a new session
-    ]
-    shell = subprocess.run(  # a new session, and its parent exits: an orphan
-        ["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 & echo $!"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    pids.append(int(shell.stdout.strip()))
-    proc = multiprocessing.get_context("fork").Process(target=time.sleep, args=(1000,))
-    proc.start()
-    pids.append(proc.pid)
-    rank = train.get_context().get_world_rank()
-    tmp = os.path.join(os.path.dirname(config["dir"]), f"pids_{rank}.tmp")
-    with open(tmp, "w") as f:
-        f.write(" ".join(map(str, pids)))
-    os.replace(tmp, os.path.join(config["dir"], f"pids_{rank}"))
-    if config["fail"]:
-        while len(os.listdir(config["dir"])) < train.get_context().get_world_size():
-            time.sleep(0.01)  # every rank started its processes: now fail the attempt
-        raise RuntimeError("fail after starting processes")
-
-
-def alive(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("fail", [False, True], ids=["succeeded", "failed"])
-def test_processes_the_training_function_started_are_gone_after_fit(storage, tmp_path, fail):
-    (tmp_path / "pids").mkdir()
-    config = {"dir": str(tmp_path / "pids"), "fail": fail}
-    if fail:
-        with pytest.raises(TrainingFailedError):
-            fit(start_processes, storage, config=config)
-    else:
-        fit(start_processes, storage, config=config)
-    returned = time.monotonic()
-    files = os.listdir(tmp_path / "pids")
-    pids = [int(p) for name in files for p in (tmp_path / "pids" / name).read_text().split()]
-    assert len(pids) == 2 * 4
-    while any(alive(p) for p in pids) and time.monotonic() - returned < 10.0:
-        time.sleep(0.01)
-    assert not [p for p in pids if alive(p)], "processes outlived fit()"
+# The training function's own processes, gone after fit() on this path too: the "local-spawn"
+# case of tests/engines/test_never_hang_contract.py.
 
 
 # -- choosing the start method ------------------------------------------------------------------
@@ -252,7 +201,7 @@ def test_killing_a_cuda_initialised_driver_leaves_neither_workers_nor_fork_serve
     command = [sys.executable, str(script), str(pids_dir), str(tmp_path / "runs")]
     driver = subprocess.Popen(command, env=environ)
     try:
-        local.wait_for(lambda: len(os.listdir(pids_dir)) == 2, 60, "both workers to start")
+        wait_until(lambda: len(os.listdir(pids_dir)) == 2, 60, "both workers to start")
         pids = [int(p) for name in os.listdir(pids_dir) for p in name.split("_")[1:]]
         server = psutil.Process(pids[1])
         assert "serve_spawned" in " ".join(server.cmdline()) and pids[1] != driver.pid
@@ -260,7 +209,7 @@ def test_killing_a_cuda_initialised_driver_leaves_neither_workers_nor_fork_serve
         driver.wait()
         # A worker (or the server) outliving its driver lives on for good: any bound catches it.
         alive = [p for p in pids if psutil.pid_exists(p)]
-        local.wait_for(lambda: not any(psutil.pid_exists(p) for p in alive), 10.0, "to die")
+        wait_until(lambda: not any(psutil.pid_exists(p) for p in alive), 10.0, "to die")
     finally:
         if driver.poll() is None:
             driver.kill()
@@ -364,7 +313,7 @@ def test_descendants_are_found_without_proc_as_on_macos(monkeypatch):
         ["sh", "-c", "setsid sleep 60 & sleep 60; true"], start_new_session=True
     )  # a shell, and two grandchildren: one in a session of its own
     try:
-        local.wait_for(lambda: len(process_tree.descendants(os.getpid())) >= 3, 10, "the tree")
+        wait_until(lambda: len(process_tree.descendants(os.getpid())) >= 3, 10, "the tree")
         from_proc = process_tree.descendants(os.getpid())
         monkeypatch.setattr(process_tree, "_PROC", "/nonexistent")
         from_ps = set(process_tree.descendants(os.getpid()))

@@ -6,7 +6,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _helpers import free_port, wait_until
 
 import phalanx as train
 from phalanx import (
@@ -50,12 +50,6 @@ if torch is not None:
     _warm_torch()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def fit(fn, storage, workers=2, config=None, name="run", engine=None, **failure):
     return DataParallelTrainer(
         fn,
@@ -65,14 +59,6 @@ def fit(fn, storage, workers=2, config=None, name="run", engine=None, **failure)
             name=name, storage_path=storage, failure_config=FailureConfig(**failure)
         ),
     ).fit()
-
-
-def wait_for(condition, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def init_gloo(config):
@@ -326,14 +312,16 @@ def test_a_crashed_driver_is_resumed_by_running_it_again(driver_script, tmp_path
     run_dir = tmp_path / "runs" / "crashy"
     driver = start_driver(driver_script, tmp_path, 0.05)
     try:
-        wait_for(lambda: (run_dir / "checkpoint_000005").exists(), 30, "a few checkpoints")
+        wait_until(lambda: (run_dir / "checkpoint_000005").exists(), 30, "a few checkpoints")
         driver.kill()
         driver.communicate()  # closes its pipes too
     finally:
         if driver.poll() is None:
             driver.kill()
             driver.communicate()  # closes its pipes too
-    wait_for(lambda: not any(psutil.pid_exists(p) for p in worker_pids(tmp_path)), 2, "workers")
+    wait_until(
+        lambda: not any(psutil.pid_exists(p) for p in worker_pids(tmp_path)), 10, "workers to stop"
+    )
     os.makedirs(run_dir / "checkpoint_000099")  # as if committed right before the crash
     again = start_driver(driver_script, tmp_path, 0.0)
     out, err = again.communicate(timeout=60)
@@ -352,7 +340,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_committed_checkpoints(driver_script
     run_dir = tmp_path / "runs" / "crashy"
     driver = start_driver(driver_script, tmp_path, 0.5)
     try:
-        wait_for(lambda: (run_dir / "checkpoint_000002").exists(), 30, "a few checkpoints")
+        wait_until(lambda: (run_dir / "checkpoint_000002").exists(), 30, "a few checkpoints")
         pids = worker_pids(tmp_path)
         driver.send_signal(signal.SIGINT)
         start = time.monotonic()

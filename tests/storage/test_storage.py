@@ -3,7 +3,6 @@ filesystems; async uploads; retention; Result.from_path on remote storage."""
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import fsspec
 import pytest
+from _helpers import moto_s3
 from fsspec.implementations.memory import MemoryFileSystem
 
 import phalanx as train
@@ -27,33 +27,11 @@ from phalanx import (
     TrainingFailedError,
 )
 
-s3fs = pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
-
 
 @pytest.fixture(scope="module")
 def s3():
-    """A real S3-compatible server on 127.0.0.1 and a filesystem pointed at it."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    fs = s3fs.S3FileSystem(
-        key="testing",
-        secret="testing",
-        client_kwargs={"endpoint_url": f"http://{host}:{port}", "region_name": "us-east-1"},
-    )
-    import boto3
-
-    boto3.client(
-        "s3",
-        endpoint_url=f"http://{host}:{port}",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket="phalanx-runs")
-    yield fs
-    server.stop()
+    with moto_s3("phalanx-runs") as fs:
+        yield fs
 
 
 def loop_with_parts(config):

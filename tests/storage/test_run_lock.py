@@ -17,6 +17,7 @@ import uuid
 
 import fsspec
 import pytest
+from _helpers import moto_s3
 
 import phalanx as train
 from phalanx import Checkpoint, DataParallelTrainer, Result, RunConfig, ScalingConfig, StorageError
@@ -151,28 +152,8 @@ def test_a_stale_lease_is_taken_over_and_a_fresh_one_is_not(caplog):
 
 @pytest.fixture(scope="module")
 def s3():
-    moto_server = pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    import boto3
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket="lock-runs")
-    yield s3fs.S3FileSystem(
-        key="testing",
-        secret="testing",
-        client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"},
-    )
-    server.stop()
+    with moto_s3("lock-runs") as fs:
+        yield fs
 
 
 @pytest.mark.slow

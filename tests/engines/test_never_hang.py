@@ -1,7 +1,7 @@
 """fit() never hangs and always says why (local engine, real processes): a dying fork server,
 the hang roll call with two ranks, visible retries and their backoff, Ctrl-C and SIGTERM.
 
-The tests shared with the Ray engine are in ``tests/ray/test_never_hang.py``.
+The tests shared with the Ray engine are in ``tests/engines/test_never_hang_contract.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import time
 
 import psutil
 import pytest
+from _helpers import free_port, wait_until
 
 import phalanx as train
 from phalanx import (
@@ -50,20 +50,6 @@ def fit(fn, storage, workers=2, config=None, name="run", **failure):
             name=name, storage_path=storage, failure_config=FailureConfig(**failure)
         ),
     ).fit()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(condition, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 # -- start-up failures --------------------------------------------------------------------------
@@ -268,12 +254,12 @@ def test_ctrl_c_and_sigterm_stop_every_worker_and_say_how_to_resume(tmp_path, si
         text=True,
     )
     try:
-        wait_for(lambda: (runs / "stopme" / "checkpoint_000001").exists(), 60, "checkpoints")
+        wait_until(lambda: (runs / "stopme" / "checkpoint_000001").exists(), 60, "checkpoints")
         pids = [int(n.split("_")[1]) for n in os.listdir(pid_dir)]
         assert len(pids) == 2
         driver.send_signal(sig)
         sent = time.monotonic()
-        wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 2.0, "workers to stop")
+        wait_until(lambda: not any(psutil.pid_exists(p) for p in pids), 10, "workers to stop")
         _, err = driver.communicate(timeout=30)
         assert time.monotonic() - sent < 10
     finally:

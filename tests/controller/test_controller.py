@@ -1,7 +1,8 @@
 """The controller's logic on the thread engine: rounds, commits, retention, errors, resume.
 
 Workers are threads here, so these tests take milliseconds; the same behaviour on real
-processes is covered in test_local_engine.py.
+processes is covered in tests/engines/test_contract.py (which also runs on this engine: a
+retry from the latest checkpoint is there) and tests/worker/ (the metric checks).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from phalanx import (
     ConfigError,
     ControllerError,
     DataParallelTrainer,
-    FailureConfig,
     Result,
     RunConfig,
     ScalingConfig,
@@ -218,17 +218,6 @@ def test_same_name_and_storage_resumes_and_continues_the_history(storage):
     assert result.checkpoint.path.endswith("checkpoint_000004")
 
 
-def test_retry_restarts_from_the_latest_checkpoint(storage):
-    result = fit(
-        resumable_loop,
-        storage,
-        config={"steps": 5, "fail_at": 2},
-        failure_config=FailureConfig(max_failures=1),
-    )
-    assert result.attempts == 2
-    assert list(result.metrics_dataframe["step"]) == [0, 1, 2, 3, 4]
-
-
 def test_without_retries_the_failure_is_raised_with_what_was_committed(storage):
     with pytest.raises(TrainingFailedError, match="preempted") as info:
         fit(resumable_loop, storage, workers=1, config={"steps": 5, "fail_at": 2})
@@ -286,15 +275,3 @@ def test_result_from_path_matches_the_result(storage):
         Path(os.path.join(result.path, "checkpoint_manager_snapshot.json")).read_text()
     )
     assert snapshot["latest"] == "checkpoint_000002"
-
-
-def test_metrics_must_be_plain_values(storage):
-    torch = pytest.importorskip("torch")
-
-    def loop():
-        train.report({"loss": torch.tensor(1.0)})
-
-    with pytest.raises(
-        TrainingFailedError, match=r"Metric .loss. is a Tensor.*\n.*HINT: .*\.item\(\)"
-    ):
-        fit(loop, storage, workers=1)

@@ -91,7 +91,11 @@ def test_a_failure_right_after_a_report_loses_no_round_in_20_runs(tmp_path):
         assert retry["step"].min() == k + 1, f"repetition {repetition} lost round {k}"
         failed = rows[(rows["_phalanx_attempt"] == 1) & (rows["rank"] == 1)]
         assert math.isnan(failed["loss"].iloc[-1])  # the failing rank's last report is kept
-        assert list(result.metrics_dataframe["step"]) == list(range(steps))
+        assert list(rows[rows["loss"].isna()]["step"]) == [k]  # and it is the only NaN
+        frame = result.metrics_dataframe
+        assert list(frame["step"]) == list(range(steps))
+        assert list(frame["training_iteration"]) == list(range(1, steps + 1))
+        assert list(frame["_phalanx_attempt"]) == [1] * (k + 1) + [2] * (steps - k - 1)
         assert result.checkpoint.path.endswith(f"checkpoint_{steps - 1:06d}")
 
 

@@ -63,7 +63,7 @@ def rank_script(draw):
         "sleeps": draw(st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.004]), min_size=n, max_size=n)),
         # NO_UPLOAD is left out: a thread worker cannot be killed, so a torn-down one may still
         # write its in-place part after the driver cleaned up (processes are dead by then);
-        # mixed modes are covered on real processes in test_checkpoint_persistence.py.
+        # mixed modes are covered on real processes in tests/storage/test_checkpoint_persistence.py.
         "mode": draw(st.sampled_from(["sync", "async"])),
         "end": draw(st.sampled_from(["return", "return", "raise"])),
     }

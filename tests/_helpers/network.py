@@ -1,0 +1,11 @@
+"""A TCP port on 127.0.0.1 that nothing listens on."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
