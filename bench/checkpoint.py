@@ -33,8 +33,10 @@ directory; for xfs a copy from /dev/shm + fsync; for s3 an ``s3fs`` ``put_file``
 Metrics: blocked = wall time of rank 0's ``report()`` call that carries a checkpoint;
 committed = that call's start (``time.time()`` in the metrics) to the driver-side callback's
 ``after_report`` seeing the checkpoint; fit() total. Every measurement runs in a fresh Python
-subprocess (this script with ``--one``), interleaved phalanx, Ray Train, raw in each rep.
-Results go to bench/results/checkpoint.{md,json}. Only the standard library is imported at
+subprocess (bench/harness.py: this script with ``--one SYSTEM@CASE``, every process it starts
+marked and any left over killed), interleaved phalanx, Ray Train, raw in each rep, one moto
+server for them all. Results go to bench/results/checkpoint.{md,json} (``--render JSON``
+rewrites the markdown). Only the standard library is imported at
 module level; workers run functions shipped by value from ``__main__``.
 """
 
@@ -43,26 +45,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import MARKER_ENV, free_port, machine, median, package_version, reap_marked, spin
+import harness
+from common import free_port, median, spin
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results" / "checkpoint.md"
 SYSTEMS = ("phalanx", "raytrain", "raw")
 STORAGES = ("local", "xfs", "s3")
 MODES = ("sync", "syncdel", "async", "asynckeep")
@@ -475,8 +472,8 @@ def _cleanup(case: Case, tmp: Path, args: Any) -> None:
 
 def run_one(args: argparse.Namespace) -> Record:
     """One measurement, in this (fresh) process."""
-    system, case = args.one[0], Case.parse(args.one[1])
-    tmp = Path(tempfile.mkdtemp(prefix=f"{system[:3]}-", dir=args.workdir))
+    system, case = _parse_name(args.one)
+    tmp = Path(tempfile.mkdtemp(prefix=f"b4-{system[:3]}-", dir=args.tmp_root))
     (tmp / "t").mkdir()
     os.environ["TMPDIR"] = str(tmp / "t")  # phalanx logs of a remote run, stray temp files
     tempfile.tempdir = None
@@ -495,7 +492,17 @@ def run_one(args: argparse.Namespace) -> Record:
     finally:
         _cleanup(case, tmp, args)
         shutil.rmtree(tmp, ignore_errors=True)
-    return rec
+    rec["summary"] = summarize({**rec, "system": system, "ok": rec.get("error") is None})
+    return {**rec, "sut": system, "case": case.key}
+
+
+def _name(system: str, case: Case) -> str:
+    return f"{system}@{case.key}"
+
+
+def _parse_name(name: str) -> tuple[str, Case]:
+    system, case = name.split("@", 1)
+    return system, Case.parse(case)
 
 
 # --------------------------------------------------------------------------- orchestration
@@ -537,45 +544,6 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 
         except OSError:
             time.sleep(0.2)
     raise RuntimeError("moto_server did not start")
-
-
-def _child_env(marker: str) -> dict[str, str]:
-    env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
-    env[MARKER_ENV] = marker
-    return env
-
-
-def launch(system: str, case: Case, rep: int, args: argparse.Namespace, logs: Path) -> Record:
-    marker = uuid.uuid4().hex
-    stem = f"{case.key.replace(':', '-')}-{system}-{rep}"
-    json_out, log = logs / f"{stem}.json", logs / f"{stem}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", system, case.key]
-    cmd += ["--json-out", str(json_out), "--s3-port", str(args.s3_port)]
-    cmd += ["--workdir", str(args.workdir)]
-    t0 = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.Popen(
-            cmd, env=_child_env(marker), stdout=fh, stderr=subprocess.STDOUT, cwd=REPO
-        )
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-        except BaseException:  # interrupted: take the measurement's processes down with us
-            proc.kill()
-            proc.wait()
-            reap_marked(marker, grace_s=0)
-            raise
-    wall = time.perf_counter() - t0
-    rec: Record = {"system": system, "case": case.key, "rep": rep, "ok": False}
-    if rc == 0 and json_out.exists():
-        rec.update(json.loads(json_out.read_text()))
-        rec["ok"] = rec.get("error") is None
-    else:
-        rec["error"] = f"rc={rc}: " + log.read_text(errors="replace")[-3000:]
-    rec.update(rep=rep, process_wall_s=wall, leftover_procs=reap_marked(marker, grace_s=10.0))
-    return rec
 
 
 def _plan(cases: list[Case], systems: list[str], ray_cases: set[str]) -> list[tuple[str, Case]]:
@@ -673,7 +641,7 @@ def _raw_for(runs: list[Record], case: Case) -> dict[int, Record]:
     return {
         r["rep"]: r["summary"]
         for r in runs
-        if r["system"] == "raw" and r["ok"]
+        if r.get("sut") == "raw" and r["ok"]
         for c in [Case.parse(r["case"])]
         if (c.storage, c.size_mb) == (case.storage, case.size_mb)
     }
@@ -685,7 +653,7 @@ def _by_rep(runs: list[Record], system: str, case: Case) -> dict[int, Record]:
     return {
         r["rep"]: r["summary"]
         for r in runs
-        if r["system"] == system and r["case"] == case.key and r["ok"]
+        if r.get("sut") == system and r.get("case") == case.key and r["ok"]
     }
 
 
@@ -725,26 +693,6 @@ def case_table(runs: list[Record], case: Case) -> Record:
 
 
 # --------------------------------------------------------------------------- report
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
-
-
-def machine_info(workdir: Path) -> Record:
-    return {
-        **machine(),
-        "disk_free_gib": round(shutil.disk_usage(workdir).free / 2**30, 1),
-        "loadavg_start": os.getloadavg(),
-    }
-
-
-def package_versions() -> Record:
-    names = ("torch", "ray", "phalanx", "s3fs", "fsspec", "moto", "boto3", "pyarrow", "numpy")
-    return {"python": platform.python_version(), **{n: package_version(n) for n in names}}
 
 
 def _ms(v: float | None) -> str:
@@ -856,41 +804,23 @@ def _checks(runs: list[Record]) -> list[str]:
     out = []
     for r in runs:
         s = r.get("summary", {})
-        if not r["ok"]:
-            out.append(f"- FAILED {r['system']} {r['case']} rep {r['rep']}: {r['error'][-300:]}")
-            continue
-        if r["system"] == "raw":
-            continue
+        if not r["ok"] or r["sut"] == "raw":
+            continue  # the harness lists every failed run after the report
         expected = STEPS // CKPT_EVERY
         if s.get("n_committed") != expected or s.get("n_left") != min(expected, NUM_TO_KEEP):
             out.append(
-                f"- {r['system']} {r['case']} rep {r['rep']}: {s.get('n_committed')} commits "
+                f"- {r['system']} rep {r['rep']}: {s.get('n_committed')} commits "
                 f"seen (expected {expected}), {s.get('n_left')} checkpoints left in storage "
                 f"(expected {min(expected, NUM_TO_KEEP)})"
             )
-        if r.get("leftover_procs"):
-            out.append(
-                f"- {r['system']} {r['case']} rep {r['rep']}: leftover {r['leftover_procs']}"
-            )
+        if r.get("leftover"):
+            out.append(f"- {r['system']} rep {r['rep']}: leftover {r['leftover']}")
     return out or ["- every run committed every checkpoint and kept exactly num_to_keep=3"]
 
 
-def write_report(runs: list[Record], rows: list[Record], meta: Record, cases: list[Case]) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    blob = {"meta": meta, "table": rows, "runs": runs}
-    RESULTS.with_suffix(".json").write_text(json.dumps(blob, indent=1, default=str) + "\n")
-    m, v = meta["machine"], meta["versions"]
-    lines = [
-        "# phalanx benchmark B4 (checkpoint cost)",
-        "",
-        f"- date: {meta['date']}",
-        f"- machine: {m['nproc']} CPUs, {m['memory_gib']} GiB, {m['cpu_model']}; "
-        f"{m['disk_free_gib']} GiB free on {meta['workdir']}; load avg "
-        f"{m['loadavg_start'][0]:.1f} at start, {m['loadavg_end'][0]:.1f} at end (shared, noisy)",
-        "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-        f"- command: `{meta['command']}`; {meta['reps']} reps, interleaved "
-        f"({' '.join(meta['systems'])}) per case in each rep, every run in a fresh subprocess; "
-        f"total wall {meta['wall_s'] / 60:.1f} min",
+def workload(meta: Record) -> list[str]:
+    return [
+        f"- the local storage under {meta['tmp_root']}; shared machine, noisy",
         f"- loop: 2 workers, {STEPS} steps of {STEP_S * 1e3:.0f} ms busy work, rank 0 reports a "
         f"checkpoint (one file `model.bin`) every {CKPT_EVERY} steps ({STEPS // CKPT_EVERY} "
         f"checkpoints), CheckpointConfig(num_to_keep={NUM_TO_KEEP}); the write of the file is "
@@ -915,12 +845,17 @@ def write_report(runs: list[Record], rows: list[Record], meta: Record, cases: li
         "- Ray Train: `ray.init(address='local', num_cpus=2)` per run, V2 DataParallelTrainer, "
         "default settings; ASYNC via `checkpoint_upload_mode=CheckpointUploadMode.ASYNC` "
         "(exists in 2.60); its directory outlives report() (`tempfile.mkdtemp`). Ray Train "
-        "runs only the cases "
-        f"{', '.join(meta['ray_cases'])} (~70 s per run here). S3: one moto_server in its own "
-        "process on 127.0.0.1; phalanx gets an s3fs.S3FileSystem, Ray Train the same s3fs "
-        "through pyarrow's PyFileSystem(FSSpecHandler(...)) (pyarrow's native S3FileSystem "
-        "fails CompleteMultipartUpload against moto 5.2.1).",
-        "",
+        f"runs only the cases {meta['ray_cases']} (~70 s per run here). S3: one moto_server in "
+        "its own process on 127.0.0.1 for every run; phalanx gets an s3fs.S3FileSystem, Ray "
+        "Train the same s3fs through pyarrow's PyFileSystem(FSSpecHandler(...)) (pyarrow's "
+        "native S3FileSystem fails CompleteMultipartUpload against moto 5.2.1).",
+    ]
+
+
+def report(runs: list[Record], meta: Record) -> list[str]:
+    cases = _cases_of(meta)
+    rows = [case_table(runs, c) for c in cases]
+    lines = [
         "## Results",
         "",
         TABLE_HEAD,
@@ -940,9 +875,18 @@ def write_report(runs: list[Record], rows: list[Record], meta: Record, cases: li
         *_checks(runs),
         "",
     ]
-    if meta.get("notes"):
-        lines += ["## Notes", "", *meta["notes"], ""]
-    RESULTS.write_text("\n".join(lines))
+    if meta.get("note"):
+        lines += ["## Notes", "", *meta["note"].split(" | "), ""]
+    return lines
+
+
+def _cases_of(meta: Record) -> list[Case]:
+    """The cases, in the order the runs named them."""
+    keys: list[str] = []
+    for name in meta["systems"]:
+        key = _parse_name(name)[1].key
+        keys += [key] if key not in keys else []
+    return [Case.parse(k) for k in keys]
 
 
 # --------------------------------------------------------------------------- main
@@ -961,110 +905,62 @@ def _with_sizes(cases: list[Case], sizes: str | None) -> list[Case]:
     return out
 
 
-def _line(rec: Record) -> str:
-    head = f"[rep {rec['rep']}] {rec['case']:16} {rec['system']:8}"
-    if not rec["ok"]:
-        return f"{head} FAILED {rec['error'][-600:]}"
-    s = rec["summary"]
-    parts = [f"{k}={v:.4g}" for k, v in s.items() if isinstance(v, float)]
-    return f"{head} wall={rec['process_wall_s']:.1f}s " + " ".join(parts)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cases", default=DEFAULT_CASES, help="STORAGE:SIZE_MB:MODE,...")
+    p.add_argument("--ray-cases", default=DEFAULT_RAY_CASES, help="the cases Ray Train runs")
+    p.add_argument("--sizes", help="MB,... replacing every case's size (e.g. 8 for a smoke run)")
+    p.add_argument("--tmp-root", default="/tmp", help="where the local storage lives")
+    p.add_argument("--note", help="a line for the Notes section (' | ' between lines)")
+    p.add_argument("--s3-port", type=int, default=0, help=argparse.SUPPRESS)
+
+
+BENCH = harness.Bench(
+    name="checkpoint",
+    title="phalanx benchmark B4 (checkpoint cost)",
+    systems=SYSTEMS,
+    run_one=run_one,
+    add_arguments=add_arguments,
+    workload=workload,
+    report=report,
+    ok=lambda rec: rec.get("error") is None,
+    extra_versions=("s3fs", "fsspec", "moto", "boto3", "pyarrow", "numpy"),
+    reps=3,
+    timeout_s=300.0,
+    marked=True,
+    named_by_workload=True,
+)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main_orchestrate(args: argparse.Namespace) -> None:
+def main() -> None:
+    args = harness.parse_args(BENCH)
     # SIGTERM/SIGINT (also when started in the background) clean up: children, moto, files.
     signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
+    if args.one or args.render:
+        harness.main(BENCH, args)
+        return
+    # --systems names the systems; each runs on the cases of the plan (raw once per storage
+    # and size, Ray Train on --ray-cases only), a case's systems one after another.
     systems = [s for s in args.systems.split(",") if s]
     cases = _with_sizes([Case.parse(c) for c in args.cases.split(",") if c], args.sizes)
     ray_cases = {
         c.key
         for c in _with_sizes([Case.parse(c) for c in args.ray_cases.split(",") if c], args.sizes)
     }
-    base = Path(tempfile.mkdtemp(prefix="b4-", dir=args.tmp_root))
-    args.workdir = base
-    logs = base / "logs"
-    logs.mkdir()
-    meta: Record = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(base),
-        "versions": package_versions(),
-        "command": " ".join(["python", "bench/checkpoint.py", *sys.argv[1:]]),
-        "reps": args.reps,
-        "systems": systems,
-        "ray_cases": [c.key for c in cases if c.key in ray_cases],
-        "workdir": args.tmp_root,
-        "notes": args.note,
-    }
-    runs: list[Record] = []
-    t0 = time.perf_counter()
+    args.systems = ",".join(
+        _name(system, case) for system, case in _plan(cases, systems, ray_cases)
+    )
+    args.ray_cases = ",".join(c.key for c in cases if c.key in ray_cases)
+    logs = Path(tempfile.mkdtemp(prefix="b4-logs-", dir=args.tmp_root))
     try:
         with moto_server(any(c.storage == "s3" for c in cases), logs) as port:
             args.s3_port = port
-            for rep in range(args.reps):
-                for system, case in _plan(cases, systems, ray_cases):
-                    rec = launch(system, case, rep, args, logs)
-                    rec["summary"] = summarize(rec)
-                    runs.append(rec)
-                    print(_line(rec), flush=True)
+            harness.main(BENCH, args)
     finally:
-        shutil.rmtree(base, ignore_errors=True)
-    meta["wall_s"] = time.perf_counter() - t0
-    meta["machine"]["loadavg_end"] = os.getloadavg()
-    meta["cases"] = [c.key for c in cases]
-    rows = [case_table(runs, c) for c in cases]
-    write_report(runs, rows, meta, cases)
-    print(RESULTS.read_text())
-
-
-def main_from_json(args: argparse.Namespace) -> None:
-    """Rebuild the tables from a saved JSON (no measurement)."""
-    blob = json.loads(Path(args.from_json).read_text())
-    meta, runs = blob["meta"], blob["runs"]
-    keys = meta.get("cases") or [row["case"] for row in blob["table"]]
-    cases = [Case.parse(k) for k in keys]
-    meta["cases"] = keys
-    if args.note:
-        meta["notes"] = args.note
-    for rec in runs:
-        rec["summary"] = summarize(rec)
-    write_report(runs, [case_table(runs, c) for c in cases], meta, cases)
-    print(RESULTS.read_text())
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--cases", default=DEFAULT_CASES, help="STORAGE:SIZE_MB:MODE,...")
-    p.add_argument("--ray-cases", default=DEFAULT_RAY_CASES, help="the cases Ray Train runs")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--sizes", help="MB,... replacing every case's size (e.g. 8 for a smoke run)")
-    p.add_argument("--timeout", type=float, default=300, help="seconds per measurement")
-    p.add_argument("--tmp-root", default="/tmp", help="where the local storage lives")
-    p.add_argument("--note", action="append", default=[], help="a line for the Notes section")
-    p.add_argument("--from-json", help="rebuild the tables from a saved checkpoint.json")
-    p.add_argument("--one", nargs=2, metavar=("SYSTEM", "CASE"), help=argparse.SUPPRESS)
-    p.add_argument("--json-out", help=argparse.SUPPRESS)
-    p.add_argument("--s3-port", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--workdir", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
-
-
-def main() -> None:
-    args = parse_args()
-    if args.one:
-        for k, v in THREAD_ENV.items():
-            os.environ.setdefault(k, v)
-        rec = run_one(args)
-        Path(args.json_out).write_text(json.dumps(rec, default=str))
-        return
-    if args.from_json:
-        main_from_json(args)
-        return
-    main_orchestrate(args)
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@
 
 Run from the repository root on a machine with one CUDA GPU (under 5 minutes):
 
-    PYTHONPATH=src python bench/checkpoint_state_gpu.py
-    PYTHONPATH=src python bench/checkpoint_state_gpu.py --tiny --device cpu   # a smoke run
+    python bench/checkpoint_state_gpu.py
+    python bench/checkpoint_state_gpu.py --tiny --device cpu --out /tmp/b12   # a smoke run
 
 One ``fit()`` with one GPU worker, started from a driver that has initialised CUDA (as a notebook
-that moved a model to the GPU): its first row is fit() -> the training function's first line.
+that moved a model to the GPU): its first row is fit() -> the training function's first line;
+a second, empty ``fit()`` after it gives the same with the fork server kept warm.
 In the worker, for each way of checkpointing, ``--checkpoints`` checkpoints ``--every`` steps
 apart, timing what blocks the loop:
 
@@ -19,21 +20,22 @@ apart, timing what blocks the loop:
   floor         device -> host copies into preallocated pinned buffers, synchronised
 
 and the step time during the checkpoints' background work / before any checkpoint
-(interference), then ``load_state`` vs ``torch.load`` + ``load_state_dict``. Prints a markdown
-table and writes bench/results/checkpoint_state_gpu.{md,json} (``--out``).
+(interference), then ``load_state`` vs ``torch.load`` + ``load_state_dict``. The fit() runs in a
+fresh subprocess of this script (bench/harness.py; ``--reps`` for more than one); the results go
+to bench/results/checkpoint_state_gpu.{md,json} (``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
+
+import harness
 
 MODES = ("torch_sync", "torch_async", "dcp_async", "save_state", "floor")
 
@@ -215,16 +217,15 @@ def _train(config: dict[str, Any]) -> None:
     train.report({"mode": "done", **rows})
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--tiny", action="store_true", help="a small model: a smoke run")
-    p.add_argument("--checkpoints", type=int, default=3)
-    p.add_argument("--every", type=int, default=100, help="steps between checkpoints")
-    out_default = Path(__file__).resolve().parent / "results" / "checkpoint_state_gpu"
-    p.add_argument("--out", default=str(out_default))
-    args = p.parse_args()
+def _first_line(config: dict[str, Any]) -> None:
+    first_line = time.time()
+    import phalanx as train
 
+    train.report({"first_line_s": first_line - config["fit_called"]})
+
+
+def run_one(args: argparse.Namespace) -> dict[str, Any]:
+    """In the run's subprocess: the driver initialises CUDA, then one fit() runs every mode."""
     import torch
 
     import phalanx as train
@@ -232,44 +233,98 @@ def main() -> None:
 
     if args.device == "cuda":
         torch.zeros(1, device="cuda")  # the driver has initialised CUDA, as a notebook would
-    work = tempfile.mkdtemp(prefix="phalanx-b12-gpu-")
-    try:
-        config = {**vars(args), "work_dir": work, "fit_called": time.time()}
-        result = TorchTrainer(
-            _train,
-            train_loop_config=config,
-            scaling_config=train.ScalingConfig(num_workers=1, use_gpu=args.device == "cuda"),
-            run_config=train.RunConfig(
-                storage_path=os.path.join(work, "runs"),
-                checkpoint_config=train.CheckpointConfig(num_to_keep=1),
-            ),
-        ).fit()
-        rows = dict(result.metrics)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    work = args.work_dir
+    config = {
+        "tiny": args.tiny,
+        "device": args.device,
+        "checkpoints": args.checkpoints,
+        "every": args.every,
+        "work_dir": work,
+        "fit_called": time.time(),
+    }
+    result = TorchTrainer(
+        _train,
+        train_loop_config=config,
+        scaling_config=train.ScalingConfig(num_workers=1, use_gpu=args.device == "cuda"),
+        run_config=train.RunConfig(
+            storage_path=os.path.join(work, "runs"),
+            checkpoint_config=train.CheckpointConfig(num_to_keep=1),
+        ),
+    ).fit()
+    rows = {k: v for k, v in result.metrics.items() if isinstance(v, float)}
+    warm = TorchTrainer(  # a notebook's next fit(): the fork server started above is reused
+        _first_line,
+        train_loop_config={"fit_called": time.time()},
+        scaling_config=train.ScalingConfig(num_workers=1, use_gpu=args.device == "cuda"),
+        run_config=train.RunConfig(storage_path=os.path.join(work, "runs"), name="warm"),
+    ).fit()
+    rows["first_line_warm_s"] = warm.metrics["first_line_s"]
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    return {**rows, "device": device}
+
+
+def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    ok = [r for r in runs if r["ok"]]
+    if not ok:
+        return ["No run succeeded."]
+    system = ok[0]["system"]
+
+    def cell(key: str, digits: int = 3) -> str:
+        return harness.cell(runs, system, key, digits)
+
     lines = [
-        f"# B12 on {device}: {rows['state_gb']:.2f} GB state, step {rows['step_s'] * 1e3:.1f} ms",
+        f"Device: {ok[0]['device']}; state {cell('state_gb', 2)} GB, step {cell('step_s', 4)} s.",
         "",
-        f"fit() -> first line from a CUDA-initialised driver: {rows['first_line_s']:.2f} s",
+        f"fit() -> first line from a CUDA-initialised driver: {cell('first_line_s', 2)} s "
+        f"(the first fit()), {cell('first_line_warm_s', 2)} s (the next, warm fork server)",
         "",
         "| checkpoint | blocked, s | step during background work / step |",
         "| --- | --- | --- |",
     ]
     for mode in MODES:
-        blocked, interference = rows[f"{mode}_blocked_s"], rows[f"{mode}_interference"]
-        lines.append(f"| {mode} | {blocked:.3f} | {interference:.3f} |")
+        lines.append(f"| {mode} | {cell(f'{mode}_blocked_s')} | {cell(f'{mode}_interference')} |")
     lines += [
         "",
-        f"Restore: load_state {rows['load_state_s']:.2f} s, torch.load + load_state_dict "
-        f"{rows['torch_load_s']:.2f} s",
+        f"Restore: load_state {cell('load_state_s', 2)} s, torch.load + load_state_dict "
+        f"{cell('torch_load_s', 2)} s",
     ]
-    print("\n".join(lines))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    return lines
+
+
+def workload(meta: dict[str, Any]) -> list[str]:
+    size = "tiny model (smoke run)" if meta["tiny"] else "~220M-parameter GPT-like model"
+    return [
+        f"- each run: one fit() with one {meta['device']} worker, a {size}, bf16 autocast, "
+        f"AdamW; per mode {meta['checkpoints']} checkpoints {meta['every']} steps apart"
+    ]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--tiny", action="store_true", help="a small model: a smoke run")
+    p.add_argument("--checkpoints", type=int, default=3)
+    p.add_argument("--every", type=int, default=100, help="steps between checkpoints")
+
+
+BENCH = harness.Bench(
+    name="checkpoint_state_gpu",
+    title="B12 on one GPU: what checkpointing blocks, and its interference",
+    systems=("b12",),
+    run_one=run_one,
+    add_arguments=add_arguments,
+    workload=workload,
+    report=report,
+    summary_keys=(
+        "first_line_s",
+        "first_line_warm_s",
+        "save_state_blocked_s",
+        "torch_sync_blocked_s",
+    ),
+    reps=1,
+    timeout_s=900.0,
+    digits=3,
+)
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(BENCH)

@@ -31,6 +31,7 @@ def machine() -> Record:
                if ln.startswith("MemTotal"))  # fmt: skip
     return {
         "nproc": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
         "memory_gib": round(mem / 2**20, 1),
         "cpu_model": cpu[0] if cpu else platform.processor(),
         "platform": platform.platform(),

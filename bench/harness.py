@@ -5,7 +5,10 @@ what its report says) and calls ``main(BENCH)``. The harness then:
 
 - runs ``--reps`` repetitions, interleaved (rep 0 of every system, then rep 1, ...), each run
   in a fresh subprocess of the same script (``--one SYSTEM``) with one thread per worker, and
-  optionally in a session of its own whose leftover processes are counted and killed;
+  optionally in a session of its own, or with every process it starts marked, whose leftover
+  processes are counted and killed; a script whose runs are a plan (system x case x size) names
+  them itself (``named_by_workload``), and one that watches its runs from outside (a sampler of
+  /proc) passes an ``observer``;
 - forwards the workload's arguments to every run, gives it an empty ``--work-dir`` (removed
   after the run) and reads its record back from ``--json-out``;
 - writes ``bench/results/<name>.json`` (every run, and the machine/versions/arguments) and
@@ -26,20 +29,29 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from common import machine, median, package_version, reap_session, versions
+from common import MARKER_ENV, machine, median, package_version, reap_marked, reap_session, versions
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 Record = dict[str, Any]
 # The harness's own arguments: never forwarded to a run, never part of the workload.
+LAUNCHED_AT_ENV = "PHALANX_BENCH_LAUNCHED_AT"
+"""``time.time()`` when the harness started the run's subprocess (for launch-to-ready times)."""
 _OWN = {"systems", "reps", "timeout", "out", "one", "json_out", "work_dir", "render"}
+
+
+class Observer(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def derive(self, rec: Record) -> Record: ...
 
 
 @dataclass(frozen=True)
@@ -66,7 +78,19 @@ class Bench:
     timeout_s: float = 900.0
     own_session: bool = False
     """Start each run in a session of its own; kill (and record) what it leaves behind."""
+    marked: bool = False
+    """Mark every process a run starts (``common.MARKER_ENV``), however it detaches (Ray's
+    daemons start sessions of their own); kill (and record) the marked ones left after it."""
     digits: int = 2
+    run_env: Callable[[str, argparse.Namespace], dict[str, str]] = lambda name, args: {}
+    """Extra environment variables of one run (given its name and the arguments)."""
+    observer: Callable[[str, argparse.Namespace], Observer] | None = None
+    """Given the run's marker (``marked``) and the arguments, watches the run from this process: started before
+    the run's subprocess, stopped once it exited, then ``derive`` turns the record the run wrote
+    into the one kept (e.g. with what a sampler of /proc saw)."""
+    named_by_workload: bool = False
+    """The runs' names are built by the script from its workload's arguments (e.g.
+    ``phalanx@local:64:sync``), so ``--one`` takes any name, not only one of ``systems``."""
     env: dict[str, str] = field(default_factory=lambda: dict(THREAD_ENV))
 
 
@@ -180,27 +204,57 @@ def launch(bench: Bench, system: str, rep: int, args: argparse.Namespace, logs: 
     work = Path(tempfile.mkdtemp(prefix=f"phx-{bench.name}-{system}-"))
     cmd = [sys.executable, str(Path(sys.argv[0]).resolve()), "--one", system, "--json-out", str(json_out),
            "--work-dir", str(work), *_forwarded(args, args.workload)]  # fmt: skip
-    env = dict(os.environ, **bench.env, PYTHONUNBUFFERED="1")
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, **bench.env, **bench.run_env(system, args), PYTHONUNBUFFERED="1")
+    env[LAUNCHED_AT_ENV] = repr(time.time())
+    if bench.marked:
+        env[MARKER_ENV] = marker
+    observer = bench.observer(marker, args) if bench.observer is not None else None
+    if observer is not None:
+        observer.start()
     t0 = time.perf_counter()
     with log.open("w") as fh:
         proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO,
                                 start_new_session=bench.own_session)  # fmt: skip
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
+        rc = _wait(bench, proc, marker, args.timeout)
     rec: Record = {"system": system, "rep": rep, "e2e_s": time.perf_counter() - t0, "ok": False}
-    if bench.own_session:
-        time.sleep(1.0)  # let what exits on its own do so
-        rec["leftover"] = reap_session(proc.pid)
+    if observer is not None:
+        observer.stop()
+    if bench.own_session or bench.marked:
+        rec["leftover"] = _leftover(bench, proc, marker)
     shutil.rmtree(work, ignore_errors=True)
     if rc == 0 and json_out.exists():
-        rec.update(json.loads(json_out.read_text()))
+        written = json.loads(json_out.read_text())
+        rec.update(observer.derive(written) if observer is not None else written)
         rec["ok"] = bench.ok(rec)
     if not rec["ok"]:
         rec["log_tail"] = f"rc={rc}: " + log.read_text(errors="replace")[-3000:]
     return rec
+
+
+def _wait(bench: Bench, proc: subprocess.Popen[bytes], marker: str, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+    except BaseException:  # interrupted: take the run's processes down with us
+        proc.kill()
+        proc.wait()
+        if bench.marked:
+            reap_marked(marker, grace_s=0)
+        raise
+
+
+def _leftover(bench: Bench, proc: subprocess.Popen[bytes], marker: str) -> list[str]:
+    """What the run left behind, killed: its session's processes, the ones carrying its marker."""
+    left = []
+    if bench.own_session:
+        time.sleep(1.0)  # let what exits on its own do so
+        left += reap_session(proc.pid)
+    if bench.marked:
+        left += reap_marked(marker, grace_s=5.0)
+    return left
 
 
 def _progress(bench: Bench, rec: Record) -> str:
@@ -249,7 +303,8 @@ def parse_args(bench: Bench, argv: Sequence[str] | None = None) -> argparse.Name
     p.add_argument("--timeout", type=float, default=bench.timeout_s, help="per run, seconds")
     p.add_argument("--out", default=str(RESULTS / bench.name))
     p.add_argument("--render", metavar="JSON", help="rewrite the markdown from a results JSON")
-    p.add_argument("--one", choices=bench.systems, help=argparse.SUPPRESS)
+    choices = None if bench.named_by_workload else bench.systems
+    p.add_argument("--one", choices=choices, help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
     p.add_argument("--work-dir", help=argparse.SUPPRESS)
     before = {a.dest for a in p._actions}

@@ -56,8 +56,9 @@ Workloads (scale ones at every size):
              /proc by this script while the training function runs. phalanx local vs Ray Train on a
              plain ``ray.init(address="local", num_cpus=2)``.
 
-Every run is a fresh subprocess (``--one SYSTEM WORKLOAD N``), interleaved (systems innermost),
-with OMP_NUM_THREADS=MKL_NUM_THREADS=1. A sampler in this script follows every process that
+Every run is a fresh subprocess (bench/harness.py: ``--one WORKLOAD-SYSTEM-N``), each rep
+running the plan once (workloads, sizes, systems innermost), with OMP_NUM_THREADS=
+MKL_NUM_THREADS=1. A sampler in this script follows every process that
 carries the run's marker in its environment. "Overhead" = those processes minus the training
 workers (the pids the training function wrote at its first line). Growth: the exponent b of a
 least-squares fit of log(metric) on log(workers) over the sizes measured (b≈0 constant, b≈1
@@ -73,19 +74,16 @@ import os
 import resource
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import MARKER_ENV, has_marker, machine, median, reap_marked, versions
+import harness
+from common import has_marker, median
 
-REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("phalanx", "phalanx_ray", "raytrain", "ray_actors")
 RAY_SYSTEMS = ("phalanx_ray", "raytrain", "ray_actors")
 BASELINE_WORKLOADS = {"ray_actors": ("noop",)}  # a raw baseline runs only what it can stand for
@@ -544,7 +542,7 @@ def _workload_cfg(args: argparse.Namespace, system: str, workload: str, n: int,
 
 
 def run_one(args: argparse.Namespace) -> Record:
-    system, workload, n = args.one[0], args.one[1], int(args.one[2])
+    workload, system, n = _parse_name(args.one)
     if workload == "b2":
         import torch
 
@@ -574,6 +572,7 @@ def run_one(args: argparse.Namespace) -> Record:
         rec["ranks"] = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
         if workload in RESTORES:
             rec["ranks"] = _last_attempt(rec["ranks"])
+        rec.update(sut=system, workload=workload, workers=n)
     finally:
         if ray is not None:
             ray.shutdown()
@@ -683,7 +682,8 @@ def derive(rec: Record, sampler: Sampler) -> Record:
     ranks, seen, t_fit = rec.pop("ranks"), rec.pop("seen", []), rec["t_fit"]
     out: Record = {k: rec.get(k) for k in ("fit_total_s", "driver_cpu_s", "driver_maxrss_mb",
                                        "cluster_setup_s", "checkpoints_left", "error",
-                                       "driver_pss_before_mb")}  # fmt: skip
+                                       "driver_pss_before_mb", "sut", "workload",
+                                       "workers")}  # fmt: skip
     out["ranks_seen"] = len(ranks)
     if not ranks:
         return out
@@ -733,62 +733,46 @@ def derive(rec: Record, sampler: Sampler) -> Record:
 # --------------------------------------------------------------------------- orchestration
 
 
-def launch(system: str, workload: str, n: int, rep: int, args: argparse.Namespace,
-           logs: Path) -> Record:  # fmt: skip
-    marker = uuid.uuid4().hex
-    stem = f"{workload}-{system}-{n}-{rep}"
-    json_out, log = logs / f"{stem}.json", logs / f"{stem}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", system, workload, str(n),
-           "--json-out", str(json_out), *_forwarded(args)]  # fmt: skip
-    env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
-    env[MARKER_ENV] = marker
-    if workload in RESTORES:  # 2 x n actor starts on a small machine: not a start-up race
-        env.update(dict.fromkeys(START_TIMEOUTS, f"{args.start_timeout_s:g}"))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
-    sampler = Sampler(marker, args.sample_interval)
-    sampler.start()
-    t0 = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-        except BaseException:  # Ctrl-C or SIGTERM: leave nothing of this run behind
-            proc.kill()
-            reap_marked(marker, grace_s=0.0)
-            raise
-    sampler.stop.set()
-    sampler.join()
-    rec: Record = {"system": system, "workload": workload, "workers": n, "rep": rep, "ok": False,
-                   "process_wall_s": time.perf_counter() - t0, "leftover": reap_marked(marker, grace_s=5.0)}  # fmt: skip
-    if rc == 0 and json_out.exists():
-        raw = json.loads(json_out.read_text())
-        rec.update(derive({**raw, "workload": workload}, sampler))
-        # Elastic: the last attempt's ranks write their files, new_world of them.
-        want = rec.get("new_world") if workload == "restore_elastic" else n
-        rec["ok"] = rec["ranks_seen"] == want and not rec["error"]
-    if not rec["ok"]:
-        rec["log_tail"] = f"rc={rc}: " + log.read_text(errors="replace")[-3000:]
-    return rec
+class _Watch:
+    """The harness's observer of one run: a Sampler of the processes carrying its marker."""
+
+    def __init__(self, marker: str, interval: float) -> None:
+        self.sampler = Sampler(marker, interval)
+
+    def start(self) -> None:
+        self.sampler.start()
+
+    def stop(self) -> None:
+        self.sampler.stop.set()
+        self.sampler.join()
+
+    def derive(self, rec: Record) -> Record:
+        return derive(rec, self.sampler)
 
 
-WORKLOAD_ARGS = ("nodes", "report_seconds", "ray_reports", "commits", "ray_commits", "part_bytes",
-                 "commit_gap", "keep_rounds", "ray_keep_rounds", "b2_rows", "b2_epochs",
-                 "restore_rounds", "round_s", "loss_round", "health_check_ms", "peers_fail",
-                 "elastic_min_frac", "start_timeout_s", "restore_mode")  # fmt: skip
+def _ok(rec: Record) -> bool:
+    # Elastic: the last attempt's ranks write their files, new_world of them.
+    want = rec.get("new_world") if rec["workload"] == "restore_elastic" else rec["workers"]
+    return bool(rec["ranks_seen"] == want and not rec["error"])
 
 
-def _forwarded(args: argparse.Namespace) -> list[str]:
-    out = []
-    for name in WORKLOAD_ARGS:
-        out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    return out
+def _run_env(name: str, args: argparse.Namespace) -> dict[str, str]:
+    if _parse_name(name)[0] in RESTORES:  # 2 x n actor starts on a small machine: no start race
+        return dict.fromkeys(START_TIMEOUTS, f"{args.start_timeout_s:g}")
+    return {}
 
 
-def plan(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
-    """(system, workload, workers, rep), interleaved: systems innermost."""
+def _name(workload: str, system: str, n: int) -> str:
+    return f"{workload}-{system}-{n}"
+
+
+def _parse_name(name: str) -> tuple[str, str, int]:
+    workload, system, n = name.split("-")
+    return workload, system, int(n)
+
+
+def plan(args: argparse.Namespace) -> list[str]:
+    """The runs of one rep, by name: workloads, then sizes, then systems innermost."""
     systems, workloads = _csv(args.systems, SYSTEMS), _csv(args.workloads, WORKLOADS)
     sizes, ray_sizes = _ints(args.sizes), set(_ints(args.ray_sizes))
     runs = []
@@ -796,17 +780,16 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
         at = {"b2": [args.b2_workers], "restore": _ints(args.restore_sizes),
               "restore_elastic": _ints(args.restore_sizes)}  # fmt: skip
         for n in at.get(workload, sizes):
-            for rep in range(args.reps):
-                for system in systems:
-                    if workload == "b2" and system == "phalanx_ray":
-                        continue  # B10 compares what a user runs: local phalanx vs Ray Train
-                    if workload in RESTORES and system not in RAY_SYSTEMS:
-                        continue  # a node loss needs nodes: Ray only
-                    if workload not in BASELINE_WORKLOADS.get(system, WORKLOADS):
-                        continue
-                    if system in RAY_SYSTEMS and workload not in at and n not in ray_sizes:
-                        continue
-                    runs.append((system, workload, n, rep))
+            for system in systems:
+                if workload == "b2" and system == "phalanx_ray":
+                    continue  # B10 compares what a user runs: local phalanx vs Ray Train
+                if workload in RESTORES and system not in RAY_SYSTEMS:
+                    continue  # a node loss needs nodes: Ray only
+                if workload not in BASELINE_WORKLOADS.get(system, WORKLOADS):
+                    continue
+                if system in RAY_SYSTEMS and workload not in at and n not in ray_sizes:
+                    continue
+                runs.append(_name(workload, system, n))
     return runs
 
 
@@ -819,38 +802,6 @@ def _csv(value: str | None, allowed: tuple[str, ...]) -> list[str]:
     if bad := [s for s in items if s not in allowed]:
         raise SystemExit(f"unknown: {bad}; choose from {allowed}")
     return items
-
-
-def run_all(args: argparse.Namespace) -> None:
-    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C: the running run is reaped, results written.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    meta: Record = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine(),
-        "versions": versions(),
-        "args": {k: v for k, v in vars(args).items() if k not in ("one", "json_out", "render")},
-    }
-    runs: list[Record] = []
-    logs = Path(tempfile.mkdtemp(prefix="phxscale-logs-"))
-    try:
-        for system, workload, n, rep in plan(args):
-            rec = launch(system, workload, n, rep, args, logs)
-            runs.append(rec)
-            print(_progress(rec), flush=True)
-    finally:
-        meta["load_end"] = os.getloadavg()[0]
-        write_report(runs, meta, Path(args.out))
-        shutil.rmtree(logs, ignore_errors=True)
-    print(f"wrote {args.out}.md and {args.out}.json")
-
-
-def _progress(rec: Record) -> str:
-    head = f"[{rec['workload']:9} n={rec['workers']:3} rep {rec['rep']}] {rec['system']:11}"
-    if not rec["ok"]:
-        return f"{head} FAILED {rec.get('log_tail', rec.get('error'))[-600:]}"
-    keys = [k for k, *_ in METRICS[rec["workload"]]]
-    return head + " " + " ".join(f"{k}={_fmt(rec.get(k))}" for k in keys)
 
 
 # --------------------------------------------------------------------------- report
@@ -941,7 +892,9 @@ def _fmt(v: Any) -> str:
 
 def _medians(runs: list[Record], system: str, workload: str, key: str) -> dict[int, float]:
     by: dict[int, list[float]] = {}
-    sel = [r for r in runs if (r["system"], r["workload"], r["ok"]) == (system, workload, True)]
+    sel = [
+        r for r in runs if (r.get("sut"), r.get("workload"), r["ok"]) == (system, workload, True)
+    ]
     for r in sel:
         if (v := r.get(key)) is not None:
             by.setdefault(r["workers"], []).append(v)
@@ -974,7 +927,11 @@ def _verdict(points: dict[int, float], higher_better: bool) -> str:
 
 
 def _section(runs: list[Record], workload: str) -> list[str]:
-    systems = [s for s in SYSTEMS if any(r["system"] == s and r["workload"] == workload
+    for r in runs:  # a failed run wrote no record: its name says what it was
+        r.setdefault("workload", _parse_name(r["system"])[0])
+        r.setdefault("sut", _parse_name(r["system"])[1])
+        r.setdefault("workers", _parse_name(r["system"])[2])
+    systems = [s for s in SYSTEMS if any(r["sut"] == s and r["workload"] == workload
                                          for r in runs)]  # fmt: skip
     sizes = sorted({r["workers"] for r in runs if r["workload"] == workload})
     if not systems:
@@ -995,7 +952,7 @@ def _section(runs: list[Record], workload: str) -> list[str]:
                          for n in sizes]  # fmt: skip
                 lines.append(f"| {label} | *{a} / {b}* | " + " | ".join(cells) + " | |")
     failed = sum(1 for r in runs if r["workload"] == workload and not r["ok"])
-    left = sum(len(r["leftover"]) for r in runs if r["workload"] == workload)
+    left = sum(len(r.get("leftover", [])) for r in runs if r["workload"] == workload)
     notes = [f"- {failed} failed runs (see the JSON's log_tail)"] if failed else []
     notes += [f"- **{left} leftover processes killed after runs exited**"] if left else []
     notes += _shrink_notes(runs) if workload == "restore_elastic" else []
@@ -1004,24 +961,17 @@ def _section(runs: list[Record], workload: str) -> list[str]:
 
 def _shrink_notes(runs: list[Record]) -> list[str]:
     """Elastic runs whose new group is smaller than what the surviving nodes can hold."""
-    return [f"- {r['system']} n={r['workers']} rep {r['rep']}: restarted with {r['new_world']} "
+    return [f"- {r['sut']} n={r['workers']} rep {r['rep']}: restarted with {r['new_world']} "
             f"workers where the surviving nodes hold {r['capacity_after']} (shrank more than "
             "it had to)" for r in runs if r["workload"] == "restore_elastic"
             and r.get("new_world") is not None
             and r["new_world"] < r.get("capacity_after", 0)]  # fmt: skip
 
 
-def _header(meta: Record) -> list[str]:
-    m, v, a = meta["machine"], meta["versions"], meta["args"]
-    return [
-        "# phalanx benchmarks B11 (scale) and B10 (footprint)", "",
-        f"- date: {meta['date']}; command: `{meta['command']}`",
-        f"- machine: {m['nproc']} CPUs, {m['memory_gib']} GiB, {m['cpu_model']}; load avg "
-        f"{m['load_start']:.2f} at start, {meta.get('load_end', float('nan')):.2f} at end",
-        f"- versions: Python {v['python']}, torch {v['torch']}, ray {v['ray']}, "
-        f"phalanx {v['phalanx']}",
-        f"- {a['reps']} reps per size, systems interleaved, each run a fresh subprocess; medians. "
-        f"Ray systems on a fake {a['nodes']}-node cluster (`ray.cluster_utils.Cluster`, CPUs "
+def workload(meta: Record) -> list[str]:
+    a = meta  # the harness records every workload argument in the meta
+    lines = [
+        f"- Ray systems on a fake {a['nodes']}-node cluster (`ray.cluster_utils.Cluster`, CPUs "
         "declared, not real), cluster start outside fit(); phalanx on local processes.",
         f"- reports: phalanx {a['report_seconds']} s per rank, Ray Train {a['ray_reports']} "
         f"reports per rank. commit: {a['commits']} rounds (Ray {a['ray_commits']}) of "
@@ -1035,8 +985,16 @@ def _header(meta: Record) -> list[str]:
         "the sizes and of the last step (the verdict takes the worse: constant < 0.25 ≤ linear ≤ "
         "1.15 < worse; for a rate, of 1/rate). On a machine with fewer cores than workers the "
         "ranks' tight loops and the driver share the CPUs: reports/s is then what the driver got.",
-        "",
     ]  # fmt: skip
+    ran = {_parse_name(name)[0] for name in meta["systems"]}
+    lines += _restore_header(a, ran & set(RESTORES)) if ran & set(RESTORES) else []
+    if any(_parse_name(name)[1] == "ray_actors" for name in meta["systems"]):
+        lines.append(
+            "- ray_actors (raw baseline, same cluster): n bare Ray actors in one placement group "
+            "of n 1-CPU bundles (PACK), each called once (its first line), then killed: what "
+            "starting one Ray worker process per worker costs before any framework runs."
+        )
+    return lines
 
 
 def _restore_header(a: Record, workloads: set[str]) -> list[str]:
@@ -1071,33 +1029,18 @@ def _restore_header(a: Record, workloads: set[str]) -> list[str]:
     ] + (elastic if "restore_elastic" in workloads else [])
 
 
-def write_report(runs: list[Record], meta: Record, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    blob = json.dumps({"meta": meta, "runs": runs}, indent=1, default=str)
-    out.with_suffix(".json").write_text(blob + "\n")
-    lines = _header(meta)
-    if ran := {r["workload"] for r in runs} & set(RESTORES):
-        lines[-1:-1] = _restore_header(meta["args"], ran)
-    if any(r["system"] == "ray_actors" for r in runs):
-        lines[-1:-1] = [
-            "- ray_actors (raw baseline, same cluster): n bare Ray actors in one placement group "
-            "of n 1-CPU bundles (PACK), each called once (its first line), then killed: what "
-            "starting one Ray worker process per worker costs before any framework runs."
-        ]
-    for workload in WORKLOADS:
-        lines += _section(runs, workload)
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+def report(runs: list[Record], meta: Record) -> list[str]:
+    lines: list[str] = []
+    for name in WORKLOADS:
+        lines += _section(runs, name)
+    return lines
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add = p.add_argument
-    add("--systems", help=f"comma-separated subset of {','.join(SYSTEMS)}")
-    add("--workloads", help=f"comma-separated subset of {','.join(WORKLOADS)}")
+    add("--workloads", default=",".join(WORKLOADS), help="comma-separated subset")
     add("--sizes", default="2,8,32,64,128", help="worker counts for phalanx (local)")
     add("--ray-sizes", default="2,8,32", help="worker counts at which the Ray systems also run")
-    add("--reps", type=int, default=3)
     add("--nodes", type=int, default=4, help="nodes of the fake Ray cluster")
     add("--report-seconds", type=float, default=2.0)
     add("--ray-reports", type=int, default=3)
@@ -1148,24 +1091,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="restore workloads: how phalanx on Ray restarts the group (PHALANX_RESTORE_MODE)",
     )
     add("--sample-interval", type=float, default=0.1)
-    add("--timeout", type=float, default=900.0, help="per-run limit in seconds")
-    add("--out", default=str(REPO / "bench" / "results" / "scale"))
-    add("--render", metavar="JSON", help="only rewrite the markdown from a results JSON")
-    add("--one", nargs=3, metavar=("SYSTEM", "WORKLOAD", "N"), help=argparse.SUPPRESS)
-    add("--json-out", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+
+
+BENCH = harness.Bench(
+    name="scale",
+    title="phalanx benchmarks B11 (scale) and B10 (footprint)",
+    systems=SYSTEMS,
+    run_one=run_one,
+    add_arguments=add_arguments,
+    workload=workload,
+    report=report,
+    ok=_ok,
+    reps=3,
+    timeout_s=900.0,
+    marked=True,
+    run_env=_run_env,
+    observer=lambda marker, args: _Watch(marker, args.sample_interval),
+    named_by_workload=True,
+    digits=3,
+)
 
 
 def main() -> None:
-    args = parse_args()
-    if args.render:
-        data = json.loads(Path(args.render).read_text())
-        write_report(data["runs"], data["meta"], Path(args.out))
-    elif args.one:
-        rec = run_one(args)
-        Path(args.json_out).write_text(json.dumps(rec, default=str))
-    else:
-        run_all(args)
+    args = harness.parse_args(BENCH)
+    if not args.one and not args.render:
+        # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C: the running run is reaped, results written.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        # --systems names systems; each runs the plan's workloads and sizes.
+        chosen = None if args.systems == ",".join(SYSTEMS) else args.systems
+        args.systems = ",".join(plan(argparse.Namespace(**{**vars(args), "systems": chosen})))
+    harness.main(BENCH, args)
 
 
 if __name__ == "__main__":

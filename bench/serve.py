@@ -17,7 +17,11 @@ The load: ``--requests`` requests per concurrency level, spread over C persisten
 (asyncio, raw HTTP/1.1: a light client, so the server is what is measured); 5% warm-up first.
 
     python bench/serve.py --requests 2000            # full size (the lead runs it)
-    python bench/serve.py --requests 40 --clients 1 8  # smoke
+    python bench/serve.py --requests 40 --clients 1,8 --out /tmp/serve  # smoke
+
+Each system runs in a fresh subprocess of this script (bench/harness.py: ``--systems``,
+``--reps``, interleaved), which starts its server once per model; results go to
+bench/results/serve.{md,json}.
 """
 
 from __future__ import annotations
@@ -29,13 +33,14 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
+from typing import Any
 
+import harness
 import numpy as np
 import pandas as pd
-from common import free_port, machine, versions
+from common import free_port, median
 
 FEATURES = [f"x{i}" for i in range(16)]
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -237,70 +242,101 @@ async def load(port: int, clients: int, requests: int) -> dict[str, float]:
     }
 
 
-def bench(args: argparse.Namespace) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
-    with tempfile.TemporaryDirectory(prefix="bench_serve_") as root:
-        checkpoints = make_checkpoints(root)
-        for model in args.models:
-            for system in args.systems:
-                port = free_port()
-                ray_server, process = None, None
-                if system == "ray":
-                    ray_server = RayServer(model, checkpoints[model], port)
-                else:
-                    start = start_phalanx if system == "phalanx" else start_floor
-                    process = start(model, checkpoints[model], port)
-                try:
-                    wait_ready(port)
-                    for clients in args.clients:
-                        result = asyncio.run(load(port, clients, args.requests))
-                        row = {"model": model, "system": system, "clients": clients, **result}
-                        print(json.dumps(row), flush=True)
-                        rows.append(row)
-                finally:
-                    if ray_server is not None:
-                        ray_server.stop()
-                    if process is not None:
-                        stop_process(process)
-    return rows
-
-
-def table(rows: list[dict[str, object]]) -> str:
-    lines = [
-        "| model | clients | system | requests/s | p50 ms | p99 ms |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['clients']} | {r['system']} | {r['requests_per_s']} | "
-            f"{r['p50_ms']} | {r['p99_ms']} |"
-        )
-    return "\n".join(lines)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=2000, help="per concurrency level")
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--models", nargs="+", default=["mlp", "xgboost"])
-    parser.add_argument("--systems", nargs="+", default=["floor", "phalanx", "ray"])
-    parser.add_argument("--output", help="write the results as JSON here")
-    parser.add_argument("--floor-server", nargs=3, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.floor_server:
-        model, checkpoint, port = args.floor_server
-        floor_server(model, checkpoint, int(port))
-        return
-    rows = bench(args)
-    print(table(rows))
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump({"machine": machine(), "versions": versions(), "rows": rows}, f, indent=1)
-    if "ray" in args.systems:
+def run_one(args: argparse.Namespace) -> dict[str, float]:
+    """In the run's subprocess: one server (``args.one``) for each model, loaded at each
+    concurrency level in turn. Keys: ``<model>.<clients>.<requests_per_s|p50_ms|p99_ms>``."""
+    record: dict[str, float] = {}
+    checkpoints = make_checkpoints(args.work_dir)  # seeded: every run serves the same models
+    for model in _listed(args.models):
+        port = free_port()
+        ray_server, process = None, None
+        if args.one == "ray":
+            ray_server = RayServer(model, checkpoints[model], port)
+        else:
+            start = start_phalanx if args.one == "phalanx" else start_floor
+            process = start(model, checkpoints[model], port)
+        try:
+            wait_ready(port)
+            for clients in _listed(args.clients):
+                result = asyncio.run(load(port, int(clients), args.requests))
+                print(json.dumps({"model": model, "clients": clients, **result}), flush=True)
+                record.update({f"{model}.{clients}.{k}": v for k, v in result.items()})
+        finally:
+            if ray_server is not None:
+                ray_server.stop()
+            if process is not None:
+                stop_process(process)
+    if args.one == "ray":
         import ray
 
         ray.shutdown()
+    return record
+
+
+def _listed(value: str) -> list[str]:
+    return [v for v in value.split(",") if v]
+
+
+def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    systems = meta["systems"]
+    pairs = harness.pairs_of(systems, [("phalanx", "ray"), ("phalanx", "floor")])
+    lines = [
+        "requests/s, then p50 / p99 latency in ms; median (min..max) over reps.",
+        "",
+        "| model | clients | " + " | ".join(f"{s} req/s" for s in systems) + " | "
+        + " | ".join(f"{s} p50 / p99 ms" for s in systems) + " | "
+        + " | ".join(f"{a} / {b} req/s" for a, b in pairs) + " |",
+        "|---|---" + "|---" * (2 * len(systems) + len(pairs)) + "|",
+    ]  # fmt: skip
+    for model in _listed(meta["models"]):
+        for clients in _listed(meta["clients"]):
+            key = f"{model}.{clients}."
+            rps = [harness.cell(runs, s, key + "requests_per_s", 0) for s in systems]
+            lat = [_latency(runs, s, key) for s in systems]
+            ratios = [harness.ratio(runs, key + "requests_per_s", a, b) for a, b in pairs]
+            lines.append(f"| {model} | {clients} | " + " | ".join(rps + lat + ratios) + " |")
+    return lines
+
+
+def _latency(runs: list[dict[str, Any]], system: str, key: str) -> str:
+    p50 = list(harness.vals(runs, system, key + "p50_ms").values())
+    p99 = list(harness.vals(runs, system, key + "p99_ms").values())
+    return f"{median(p50):.1f} / {median(p99):.1f}" if p50 and p99 else "-"
+
+
+def workload(meta: dict[str, Any]) -> list[str]:
+    return [
+        f"- each run: one server, then for each model ({meta['models']}) {meta['requests']} "
+        f"one-row JSON requests per concurrency level ({meta['clients']} clients), 5% warm-up, "
+        "loopback; phalanx: `python -m phalanx serve` (one process, dynamic batching); ray: "
+        "`phalanx.serve.deployment` on Ray Serve (one replica); floor: a bare-model ASGI app "
+        "on uvicorn"
+    ]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, default=2000, help="per concurrency level")
+    parser.add_argument("--clients", default="1,8,64", help="concurrency levels, comma-separated")
+    parser.add_argument("--models", default="mlp,xgboost", help="comma-separated")
+
+
+BENCH = harness.Bench(
+    name="serve",
+    title="B-serve: online serving",
+    systems=("floor", "phalanx", "ray"),
+    run_one=run_one,
+    add_arguments=add_arguments,
+    workload=workload,
+    report=report,
+    extra_versions=("xgboost",),
+    reps=1,
+    timeout_s=1800.0,
+    own_session=True,
+)
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 5 and sys.argv[1] == "--floor-server":
+        floor_server(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        harness.main(BENCH)

@@ -16,8 +16,9 @@ Workloads (2 workers each):
           measured in rank 0. Ray Train gets fewer steps (--ray-report-steps), because its
           report() blocks for seconds. Raw: a plain loop appending the dict to a list.
 
-Every measurement runs in a fresh Python subprocess (this script with ``--one SYSTEM WORKLOAD``),
-interleaved A B C A B C ... . Results go to bench/results/startup.{md,json}.
+Every measurement runs in a fresh Python subprocess (bench/harness.py: this script with ``--one
+WORKLOAD-SYSTEM``, every process it starts marked and any left over killed), interleaved A B C
+A B C ... within each rep. Results go to bench/results/startup.{md,json}.
 Only the standard library is imported at module level, so that ``import_s`` measures the
 heavy imports (torch, ray, phalanx) alone.
 """
@@ -30,19 +31,15 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import MARKER_ENV, free_port, machine, median, package_version, reap_marked, spin
+import harness
+from common import free_port, median, spin
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("phalanx", "phalanx_spawn", "phalanx_ray", "raytrain", "raw")
@@ -368,7 +365,7 @@ def run_one(args: argparse.Namespace) -> Record:
     """One measurement, in this (fresh) process."""
     for k, v in THREAD_ENV.items():
         os.environ.setdefault(k, v)
-    system, workload = args.one
+    workload, system = args.one.split("-", 1)
     t0 = time.perf_counter()
     _import_system(system, args.phalanx_trainer, _csv_free(args.driver_imports))
     import_s = time.perf_counter() - t0
@@ -391,17 +388,17 @@ def run_one(args: argparse.Namespace) -> Record:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     rec.update(
-        system=system,
+        sut=system,
         workload=workload,
         steps=cfg["steps"],
         import_s=import_s,
         fit_total_s=rec["t_end"] - rec["t_fit"],
         teardown_s=rec["t_end"] - rec["t_done"] if "t_done" in rec else None,
         step_ms=1e3 * rec["loop_s"] / cfg["steps"] if workload == "report" else None,
-        ok=True,
     )
-    if args.launched_at is not None:
-        rec["launch_to_ready_s"] = ready - args.launched_at
+    launched_at = os.environ.get(harness.LAUNCHED_AT_ENV)
+    if launched_at is not None:
+        rec["launch_to_ready_s"] = ready - float(launched_at)
     return rec
 
 
@@ -427,60 +424,7 @@ def _collect_worker_files(out: Path, t_fit: float) -> Record:
     return rec
 
 
-# --------------------------------------------------------------------------- orchestration
-
-
-def _child_env(marker: str) -> dict[str, str]:
-    env = dict(os.environ, **THREAD_ENV, PYTHONUNBUFFERED="1")
-    env[MARKER_ENV] = marker
-    if importlib.util.find_spec("phalanx") is None:
-        src = str(REPO / "src")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    return env
-
-
-def launch(system: str, workload: str, rep: int, args: argparse.Namespace, logs: Path) -> Record:
-    marker = uuid.uuid4().hex
-    json_out = logs / f"{workload}-{system}-{rep}.json"
-    log = logs / f"{workload}-{system}-{rep}.log"
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--one",
-        system,
-        workload,
-        "--json-out",
-        str(json_out),
-        "--report-steps",
-        str(args.report_steps),
-        "--ray-report-steps",
-        str(args.ray_report_steps),
-        "--phalanx-trainer",
-        args.phalanx_trainer,
-        "--driver-imports",
-        args.driver_imports,
-        "--launched-at",
-        repr(time.time()),
-    ]
-    t0 = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.Popen(
-            cmd, env=_child_env(marker), stdout=fh, stderr=subprocess.STDOUT, cwd=REPO
-        )
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-    wall = time.perf_counter() - t0
-    leftovers = reap_marked(marker, grace_s=5.0)
-    rec: Record = {"system": system, "workload": workload, "rep": rep, "ok": False}
-    if rc == 0 and json_out.exists():
-        rec.update(json.loads(json_out.read_text()))
-    else:
-        rec["error"] = f"rc={rc}: " + log.read_text(errors="replace")[-3000:]
-    rec.update(rep=rep, process_wall_s=wall, leftover_procs=leftovers)
-    return rec
+# --------------------------------------------------------------------------- report
 
 
 def _fmt(v: Any, unit: str = "s") -> str:
@@ -491,53 +435,11 @@ def _fmt(v: Any, unit: str = "s") -> str:
     return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
 
 
-def _summary_line(rec: Record) -> str:
-    head = f"[{rec['workload']:6} rep {rec['rep']}] {rec['system']:8}"
-    if not rec["ok"]:
-        return f"{head} FAILED {rec['error'][-400:]}"
-    keys = ["import_s", "first_line_s", "loop_s", "fit_total_s", "p50_us", "p99_us"]
-    parts = [f"{k}={_fmt(rec[k])}" for k in keys if rec.get(k) is not None]
-    if rec.get("leftover_procs"):
-        parts.append(f"LEFTOVER={rec['leftover_procs']}")
-    return f"{head} " + " ".join(parts)
-
-
-# --------------------------------------------------------------------------- report
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
-
-
-def machine_info() -> Record:
-    return {
-        **machine(),
-        "affinity": len(os.sched_getaffinity(0)),
-        "loadavg_start": os.getloadavg(),
-    }
-
-
-def package_versions() -> Record:
-    code = "import phalanx; print(getattr(phalanx, '__version__', 'importable, no __version__'))"
-    res = subprocess.run(
-        [sys.executable, "-c", code], env=_child_env("versions"), capture_output=True, text=True
-    )
-    return {
-        "python": platform.python_version(),
-        "torch": package_version("torch"),
-        "ray": package_version("ray"),
-        "phalanx": res.stdout.strip() if res.returncode == 0 else "not importable",
-    }
-
-
 def _values(runs: list[Record], system: str, workload: str, metric: str) -> dict[int, float]:
     return {
         r["rep"]: r[metric]
         for r in runs
-        if r["system"] == system and r["workload"] == workload and r["ok"]
+        if r.get("sut") == system and r["workload"] == workload and r["ok"]
         if r.get(metric) is not None
     }
 
@@ -562,7 +464,7 @@ METRICS: dict[str, list[tuple[str, str, str]]] = {
         ("first_line_s", "fit() → first line, rank 0 (s)", "s"),
         ("first_line_all_ranks_s", "fit() → first line, all ranks (s)", "s"),
         ("fit_total_s", "fit() total (s)", "s"),
-        ("process_wall_s", "whole process (s)", "s"),
+        ("e2e_s", "whole process (s)", "s"),
     ],
     "ddp": [
         ("import_s", "import (s)", "s"),
@@ -571,7 +473,7 @@ METRICS: dict[str, list[tuple[str, str, str]]] = {
         ("loop_s", "200 steps incl. reports (s)", "s"),
         ("teardown_s", "teardown (s)", "s"),
         ("fit_total_s", "fit() total (s)", "s"),
-        ("process_wall_s", "whole process (s)", "s"),
+        ("e2e_s", "whole process (s)", "s"),
     ],
     "report": [
         ("steps", "reports", "n"),
@@ -646,7 +548,7 @@ def _ratio_fmt(v: float | None) -> str:
 
 
 def _select(runs: list[Record], system: str, workload: str) -> list[Record]:
-    return [r for r in runs if r["system"] == system and r["workload"] == workload]
+    return [r for r in runs if r["system"] == f"{workload}-{system}"]
 
 
 def _checks(runs: list[Record], workload: str, systems: list[str]) -> list[str]:
@@ -655,7 +557,7 @@ def _checks(runs: list[Record], workload: str, systems: list[str]) -> list[str]:
         sel = _select(runs, system, workload)
         ok = [r for r in sel if r["ok"]]
         checked = [r for r in ok if r.get("reports_in_order") is not None]
-        left = sum(len(r.get("leftover_procs", [])) for r in sel)
+        left = sum(len(r.get("leftover", [])) for r in sel)
         threads = {json.dumps(r["threads"], sort_keys=True) for r in ok if r.get("threads")}
         bits = []
         if checked:
@@ -673,40 +575,25 @@ def _checks(runs: list[Record], workload: str, systems: list[str]) -> list[str]:
     return ["", *out] if out else []
 
 
-def _header(
-    runs: list[Record], meta: Record, systems: list[str], workloads: list[str]
-) -> list[str]:
-    m, v = meta["machine"], meta["versions"]
-    load = f"load avg {m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end"
-    ray_init = _fmt(median(_all(runs, "raytrain", "ray_init_s")))
-    extra = f" and {', '.join(meta['driver_imports'])}" if meta["driver_imports"] else ""
+def workload(meta: Record) -> list[str]:
+    systems, workloads = _split(meta)
+    m = meta["machine"]
+    extra = f" and {meta['driver_imports']}" if meta["driver_imports"] else ""
     phx_trainer = "TorchTrainer" if meta["phalanx_trainer"] == "torch" else "DataParallelTrainer"
     lines = [
-        "# phalanx benchmarks B1 (startup) and B3 (report cost)",
-        "",
-        f"- date: {meta['date']}",
-        f"- machine: {m['nproc']} CPUs (affinity {m['affinity']}), {m['memory_gib']} GiB, "
-        f"{m['cpu_model']}; {load}",
-        f"- versions: Python {v['python']}, torch {v['torch']}, ray {v['ray']}, "
-        f"phalanx {v['phalanx']}",
-        f"- command: `{meta['command']}`",
-        f"- {meta['reps']} reps per system, interleaved ({' '.join(systems)}) in each rep; "
-        "every run in a fresh Python subprocess; OMP_NUM_THREADS=MKL_NUM_THREADS=1 and "
-        "torch.set_num_threads(1) in every worker; the driver imports torch before fit()"
-        f"{extra}.",
+        f"- CPU affinity {m.get('affinity', '?')} (of {m['nproc']}); workloads {', '.join(workloads)}; systems "
+        f"{', '.join(systems)}; OMP_NUM_THREADS=MKL_NUM_THREADS=1 and torch.set_num_threads(1) "
+        f"in every worker; the driver imports torch before fit(){extra}.",
         "- import: the heavy imports in the subprocess (torch, torch.distributed, DDP, and the "
         "system's own modules). fit() → first line: `time.time()` just before `fit()` / "
         "`mp.spawn` in the driver to the first line of the training fn. setup: first line to "
         "the first step (init_process_group, DDP(), data). teardown: rank 0 done to fit() "
         "returned. whole process: launch to exit of the subprocess.",
-        f"- raytrain: `ray.init(address='local', num_cpus=2, include_dashboard=False)` "
-        "per run (median "
-        f"{ray_init} s, outside fit()); TorchTrainer for ddp, V2 DataParallelTrainer otherwise; "
-        "Ray's default settings (Train V2).",
+        "- raytrain: `ray.init(address='local', num_cpus=2, include_dashboard=False)` per run "
+        "(outside fit()); TorchTrainer for ddp, V2 DataParallelTrainer otherwise; Ray's default "
+        "settings (Train V2).",
         "- phalanx_ray: phalanx on its Ray engine (one actor per worker in a placement group) on "
-        "a fresh local Ray started like raytrain's (median "
-        f"{_fmt(median(_all(runs, 'phalanx_ray', 'ray_init_s')))} s, outside fit()); same "
-        "trainer as phalanx.",
+        "a fresh local Ray started like raytrain's (outside fit()); same trainer as phalanx.",
         f"- phalanx: {phx_trainer} for ddp (DataParallelTrainer: gloo init_process_group "
         "in the train fn).",
         "- phalanx_spawn: phalanx's local engine on its portable start path "
@@ -715,7 +602,7 @@ def _header(
         "- raw: `torch.multiprocessing.spawn` + gloo `init_process_group` on 127.0.0.1, no "
         "report; B3 raw = a plain loop appending the dict to a list, in one process.",
     ]
-    if max(m["loadavg_start"][0], m["loadavg_end"][0]) > m["nproc"]:
+    if max(m["load_start"], m.get("load_end", 0.0)) > m["nproc"]:
         lines.append(
             "- **warning: load average above the CPU count during the run (other jobs on "
             "the machine); absolute seconds are inflated, trust the pairwise ratios more.**"
@@ -727,73 +614,37 @@ def _header(
             "size 1 and the controller drains it once per RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, "
             "2 s by default). Compare per-step figures, not totals."
         )
-    return [*lines, ""]
+    return lines
 
 
-def write_report(
-    runs: list[Record], meta: Record, systems: list[str], workloads: list[str], out: Path
-) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    blob = json.dumps({"meta": meta, "runs": runs}, indent=1, default=str)
-    out.with_suffix(".json").write_text(blob + "\n")
-    lines = _header(runs, meta, systems, workloads)
+def report(runs: list[Record], meta: Record) -> list[str]:
+    systems, workloads = _split(meta)
+    lines = []
+    for name in ("raytrain", "phalanx_ray"):
+        if name in systems:
+            ray_init = _fmt(median(_all(runs, name, "ray_init_s")))
+            lines.append(f"- {name}: ray.init() median {ray_init} s, outside fit().")
+    lines.append("")
     for workload in workloads:
         lines += _workload_section(runs, workload, systems)
-    failed = [r for r in runs if not r["ok"]]
-    if failed:
-        lines += ["## Failed runs", ""]
-        lines += [
-            f"- {r['workload']} {r['system']} rep {r['rep']}: `{_one_line(r['error'])}`"
-            for r in failed
-        ]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return lines
 
 
-def _one_line(s: str) -> str:
-    tail = [ln for ln in s.strip().splitlines() if ln.strip()][-1:] or [""]
-    return tail[0].replace("`", "'")[:300]
+def _split(meta: Record) -> tuple[list[str], list[str]]:
+    """The systems under test and the workloads, in the order the runs named them."""
+    systems: list[str] = []
+    workloads: list[str] = []
+    for name in meta["systems"]:
+        workload, system = name.split("-", 1)
+        systems += [system] if system not in systems else []
+        workloads += [workload] if workload not in workloads else []
+    return systems, workloads
 
 
 def _all(runs: list[Record], system: str, metric: str) -> list[float]:
     return [
-        r[metric] for r in runs if r["system"] == system and r["ok"] and r.get(metric) is not None
+        r[metric] for r in runs if r.get("sut") == system and r["ok"] and r.get(metric) is not None
     ]
-
-
-def run_all(args: argparse.Namespace) -> None:
-    systems = _csv(args.systems, SYSTEMS)
-    workloads = _csv(args.workloads, WORKLOADS)
-    meta: Record = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine_info(),
-        "versions": package_versions(),
-        "reps": args.reps,
-        "systems": systems,
-        "workloads": workloads,
-        "report_steps": args.report_steps,
-        "ray_report_steps": args.ray_report_steps,
-        "phalanx_trainer": args.phalanx_trainer,
-        "driver_imports": _csv_free(args.driver_imports),
-    }
-    print(json.dumps(meta["versions"]), json.dumps(meta["machine"]), flush=True)
-    runs: list[Record] = []
-    logs = Path(tempfile.mkdtemp(prefix="phxbench-logs-"))
-    try:
-        for workload in workloads:
-            for rep in range(args.reps):
-                for system in systems:
-                    rec = launch(system, workload, rep, args, logs)
-                    runs.append(rec)
-                    print(_summary_line(rec), flush=True)
-    finally:
-        meta["machine"]["loadavg_end"] = os.getloadavg()
-        write_report(runs, meta, systems, workloads, Path(args.out))
-        if args.keep_logs:
-            print(f"logs kept in {logs}")
-        else:
-            shutil.rmtree(logs, ignore_errors=True)
-    print(f"wrote {args.out}.md and {args.out}.json")
 
 
 def _csv_free(value: str | None) -> list[str]:
@@ -808,13 +659,8 @@ def _csv(value: str | None, allowed: tuple[str, ...]) -> list[str]:
     return items
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--systems", help=f"comma-separated subset of {','.join(SYSTEMS)}")
-    p.add_argument("--workloads", help=f"comma-separated subset of {','.join(WORKLOADS)}")
-    p.add_argument("--reps", type=int, default=3)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset")
     p.add_argument("--report-steps", type=int, default=REPORT_STEPS)
     p.add_argument("--ray-report-steps", type=int, default=50)
     p.add_argument(
@@ -829,31 +675,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra modules every driver imports before fit(), e.g. torch._dynamo "
         "(DDP() imports it lazily: ~1.3 s in each worker that lacks it)",
     )
-    p.add_argument("--timeout", type=float, default=600.0, help="per-run limit in seconds")
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "startup"))
-    p.add_argument("--keep-logs", action="store_true")
-    p.add_argument("--render", metavar="JSON", help="only rewrite the tables from a results JSON")
-    p.add_argument("--one", nargs=2, metavar=("SYSTEM", "WORKLOAD"), help=argparse.SUPPRESS)
-    p.add_argument("--json-out", help=argparse.SUPPRESS)
-    p.add_argument("--launched-at", type=float, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+
+
+BENCH = harness.Bench(
+    name="startup",
+    title="phalanx benchmarks B1 (startup) and B3 (report cost)",
+    systems=tuple(f"{w}-{s}" for w in WORKLOADS for s in SYSTEMS),
+    run_one=run_one,
+    add_arguments=add_arguments,
+    workload=workload,
+    report=report,
+    summary_keys=("import_s", "first_line_s", "loop_s", "fit_total_s", "p50_us", "p99_us"),
+    reps=3,
+    timeout_s=600.0,
+    marked=True,
+    digits=3,
+)
 
 
 def main() -> None:
-    args = parse_args()
-    if args.render:
-        data = json.loads(Path(args.render).read_text())
-        meta = data["meta"]
-        write_report(data["runs"], meta, meta["systems"], meta["workloads"], Path(args.out))
-    elif args.one:
-        rec = run_one(args)
-        text = json.dumps(rec, default=str)
-        if args.json_out:
-            Path(args.json_out).write_text(text)
-        else:
-            print(text)
-    else:
-        run_all(args)
+    args = harness.parse_args(BENCH)
+    if not args.one and not args.render:
+        # --systems names systems under test, each run on every one of --workloads.
+        given = SYSTEMS if args.systems == ",".join(BENCH.systems) else args.systems.split(",")
+        chosen = _csv(",".join(given), SYSTEMS)
+        args.systems = ",".join(f"{w}-{s}" for w in _csv(args.workloads, WORKLOADS) for s in chosen)
+    harness.main(BENCH, args)
 
 
 if __name__ == "__main__":
