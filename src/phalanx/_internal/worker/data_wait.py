@@ -8,18 +8,8 @@ the driver, and a rank's batches are waited for in its own thread.
 
 from __future__ import annotations
 
-import threading
+from phalanx._internal.worker.waits import WaitTotal
 
-_local = threading.local()
-
-
-def add(seconds: float) -> None:
-    _local.waited = getattr(_local, "waited", 0.0) + seconds
-
-
-def take() -> float:
-    """The seconds waited since the last call in this thread (0.0 when none)."""
-    waited: float = getattr(_local, "waited", 0.0)
-    if waited:
-        _local.waited = 0.0
-    return waited
+_total = WaitTotal()
+add = _total.add
+take = _total.take
