@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from _helpers.network import free_port
 from _helpers.s3 import moto_s3
+from _helpers.signals import ctrl_c_default
 from _helpers.waiting import wait_for_file, wait_until
 
-__all__ = ["free_port", "moto_s3", "wait_for_file", "wait_until"]
+__all__ = ["ctrl_c_default", "free_port", "moto_s3", "wait_for_file", "wait_until"]

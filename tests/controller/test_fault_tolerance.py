@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _helpers import free_port, wait_until
+from _helpers import ctrl_c_default, free_port, wait_until
 
 import phalanx as train
 from phalanx import (
@@ -301,6 +301,7 @@ def start_driver(script, tmp_path, delay):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_default,
     )
 
 

@@ -20,7 +20,7 @@ import time
 
 import psutil
 import pytest
-from _helpers import free_port, wait_until
+from _helpers import ctrl_c_default, free_port, wait_until
 
 import phalanx as train
 from phalanx import (
@@ -252,6 +252,7 @@ def test_ctrl_c_and_sigterm_stop_every_worker_and_say_how_to_resume(tmp_path, si
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_default,
     )
     try:
         wait_until(lambda: (runs / "stopme" / "checkpoint_000001").exists(), 60, "checkpoints")

@@ -28,7 +28,7 @@ def test_a_removed_node_loses_only_its_ranks(default_checks_cluster, tmp_path, c
     scaling = ScalingConfig(
         num_workers=3, resources_per_worker={"CPU": 0.5, "inplace": 1}, placement_strategy="SPREAD"
     )
-    caplog.set_level(logging.INFO, logger="phalanx._internal.engines.ray.engine")
+    caplog.set_level(logging.INFO, logger="phalanx._internal.engines.ray.relaunch")
     committed = Committed()
     trainer = plain_trainer(tmp_path, {"round_s": 0.3}, scaling, "node", [committed])
     runner, outcome = fit_in_thread(trainer)
