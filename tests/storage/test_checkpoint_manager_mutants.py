@@ -191,6 +191,7 @@ def test_a_validation_that_evicts_a_checkpoint_records_the_removal(tmp_path: Pat
     b = _commit(manager, 1, {"acc": 0.5})
     manager.update_validation(a, {"acc": 0.1}, "VALIDATED")  # a: neither best nor latest
     assert list(_entries(manager)) == [b]
+    assert _on_disk(manager)["statuses"] == {}  # the journal keeps no status for a gone one
     manager.close()
     assert not os.path.exists(manager.storage.checkpoint_path(a))
     assert list(_entries(manager)) == [b] and _on_disk(manager)["statuses"] == {}

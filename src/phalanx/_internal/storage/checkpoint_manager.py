@@ -205,7 +205,9 @@ class CheckpointManager:
                     self.latest = merged
         evicted = self._apply_retention()
         merged_entries = [c for c in self.checkpoints if c.dir_name == dir_name]
-        self._record(merged_entries, evicted, {dir_name: status})
+        # a checkpoint its own validation evicted keeps no status (retention dropped it above)
+        gone = any(c.dir_name == dir_name for c in evicted)
+        self._record(merged_entries, evicted, {} if gone else {dir_name: status})
         for gone in evicted:
             future = self._deleter().submit(self.storage.delete_checkpoint, gone.dir_name)
             future.add_done_callback(_log_failed_deletion)
