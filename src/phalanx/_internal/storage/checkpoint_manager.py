@@ -206,8 +206,8 @@ class CheckpointManager:
         evicted = self._apply_retention()
         merged_entries = [c for c in self.checkpoints if c.dir_name == dir_name]
         # a checkpoint its own validation evicted keeps no status (retention dropped it above)
-        gone = any(c.dir_name == dir_name for c in evicted)
-        self._record(merged_entries, evicted, {} if gone else {dir_name: status})
+        itself = any(c.dir_name == dir_name for c in evicted)
+        self._record(merged_entries, evicted, {} if itself else {dir_name: status})
         for gone in evicted:
             future = self._deleter().submit(self.storage.delete_checkpoint, gone.dir_name)
             future.add_done_callback(_log_failed_deletion)
