@@ -36,7 +36,9 @@ class Rewriter(cst.CSTTransformer):
         self.plan = plan
         self._block_done = False
         # Lines that were removed, until their block passes their leading lines on.
-        self._removed: set[int] = set()
+        # id -> the removed line itself: an id names one object only while that object lives, and
+        # a line freed here could share its id with a statement built later
+        self._removed: dict[int, cst.SimpleStatementLine] = {}
 
     # Uses.
 
@@ -82,7 +84,7 @@ class Rewriter(cst.CSTTransformer):
 
     def _removal(self, line: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
         """A marker for a removed line; its block drops it and keeps its blank lines/comments."""
-        self._removed.add(id(line))
+        self._removed[id(line)] = line
         return line
 
     def leave_IndentedBlock(
@@ -107,7 +109,7 @@ class Rewriter(cst.CSTTransformer):
         out: list[cst.BaseStatement] = []
         carried: list[cst.EmptyLine] = []
         for statement in body:
-            if id(statement) in self._removed and isinstance(statement, cst.SimpleStatementLine):
+            if self._removed.get(id(statement)) is statement:
                 carried += statement.leading_lines
                 continue
             if carried and isinstance(statement, _WITH_LEADING_LINES):
