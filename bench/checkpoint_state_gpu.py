@@ -89,6 +89,7 @@ class _Run:
         self.data = torch.randint(0, vocab, batch, device=self.device)
         self.state: dict[str, Any] = {"model": self.model, "optimizer": self.opt, "step": 0}
         self.pending: Any = None
+        self._cpu_group: Any = None
 
     def sync(self) -> None:
         import torch
@@ -139,11 +140,25 @@ class _Run:
         elif mode == "dcp_async":
             self.finish_pending(report=True)
             directory = os.path.join(self.work, f"dcp_{n}")
-            self.pending = (dcp.async_save(self.state_dicts(), checkpoint_id=directory), directory)
+            saving = dcp.async_save(
+                self.state_dicts(), checkpoint_id=directory, process_group=self.cpu_group()
+            )
+            self.pending = (saving, directory)
         else:
             for buf, t in zip(pinned, self.tensors(), strict=True):
                 buf.copy_(t, non_blocking=True)
             self.sync()
+
+    def cpu_group(self) -> Any:
+        """A gloo group for DCP's async_save: it needs a CPU backend, and a GPU worker's default
+        group is NCCL only (torch: "try initializing process group with 'cpu:gloo,cuda:nccl'")."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_backend() == "gloo":
+            return None
+        if self._cpu_group is None:
+            self._cpu_group = dist.new_group(backend="gloo")
+        return self._cpu_group
 
     def finish_pending(self, report: bool) -> None:
         import phalanx as train

@@ -76,6 +76,20 @@ def test_import_phalanx_torch_imports_no_pandas_or_pyarrow():
     assert out.returncode == 0 and "TorchPredictor" in out.stdout, out.stderr
 
 
+def test_import_phalanx_torch_leaves_distributed_checkpoint_to_save_state():
+    """torch.distributed.checkpoint and DTensor pull in sympy: 0.6 s here, 3.5 s per GPU worker
+    measured on an H200 host (bench/results/gpu_2026-11-27), paid before the first line of
+    every TorchTrainer worker while phalanx.torch imported them. save_state imports them."""
+    loaded = modules_after("import phalanx.torch")
+    heavy = {"sympy", "torch.distributed.checkpoint", "torch.distributed.tensor"}
+    assert loaded & heavy == set()
+    used = modules_after(
+        "import torch\nfrom phalanx.torch._state import _dcp, _state_dict_api\n"
+        "_dcp(); _state_dict_api()"
+    )
+    assert {"torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict"} <= used
+
+
 def test_import_phalanx_torch_leaves_the_run_machinery_to_fit():
     """What only fit() needs (the controller, the engines, fsspec) is imported by fit(): the
     import a user's script pays before its first line stays ~25 ms over torch's own."""

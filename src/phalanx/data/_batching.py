@@ -107,6 +107,8 @@ def arrow_to_numpy(batch: pa.RecordBatch | pa.Table, writable: bool = False) -> 
 
 def _column_to_numpy(column: pa.Array) -> np.ndarray:
     kind = column.type
+    if column.null_count == 0 and (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        return column.to_numpy()  # the common case first: zero-copy, no checks (wide tables)
     if isinstance(kind, pa.FixedShapeTensorType):
         return column.to_numpy_ndarray()  # type: ignore[attr-defined, no-any-return]
     if pa.types.is_fixed_size_list(kind) and column.null_count == 0:

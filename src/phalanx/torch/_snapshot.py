@@ -11,16 +11,19 @@ shard. Other values are deep-copied (the user may change them while the write ru
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - torch built without distributed
-    DTensor = None  # type: ignore[assignment,misc]
+
+def _dtensor_class() -> Any:
+    """``DTensor`` if ``torch.distributed.tensor`` was imported, else None: no value can be a
+    DTensor before it is, and importing it here would cost every worker seconds (sympy)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 
 class BufferPool:
@@ -49,7 +52,7 @@ class BufferPool:
         """A DTensor with ``like``'s spec around ``buf`` (kept while the spec stays the same)."""
         wrapper = self._wrappers.get(key)
         if wrapper is None or wrapper._local_tensor is not buf or wrapper._spec != like._spec:
-            wrapper = DTensor(buf, like._spec, requires_grad=False)
+            wrapper = type(like)(buf, like._spec, requires_grad=False)
             self._wrappers[key] = wrapper
         return wrapper
 
@@ -64,7 +67,8 @@ def take_snapshot(state: dict[str, Any], pool: BufferPool) -> dict[str, Any]:
 
 
 def _copy(value: Any, key: str, pool: BufferPool) -> Any:
-    if DTensor is not None and isinstance(value, DTensor):
+    dtensor = _dtensor_class()
+    if dtensor is not None and isinstance(value, dtensor):
         local = value._local_tensor
         buf = pool.buffer_for(key, local)
         buf.copy_(local.detach(), non_blocking=local.is_cuda)

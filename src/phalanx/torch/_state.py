@@ -22,14 +22,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from phalanx._internal import env
 from phalanx._internal.storage.run_storage import STAGING_DIR
@@ -43,6 +35,22 @@ from phalanx.torch._snapshot import BufferPool, take_snapshot
 __all__ = ["load_state", "save_state"]
 
 FORMATS = ("dcp", "safetensors")
+
+
+def _dcp() -> Any:
+    """``torch.distributed.checkpoint``, imported at first use: its import pulls in sympy (0.6 s
+    on a laptop-class core, 3.5 s measured on an H200 host), which every worker importing
+    ``phalanx.torch`` paid before its first line, whether it saved state or not."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
+
+
+def _state_dict_api() -> Any:
+    """``torch.distributed.checkpoint.state_dict`` (imported at first use, as ``_dcp``)."""
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
 
 
 class _TorchStateWriter(StateWriter):
@@ -149,7 +157,7 @@ def load_state(checkpoint: Checkpoint, state: dict[str, Any]) -> None:
         state_dict = _to_state_dict(state, full=False)
         if not _distributed():
             _quiet_single_process()
-        dcp.load(state_dict, checkpoint_id=path, no_dist=not _distributed())
+        _dcp().load(state_dict, checkpoint_id=path, no_dist=not _distributed())
     _apply(state, state_dict)
 
 
@@ -281,11 +289,12 @@ def _optimizer_owner(
 def _to_state_dict(state: dict[str, Any], full: bool) -> dict[str, Any]:
     """Each entry as a state dict of tensors and plain values (the live tensors, not copies)."""
     modules = {k: v for k, v in state.items() if isinstance(v, torch.nn.Module)}
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
+    api = _state_dict_api()
+    options = api.StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
     out: dict[str, Any] = {}
     for key, value in state.items():
         if isinstance(value, torch.nn.Module):
-            out[key] = get_model_state_dict(value, options=options)
+            out[key] = api.get_model_state_dict(value, options=options)
         elif full:
             raise ValueError(
                 f"save_state(format='safetensors') exports modules only; state[{key!r}] is a "
@@ -294,7 +303,7 @@ def _to_state_dict(state: dict[str, Any], full: bool) -> dict[str, Any]:
             )
         elif isinstance(value, torch.optim.Optimizer):
             owner = _optimizer_owner(key, value, modules)
-            out[key] = get_optimizer_state_dict(owner, value)
+            out[key] = api.get_optimizer_state_dict(owner, value)
         elif isinstance(value, torch.Tensor):
             out[key] = value
         elif callable(getattr(value, "state_dict", None)) and hasattr(value, "load_state_dict"):
@@ -305,13 +314,14 @@ def _to_state_dict(state: dict[str, Any], full: bool) -> dict[str, Any]:
 
 
 def _apply(state: dict[str, Any], loaded: dict[str, Any]) -> None:
+    api = _state_dict_api()
     modules = {k: v for k, v in state.items() if isinstance(v, torch.nn.Module)}
     for key, value in state.items():
         if isinstance(value, torch.nn.Module):
-            set_model_state_dict(value, loaded[key])
+            api.set_model_state_dict(value, loaded[key])
         elif isinstance(value, torch.optim.Optimizer):
             owner = _optimizer_owner(key, value, modules)
-            set_optimizer_state_dict(owner, value, loaded[key])
+            api.set_optimizer_state_dict(owner, value, loaded[key])
         elif isinstance(value, torch.Tensor):
             pass  # dcp.load copied into it
         elif callable(getattr(value, "state_dict", None)) and hasattr(value, "load_state_dict"):
@@ -331,6 +341,7 @@ _SINGLE_PROCESS_WARNING = "torch.distributed is disabled, unavailable or uniniti
 
 
 def _write_dcp(snapshot: dict[str, Any], path: str, group: Any) -> None:
+    dcp = _dcp()
     writer = dcp.FileSystemWriter(path, single_file_per_rank=True, sync_files=True)
     if group is None:
         _quiet_single_process()
@@ -355,9 +366,10 @@ def _write_safetensors(snapshot: dict[str, Any], path: str) -> None:
 def _load_safetensors(path: str, state: dict[str, Any]) -> None:
     from safetensors.torch import load_file
 
+    api = _state_dict_api()
     for key, value in state.items():
         target = os.path.join(path, f"{key}.safetensors")
         if isinstance(value, torch.nn.Module) and os.path.exists(target):
-            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+            options = api.StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
             tensors: dict[str, Any] = load_file(target)
-            set_model_state_dict(value, tensors, options=options)
+            api.set_model_state_dict(value, tensors, options=options)
