@@ -1,13 +1,14 @@
 """A node killed mid-run on a cluster with Ray's default GCS health checks (a node is declared dead
-after 5 failed checks 3 s apart, ~15 s): the Ray engine notices the lost workers within seconds,
-from their actors not answering, not when the GCS declares the node dead. The other workers keep
-running (no collective fails for them), so only the lost ones can tell.
+after 5 failed checks 3 s apart, ~15 s): the Ray engine notices the lost workers within a second,
+not when the GCS declares the node dead. The other workers keep running (no collective fails for
+them), so only the lost ones can tell.
 
-The bound on noticing: Ray answers a call to an actor of a killed node ``ActorUnavailableError``
-1-2 s after the kill; the worker is lost ``UNAVAILABLE_S`` (2.5 s) after that first answer,
-whether or not the retry has come back (it takes ~2 s more to fail); every rank of that node is
-lost with it, so the group is torn down once. Before the bound was enforced in time a loss took
-~6 s (the retry's answer, and a second retry's), and only the first rank lost was named.
+The bound on noticing: the killed node's raylet refuses connections at once, and the raylet probe
+(``engines/ray/probe.py``, a connect to each followed node's raylet every ``PROBE_S``) finds it;
+every rank of that node is lost with it, so the group is torn down once. Before the probe, a loss
+waited for Ray's first ``ActorUnavailableError`` (1-2 s after the kill) plus ``UNAVAILABLE_S``
+(2.5 s): 4.4-4.8 s measured here; that rule still decides for a node that stops answering
+without refusing (``test_ray_poller.py``, ``test_raylet_probe.py``).
 """
 
 from __future__ import annotations
@@ -38,10 +39,9 @@ from phalanx.callbacks import Callback
 pytestmark = pytest.mark.slow
 
 GCS_DECLARES_DEAD_S = 14.0  # measured here: 14 s from the kill to the node's actors dead
-# Ray's first ActorUnavailableError (1-2 s after the kill, measured) + UNAVAILABLE_S (2.5 s) +
-# the teardown of the failed group on a loaded machine (<= 1 s). Measured here: 4.4-4.8 s; the
-# old rule (the bound read only when a retry answered, every ~2 s) took 5.8 s.
-NOTICED_WITHIN_S = 5.5
+# The probe's period (0.25 s) + the teardown of the failed group on a loaded machine (<= 1 s).
+# Without the probe this took 4.4-4.8 s (Ray's first ActorUnavailableError + UNAVAILABLE_S).
+NOTICED_WITHIN_S = 2.0
 ROUNDS = 8
 ROUND_S = 0.3
 

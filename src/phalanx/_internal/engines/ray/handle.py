@@ -17,6 +17,11 @@ flight, and the retry is scheduled, not slept for, so the other actors' messages
 A worker lost so takes with it every worker of its node that has been unavailable since its last
 answer (or every worker of the node, if the GCS already says the node is dead): a lost node is
 one failure that names all its ranks, not a first rank and a torn-down attempt.
+
+Sooner still: a node whose raylet refuses connections (shut down, preempted, raylet killed) is
+found by :class:`~phalanx._internal.engines.ray.probe.RayletProbe` within about ``PROBE_S``, and
+all its workers are lost at once (``NodeDown``); a node that stops answering altogether is left
+to the bound above.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from phalanx._internal.engines.messages import (
 )
 from phalanx._internal.engines.rank_output import RankOutput, reader_error
 from phalanx._internal.engines.ray import gcs
+from phalanx._internal.engines.ray.probe import RayletProbe
 from phalanx._internal.worker.runtime import RemoteCallError, undecodable_error
 
 logger = logging.getLogger(__name__)
@@ -74,6 +80,13 @@ NODE_QUERY_S = 2.0  # the poller asks the GCS whether a node is dead; it must no
 
 class RayWorkerDied(ConnectionError):
     """The Ray actor of a worker is gone: its process died, it was killed, or its node was lost."""
+
+
+class NodeDown(ConnectionError):
+    """The raylet of a worker's node refused a connection after accepting one (probe.py)."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(f"its raylet stopped accepting connections (node {node} is down)")
 
 
 class RayWorkerHandle(WorkerHandle):
@@ -255,6 +268,7 @@ class DrainPoller:
         # -> (first ActorUnavailableError since its last answer, the latest one)
         self._unavailable: dict[RayWorkerHandle, tuple[float, BaseException]] = {}
         self._stopping = threading.Event()
+        self._probe = RayletProbe(self._watched_nodes)
         self._thread = threading.Thread(target=self._run, name="phalanx-ray-poller", daemon=True)
         self._thread.start()
 
@@ -263,6 +277,7 @@ class DrainPoller:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._probe.stop()
         self._thread.join(timeout=5)
         with self._lock:
             self._inflight.clear()
@@ -321,8 +336,27 @@ class DrainPoller:
                     self._answer(handle, ref)
         else:
             self._stopping.wait(POLL_S)
+        self._lose_down_nodes()
         self._enforce_unavailable_bound()
         self._send_due_retries()
+
+    def _watched_nodes(self) -> set[str]:
+        """The nodes of the workers followed (called by the probe's thread)."""
+        with self._lock:
+            handles = list(self._inflight.values())
+        return {h.metadata.node_id for h in handles if h.death is None and not h.stopping}
+
+    def _lose_down_nodes(self) -> None:
+        """Every worker of a node whose raylet the probe found gone is lost, now (one failure
+        naming all of them), instead of after Ray's connection retries and UNAVAILABLE_S."""
+        for node in self._probe.take_down():
+            on_node = [
+                h
+                for h in dict.fromkeys([*self._followed(), *self._unavailable])
+                if h.metadata.node_id == node and h.death is None and not h.stopping
+            ]
+            if on_node:
+                self._lose(on_node[0], NodeDown(node), node_dead=True)
 
     def _send_due_retries(self) -> None:
         now = time.monotonic()
@@ -337,12 +371,15 @@ class DrainPoller:
             if handle in self._unavailable and now - since >= UNAVAILABLE_S:
                 self._lose(handle, self._unavailable[handle][1])
 
-    def _lose(self, handle: RayWorkerHandle, exc: BaseException) -> None:
+    def _lose(
+        self, handle: RayWorkerHandle, exc: BaseException, node_dead: bool | None = None
+    ) -> None:
         """``handle``'s actor is gone, and with it every worker of its node that was also
-        unavailable since its last answer or whose drain is overdue (all of them if the GCS
-        says the node is dead)."""
+        unavailable since its last answer or whose drain is overdue (all of them if the node is
+        dead: ``node_dead``, else the GCS is asked)."""
         node = handle.metadata.node_id
-        node_dead = not handle.stopping and _node_is_dead(node)  # a kill of ours: ask nothing
+        if node_dead is None:
+            node_dead = not handle.stopping and _node_is_dead(node)  # a kill of ours: ask nothing
         now = time.monotonic()
         mates = [
             h
@@ -355,7 +392,7 @@ class DrainPoller:
         ]
         self._forget(handle)
         handle.node_lost = not handle.stopping and (
-            node_dead or isinstance(exc, ActorUnavailableError)
+            node_dead or isinstance(exc, ActorUnavailableError | NodeDown)
         )
         handle.on_death(handle.describe_death(exc, node_dead))
         for mate in mates:
