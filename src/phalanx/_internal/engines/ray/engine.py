@@ -35,7 +35,7 @@ from phalanx._internal.engines.ray.placement import (
     visible_resources,
     worker_bundle,
 )
-from phalanx._internal.engines.ray.relaunch import relaunch, relaunch_elastic
+from phalanx._internal.engines.ray.relaunch import prestart, relaunch, relaunch_elastic
 from phalanx._internal.engines.ray.reuse import (
     Attempt,
     Parked,
@@ -140,7 +140,9 @@ class RayEngine(Engine):
         starter = ActorStarter(self._poller, spec, bundle, events)
         parked, self._parked = self._parked, None
         if parked is not None:  # placed already: a new node may still be on its way
+            parked.attempt.starter = starter
             handles = self._relaunch(parked, starter)
+            logger.debug("relaunch: every actor said hello")
             if handles is not None:
                 return handles
             self._release(parked.attempt)
@@ -160,7 +162,7 @@ class RayEngine(Engine):
         else:
             group = starter.placement_group(spec.num_workers, avoid)
         reset = None if env.restore_mode() == "full" else spec.reset_worker
-        attempt = Attempt(group, [], bundle if elastic else None, reset)
+        attempt = Attempt(group, [], bundle if elastic else None, reset, starter=starter)
         self._attempts.append(attempt)
         try:
             # The actors and their hellos go out before the group is placed: Ray queues them
@@ -178,7 +180,7 @@ class RayEngine(Engine):
         """The next attempt in the parked group (module ``relaunch``); None: place it afresh
         (a fixed-size group of another size, an elastic one below min_workers)."""
         spec = starter.spec
-        same_size = spec.num_workers == len(parked.attempt.handles)
+        same_size = spec.num_workers == len(parked.kept) + len(parked.lost)
         if spec.min_workers is None and not same_size:
             return None
         try:
@@ -233,7 +235,10 @@ class RayEngine(Engine):
             return
         assert attempt.reset_worker is not None
         self._note_lost_nodes(ours)
+        early = self._prestart(attempt, [h for h in ours if not h.is_alive()])
+        logger.debug("park: ending the training calls of %d actor(s)", len(ours))
         kept, why = reset_survivors(ours, attempt.reset_worker, env.reuse_stop_s())
+        logger.debug("park: %d actor(s) reset and kept", len(kept))
         log_reuse(kept, len(ours), why)
         gone = [h for h in ours if h not in kept]
         for handle in gone:
@@ -242,9 +247,24 @@ class RayEngine(Engine):
         for handle in gone:
             handle.finish()
         if kept:
-            self._parked = Parked(attempt, {h.index: h for h in kept}, {h.index: h for h in gone})
+            by_index = {h.index: h for h in kept}
+            self._parked = Parked(attempt, by_index, {h.index: h for h in gone}, early)
         else:
             self._release(attempt)
+
+    def _prestart(
+        self, attempt: Attempt, dead: list[RayWorkerHandle]
+    ) -> dict[int, tuple[RayWorkerHandle, Any]]:
+        """New actors for the dead workers, started before the survivors are reset (module
+        ``relaunch``); each is one of the attempt's handles until the relaunch takes it, so a
+        release kills it. A failure to start them is left to the relaunch."""
+        try:
+            early = prestart(attempt, dead, self._avoid_nodes())
+        except Exception:
+            logger.debug("Starting the new actors at park failed", exc_info=True)
+            return {}
+        attempt.handles = [*attempt.handles, *(handle for handle, _ in early.values())]
+        return early
 
     def _note_lost_nodes(self, handles: list[RayWorkerHandle]) -> None:
         for handle in handles:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from typing import Any
 
 from ray.util.placement_group import PlacementGroup
 
@@ -38,22 +39,52 @@ def relaunch(parked: Parked, starter: ActorStarter, avoid: list[str]) -> list[Ra
     """The next attempt of the same size: the kept actors serve it, new actors start in the
     lost workers' bundles (or off ``avoid``, the lost nodes), hellos from those."""
     attempt, spec = parked.attempt, starter.spec
+    early = {i: e for i, e in parked.early.items() if e[0].is_alive()}
     fresh: list[RayWorkerHandle] = []
+    hellos: list[Any] = []
     try:
-        places = _lost_bundles(parked, starter, avoid)
+        lost = {i: h for i, h in parked.lost.items() if i not in parked.kept and i not in early}
+        places = lost_bundles(attempt, lost, starter, avoid)
         for index in range(spec.num_workers):
             kept = parked.kept.get(index)
             if kept is not None:
                 kept.rebind(starter.events, spec.log_dir, spec.attempt)
+            elif index in early:  # started at park, while the survivors were reset
+                handle, hello = early[index]
+                handle.rebind(starter.events, spec.log_dir, spec.attempt)
+                fresh.append(handle)
+                hellos.append(hello)
             else:
                 group, at = places[index]
                 fresh.append(starter.start(group, index, at))
+                hellos += starter.send_hellos(fresh[-1:])
         attempt.handles = sorted([*parked.kept.values(), *fresh], key=lambda h: h.index)
-        starter.greet(fresh)
+        logger.debug("relaunch: %d new actor(s), %d started at park", len(fresh), len(early))
+        if fresh:
+            starter.await_hellos(fresh, hellos)
     except BaseException:
         attempt.handles = [*parked.kept.values(), *fresh]
         raise
     return list(attempt.handles)
+
+
+def prestart(
+    attempt: Attempt, dead: list[RayWorkerHandle], avoid: list[str]
+) -> dict[int, tuple[RayWorkerHandle, Any]]:
+    """New actors for the ``dead`` workers of a fixed-size group, started now (at park) with
+    the attempt's own starter, and their hellos: their processes start while the survivors'
+    training calls end. ``relaunch`` rebinds them to the next attempt."""
+    starter = attempt.starter
+    if starter is None or attempt.elastic_bundle is not None or not dead:
+        return {}
+    lost = {h.index: h for h in dead}
+    places = lost_bundles(attempt, lost, starter, avoid)
+    early = {}
+    for index in sorted(lost):
+        group, at = places[index]
+        handle = starter.start(group, index, at)
+        early[index] = (handle, starter.send_hellos([handle])[0])
+    return early
 
 
 def relaunch_elastic(
@@ -125,24 +156,23 @@ def _start_around(
     return list(attempt.handles)
 
 
-def _lost_bundles(
-    parked: Parked, starter: ActorStarter, avoid: list[str]
+def lost_bundles(
+    attempt: Attempt, lost: dict[int, RayWorkerHandle], starter: ActorStarter, avoid: list[str]
 ) -> dict[int, tuple[PlacementGroup, int]]:
-    """Where each lost worker's new actor goes: its old bundle (Ray places it again if its
+    """Where each ``lost`` worker's new actor goes: its old bundle (Ray places it again if its
     node died), or, for a node the GCS does not yet say is dead (~15-30 s with Ray's
     default health checks), a bundle of a new group placed off that node now."""
-    lost = {i: h for i, h in parked.lost.items() if i not in parked.kept}
     soft = starter.spec.scaling_config.placement_strategy in ("PACK", "SPREAD")
     moved = [i for i, h in sorted(lost.items()) if soft and moved_off_its_node(h)]
-    places = {i: h.placement or (parked.attempt.group, i) for i, h in lost.items()}
+    places = {i: h.placement or (attempt.group, i) for i, h in lost.items()}
     if moved:
         logger.info(
             "In-place recovery: the new actors of worker(s) %s go to a new placement group "
             "off the lost node(s), which Ray does not declare dead yet",
             moved,
         )
-        suffix = f":patch{len(parked.attempt.patches) + 1}"
+        suffix = f":patch{len(attempt.patches) + 1}"
         patch = starter.placement_group(len(moved), avoid_nodes=avoid, suffix=suffix)
-        parked.attempt.patches.append(patch)
+        attempt.patches.append(patch)
         places.update({index: (patch, j) for j, index in enumerate(moved)})
     return places

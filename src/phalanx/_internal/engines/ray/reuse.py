@@ -65,6 +65,9 @@ class Attempt:
     # Elastic in-place recovery: bundles of these groups that no actor holds (a lost node's,
     # placed again by Ray once a node has room): free slots for the next attempt or a growth
     idle: list[Place] = field(default_factory=list)
+    # What started its actors (``start.ActorStarter``): park starts the lost workers' new
+    # actors with it while the survivors' training calls end
+    starter: Any = None
 
 
 @dataclass
@@ -75,6 +78,8 @@ class Parked:
     attempt: Attempt
     kept: dict[int, RayWorkerHandle]
     lost: dict[int, RayWorkerHandle]  # the others: dead, or killed because not reusable
+    # New actors for workers found dead at park, started then (by index), and their hellos
+    early: dict[int, tuple[RayWorkerHandle, Any]] = field(default_factory=dict)
 
 
 def moved_off_its_node(lost: RayWorkerHandle) -> bool:
