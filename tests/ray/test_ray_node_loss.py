@@ -4,7 +4,7 @@ not when the GCS declares the node dead. The other workers keep running (no coll
 them), so only the lost ones can tell.
 
 The bound on noticing: the killed node's raylet refuses connections at once, and the raylet probe
-(``engines/ray/probe.py``, a connect to each followed node's raylet every ``PROBE_S``) finds it;
+(``engines/ray/probe.py``, an idle connection to each followed node's raylet) finds it at once;
 every rank of that node is lost with it, so the group is torn down once. Before the probe, a loss
 waited for Ray's first ``ActorUnavailableError`` (1-2 s after the kill) plus ``UNAVAILABLE_S``
 (2.5 s): 4.4-4.8 s measured here; that rule still decides for a node that stops answering
@@ -39,7 +39,7 @@ from phalanx.callbacks import Callback
 pytestmark = pytest.mark.slow
 
 GCS_DECLARES_DEAD_S = 14.0  # measured here: 14 s from the kill to the node's actors dead
-# The probe's period (0.25 s) + the teardown of the failed group on a loaded machine (<= 1 s).
+# The probe (milliseconds) + the teardown of the failed group on a loaded machine (<= 1 s).
 # Without the probe this took 4.4-4.8 s (Ray's first ActorUnavailableError + UNAVAILABLE_S).
 NOTICED_WITHIN_S = 2.0
 ROUNDS = 8

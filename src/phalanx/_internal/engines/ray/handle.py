@@ -18,10 +18,10 @@ A worker lost so takes with it every worker of its node that has been unavailabl
 answer (or every worker of the node, if the GCS already says the node is dead): a lost node is
 one failure that names all its ranks, not a first rank and a torn-down attempt.
 
-Sooner still: a node whose raylet refuses connections (shut down, preempted, raylet killed) is
-found by :class:`~phalanx._internal.engines.ray.probe.RayletProbe` within about ``PROBE_S``, and
-all its workers are lost at once (``NodeDown``); a node that stops answering altogether is left
-to the bound above.
+Sooner still: a node whose raylet is gone (shut down, preempted, raylet killed) is found by
+:class:`~phalanx._internal.engines.ray.probe.RayletProbe` within milliseconds (its idle connection
+closes and the raylet refuses a new one), and all its workers are lost at once (``NodeDown``); a
+node that stops answering altogether is left to the bound above.
 """
 
 from __future__ import annotations
