@@ -1,7 +1,8 @@
 """The harness every comparative benchmark here runs on, so a script keeps only its workload.
 
 A benchmark script defines a ``Bench`` (its systems, its workload's arguments, how one system runs,
-what its report says) and calls ``main(BENCH)``. The harness then:
+what its report says; ``Bench.of`` takes ``run_one``, ``add_arguments``, ``workload`` and
+``report`` from the script's functions of those names) and calls ``main(BENCH)``. The harness then:
 
 - runs ``--reps`` repetitions, interleaved (rep 0 of every system, then rep 1, ...), each run
   in a fresh subprocess of the same script (``--one SYSTEM``) with one thread per worker, and
@@ -34,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol
 
 from common import MARKER_ENV, machine, median, package_version, reap_marked, reap_session, versions
@@ -92,6 +94,19 @@ class Bench:
     """The runs' names are built by the script from its workload's arguments (e.g.
     ``phalanx@local:64:sync``), so ``--one`` takes any name, not only one of ``systems``."""
     env: dict[str, str] = field(default_factory=lambda: dict(THREAD_ENV))
+
+    @classmethod
+    def of(cls, script: ModuleType, **fields: Any) -> Bench:
+        """The Bench of a script that defines the usual four functions, ``run_one``,
+        ``add_arguments``, ``workload`` and ``report``; ``fields`` are the rest (name, title,
+        systems, ...). A script calls it as ``harness.Bench.of(sys.modules[__name__], ...)``."""
+        return cls(
+            run_one=script.run_one,
+            add_arguments=script.add_arguments,
+            workload=script.workload,
+            report=script.report,
+            **fields,
+        )
 
 
 # --------------------------------------------------------------------------- tables

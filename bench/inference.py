@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
 from typing import Any
@@ -270,14 +271,11 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     return lines
 
 
-BENCH = harness.Bench(
+BENCH = harness.Bench.of(
+    sys.modules[__name__],
     name="inference",
     title="B9 batch inference",
     systems=tuple(SYSTEMS),
-    run_one=run_one,
-    add_arguments=add_arguments,
-    workload=workload,
-    report=report,
     summary_keys=("seconds",),
     ok=lambda rec: "rows" in rec,
     extra_versions=("pyarrow", "numpy"),

@@ -217,14 +217,11 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
 def make_bench(sizes: str) -> harness.Bench:
     """The runs are (system, batch size) pairs, ``phalanx-256``, size by size."""
     runs = [f"{system}-{size}" for size in sizes.split(",") for system in SYSTEMS]
-    return harness.Bench(
+    return harness.Bench.of(
+        sys.modules[__name__],
         name="ingest",
         title="phalanx benchmark B8 (ingest)",
         systems=tuple(runs),
-        run_one=run_one,
-        add_arguments=add_arguments,
-        workload=workload,
-        report=report,
         summary_keys=("ttfb_s", "rows_per_s"),
         ok=lambda rec: "ttfb_s" in rec,
         extra_versions=("pyarrow", "numpy"),

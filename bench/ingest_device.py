@@ -207,14 +207,11 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
 
 
 def make_bench(device: str) -> harness.Bench:
-    return harness.Bench(
+    return harness.Bench.of(
+        sys.modules[__name__],
         name=f"ingest_device_{device.split(':')[0]}",
         title=f"iter_torch_batches to the device ({device})",
         systems=SYSTEMS,
-        run_one=run_one,
-        add_arguments=add_arguments,
-        workload=workload,
-        report=report,
         summary_keys=("rows_per_s", "gb_per_s"),
         ok=lambda rec: "rows_per_s" in rec,
         extra_versions=("pyarrow", "numpy"),

@@ -127,14 +127,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=2000)
 
 
-BENCH = harness.Bench(
+BENCH = harness.Bench.of(
+    sys.modules[__name__],
     name="report_progress",
     title="B3 with the progress view: does the view slow report()?",
     systems=tuple(SETTINGS),
-    run_one=run_one,
-    add_arguments=add_arguments,
-    workload=workload,
-    report=report,
     summary_keys=("p50_ms", "p99_ms", "wall_s"),
     reps=5,
     timeout_s=600.0,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 # Imported here so the workers, forked from this process, start with them loaded (seconds each).
-from hf_tiny import tiny_bert_config, token_data
+from _helpers.hf_tiny import tiny_bert_config, token_data
 from transformers import (
     AutoModelForSequenceClassification,
     BertForSequenceClassification,

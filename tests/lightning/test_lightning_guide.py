@@ -205,18 +205,9 @@ import phalanx as train
 from phalanx.lightning import (RayDDPStrategy, RayLightningEnvironment,
                                RayTrainReportCallback, prepare_trainer)
 from phalanx.torch import TorchTrainer
+from _helpers.lightning_tiny import linear_regressor  # tests/ is on PYTHONPATH
 
-class Module(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(self.layer(x), y)
-        self.log("loss", loss)
-        return loss
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
+Module = linear_regressor(pl)
 
 def train_func(config):
     data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
@@ -241,8 +232,17 @@ print(json.dumps({"metrics": result.metrics, "trainer_module": result.return_val
 def test_pytorch_lightning_import_name_runs_the_guide(tmp_path):
     script = tmp_path / "guide_pl.py"
     script.write_text(textwrap.dedent(SCRIPT))
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
+    }
     out = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])

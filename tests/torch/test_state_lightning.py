@@ -9,10 +9,12 @@ import pytest
 
 pl = pytest.importorskip("lightning.pytorch")
 import torch  # noqa: E402
+from _helpers.lightning_tiny import linear_regressor  # noqa: E402
+from resumed_fit import fit_then_resume  # noqa: E402
 
 import phalanx  # noqa: E402
 from phalanx.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer  # noqa: E402
-from phalanx.torch import TorchTrainer, load_state, save_state  # noqa: E402
+from phalanx.torch import load_state, save_state  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -40,19 +42,7 @@ class SaveState(pl.Callback):
 # -------------------------------------------------------------------------------------------------
 
 
-class Regressor(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(self.layer(x), y)
-        self.log("loss", loss)
-        return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)  # state to restore
+Regressor = linear_regressor(pl, momentum=0.9)  # the momentum buffers: state to restore
 
 
 def fingerprint(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[float]:
@@ -95,21 +85,9 @@ def train_func(config: dict[str, Any]) -> dict[str, Any]:
     return {"start": prints.start, "end": prints.end}
 
 
-def _fit(tmp_path, name: str, epochs: int, seed: int, checkpoint=None) -> phalanx.Result:
-    return TorchTrainer(
-        train_func,
-        train_loop_config={"epochs": epochs, "seed": seed, "root": str(tmp_path / name)},
-        scaling_config=phalanx.ScalingConfig(num_workers=2),
-        run_config=phalanx.RunConfig(storage_path=str(tmp_path / "runs"), name=name),
-        resume_from_checkpoint=checkpoint,
-    ).fit()
-
-
 def test_a_lightning_callback_saves_and_a_resumed_run_loads_model_optimizer_and_epoch(tmp_path):
-    first = _fit(tmp_path, "first", epochs=2, seed=0)
-    assert first.error is None
+    first, resumed = fit_then_resume(
+        train_func, tmp_path, {"epochs": 2, "seed": 0}, {"epochs": 3, "seed": 1}
+    )
     assert list(first.metrics_dataframe["epoch"]) == [1, 2]
-    resumed = _fit(tmp_path, "resumed", epochs=3, seed=1, checkpoint=first.checkpoint)
-    assert resumed.error is None
-    assert resumed.return_value["start"] == pytest.approx(first.return_value["end"], abs=1e-9)
     assert list(resumed.metrics_dataframe["epoch"]) == [3]  # only the epoch still to run

@@ -10,8 +10,9 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
+from _helpers.hf_tiny import SEQ, VOCAB, tiny_bert_config  # noqa: E402
+from resumed_fit import fit_then_resume  # noqa: E402
 from transformers import (  # noqa: E402
-    BertConfig,
     BertForSequenceClassification,
     Trainer,
     TrainerCallback,
@@ -19,7 +20,7 @@ from transformers import (  # noqa: E402
 )
 
 import phalanx  # noqa: E402
-from phalanx.torch import TorchTrainer, load_state, save_state  # noqa: E402
+from phalanx.torch import load_state, save_state  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -46,20 +47,6 @@ class SaveState(TrainerCallback):
 
 
 # -------------------------------------------------------------------------------------------------
-
-VOCAB, SEQ = 64, 8
-
-
-def tiny_bert() -> BertForSequenceClassification:
-    config = BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=SEQ * 2,
-    )
-    return BertForSequenceClassification(config)
 
 
 def fingerprint(model, optimizer, lr_scheduler) -> list[float]:
@@ -94,7 +81,7 @@ def train_func(config: dict[str, Any]) -> dict[str, Any]:
         for i in ids
     ]
     args = TrainingArguments(
-        output_dir=config["output_dir"],
+        output_dir=config["root"],
         max_steps=config["max_steps"],
         per_device_train_batch_size=4,
         learning_rate=1e-3,
@@ -104,36 +91,21 @@ def train_func(config: dict[str, Any]) -> dict[str, Any]:
         disable_tqdm=True,
     )
     prints = Fingerprints()
-    trainer = Trainer(model=tiny_bert(), args=args, train_dataset=rows)
+    model = BertForSequenceClassification(tiny_bert_config())
+    trainer = Trainer(model=model, args=args, train_dataset=rows)
     trainer.add_callback(SaveState(every=2))
     trainer.add_callback(prints)  # after SaveState: it looks once the state is loaded
     trainer.train()
     return {"start": prints.start, "end": prints.end, "steps": prints.steps}
 
 
-def _fit(tmp_path, name: str, max_steps: int, seed: int, checkpoint=None) -> phalanx.Result:
-    return TorchTrainer(
-        train_func,
-        train_loop_config={
-            "max_steps": max_steps,
-            "seed": seed,
-            "output_dir": str(tmp_path / name),
-        },
-        scaling_config=phalanx.ScalingConfig(num_workers=2),
-        run_config=phalanx.RunConfig(storage_path=str(tmp_path / "runs"), name=name),
-        resume_from_checkpoint=checkpoint,
-    ).fit()
-
-
 def test_a_transformers_callback_saves_and_a_resumed_run_loads_the_whole_state(
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing may come from the Hub
-    first = _fit(tmp_path, "first", max_steps=4, seed=0)
-    assert first.error is None
+    first, resumed = fit_then_resume(
+        train_func, tmp_path, {"max_steps": 4, "seed": 0}, {"max_steps": 6, "seed": 1}
+    )
     assert list(first.metrics_dataframe["step"]) == [2, 4]
-    resumed = _fit(tmp_path, "resumed", max_steps=6, seed=1, checkpoint=first.checkpoint)
-    assert resumed.error is None
-    assert resumed.return_value["start"] == pytest.approx(first.return_value["end"], abs=1e-9)
     assert resumed.return_value["steps"] == 6
     assert list(resumed.metrics_dataframe["step"]) == [6]  # only the steps still to run
