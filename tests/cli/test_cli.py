@@ -15,7 +15,7 @@ import textwrap
 import xml.etree.ElementTree as ET
 
 import pytest
-from _helpers import wait_until
+from _helpers import fit_on_thread_engine, wait_until
 
 import phalanx as train
 from phalanx import DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig
@@ -102,14 +102,19 @@ def fit_thread(storage, name, losses, config=None, keep=None, **run_kwargs):
 # -- a run while it runs, and after ------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_ls_shows_a_live_run_as_running_then_finished_and_logs_follow_it(tmp_path):
+def start_driver(tmp_path, name: str, engine: str, workers: int):
+    """DRIVER run in its own process as run ``name`` under tmp_path/runs, its ranks holding on
+    in round 1 until the release file exists: (storage, the release file, the driver)."""
     storage, release = str(tmp_path / "runs"), str(tmp_path / "release")
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    driver = subprocess.Popen(
-        [sys.executable, str(script), storage, "live", release, "local", "2"], env=cli_env()
-    )
+    command = [sys.executable, str(script), storage, name, release, engine, str(workers)]
+    return storage, release, subprocess.Popen(command, env=cli_env())
+
+
+@pytest.mark.slow
+def test_ls_shows_a_live_run_as_running_then_finished_and_logs_follow_it(tmp_path):
+    storage, release, driver = start_driver(tmp_path, "live", "local", 2)
     follow = None
     try:
         wait_until(
@@ -155,20 +160,20 @@ def test_ls_shows_a_live_run_as_running_then_finished_and_logs_follow_it(tmp_pat
 
 @pytest.mark.slow
 def test_a_driver_killed_with_sigkill_shows_as_interrupted(tmp_path):
-    storage, release = str(tmp_path / "runs"), str(tmp_path / "release")
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
-    driver = subprocess.Popen(
-        [sys.executable, str(script), storage, "killed", release, "thread", "1"], env=cli_env()
-    )
+    storage, _, driver = start_driver(tmp_path, "killed", "thread", 1)
+    record = f"{storage}/killed/run.json"
     try:
+        # The driver takes the run lock before it writes run.json, and ls calls a locked run
+        # without a record running too: a kill in between would leave no record to read.
         wait_until(
-            lambda: ls_status(storage, "killed") == "running", timeout_s=60, what="the run to start"
+            lambda: os.path.exists(record) and ls_status(storage, "killed") == "running",
+            timeout_s=60,
+            what="the run to start",
         )
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
-    with open(f"{storage}/killed/run.json") as f:
+    with open(record) as f:
         assert json.load(f)["status"] == "running"  # the driver never wrote its end
     listed = phalanx("ls", storage)
     assert row_of(listed.stdout, "killed")[1] == "interrupted"
@@ -499,11 +504,7 @@ def test_a_failed_run_records_failed_and_ctrl_c_records_interrupted(tmp_path):
         raise RuntimeError("boom")
 
     with pytest.raises(TrainingFailedError) as failed:
-        DataParallelTrainer(
-            boom,
-            scaling_config=ScalingConfig(num_workers=1, engine="thread"),
-            run_config=RunConfig(name="f", storage_path=storage),
-        ).fit()
+        fit_on_thread_engine(boom, storage, "f")
     assert failed.value.result.config["status"] == "failed"
 
     class Interrupt(train.Callback):

@@ -72,23 +72,36 @@ def loop(config):
             train.report({"step": step, "loss": 1.0 / (step + 1)}, Checkpoint.from_directory(d))
 
 
+def fit_failing_once(tmp_path, repetition, k, steps, kill=False):
+    """One run of ``loop`` in which rank 1 fails (raises, or is SIGKILLed when ``kill``) right
+    after its report of round k; the retry must start at round k + 1."""
+    result = DataParallelTrainer(
+        loop,
+        train_loop_config={
+            "k": k,
+            "steps": steps,
+            "marker": str(tmp_path / f"m{repetition}"),
+            "kill": kill,
+        },
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            name=f"r{repetition}",
+            storage_path=str(tmp_path / "runs"),
+            failure_config=FailureConfig(max_failures=1),
+        ),
+    ).fit()
+    assert result.attempts == 2
+    rows = result.all_ranks_metrics_dataframe
+    retry = rows[rows["_phalanx_attempt"] == 2]
+    assert retry["step"].min() == k + 1, f"repetition {repetition} lost round {k}"
+    return result
+
+
 def test_a_failure_right_after_a_report_loses_no_round_in_20_runs(tmp_path):
     k, steps = 2, 4
     for repetition in range(20):
-        result = DataParallelTrainer(
-            loop,
-            train_loop_config={"k": k, "steps": steps, "marker": str(tmp_path / f"m{repetition}")},
-            scaling_config=ScalingConfig(num_workers=2),
-            run_config=RunConfig(
-                name=f"r{repetition}",
-                storage_path=str(tmp_path / "runs"),
-                failure_config=FailureConfig(max_failures=1),
-            ),
-        ).fit()
-        assert result.attempts == 2
+        result = fit_failing_once(tmp_path, repetition, k, steps)
         rows = result.all_ranks_metrics_dataframe
-        retry = rows[rows["_phalanx_attempt"] == 2]
-        assert retry["step"].min() == k + 1, f"repetition {repetition} lost round {k}"
         failed = rows[(rows["_phalanx_attempt"] == 1) & (rows["rank"] == 1)]
         assert math.isnan(failed["loss"].iloc[-1])  # the failing rank's last report is kept
         assert list(rows[rows["loss"].isna()]["step"]) == [k]  # and it is the only NaN
@@ -104,24 +117,6 @@ def test_a_rank_killed_right_after_its_report_loses_no_round_in_20_runs(tmp_path
     it (a lost machine, an OOM kill) cannot take the report back."""
     k, steps = 2, 4
     for repetition in range(20):
-        result = DataParallelTrainer(
-            loop,
-            train_loop_config={
-                "k": k,
-                "steps": steps,
-                "marker": str(tmp_path / f"m{repetition}"),
-                "kill": True,
-            },
-            scaling_config=ScalingConfig(num_workers=2),
-            run_config=RunConfig(
-                name=f"r{repetition}",
-                storage_path=str(tmp_path / "runs"),
-                failure_config=FailureConfig(max_failures=1),
-            ),
-        ).fit()
-        assert result.attempts == 2
+        result = fit_failing_once(tmp_path, repetition, k, steps, kill=True)
         assert "SIGKILL" in result.attempt_errors[0]
-        rows = result.all_ranks_metrics_dataframe
-        retry = rows[rows["_phalanx_attempt"] == 2]
-        assert retry["step"].min() == k + 1, f"repetition {repetition} lost round {k}"
         assert list(result.metrics_dataframe["step"]) == list(range(steps))

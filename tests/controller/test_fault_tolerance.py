@@ -368,6 +368,18 @@ class PreloadingConfig(train.BackendConfig):
         return ("wave",)  # stdlib, imported by nothing else here
 
 
+def fit_preloading(loop, storage, max_failures):
+    """``loop`` on one local worker whose backend names ``wave`` to preload."""
+    return DataParallelTrainer(
+        loop,
+        backend_config=PreloadingConfig(),
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(
+            storage_path=storage, failure_config=FailureConfig(max_failures=max_failures)
+        ),
+    ).fit()
+
+
 def test_workers_of_a_retry_inherit_the_backends_preloaded_modules(storage):
     def loop():
         train.report({"preloaded": "wave" in sys.modules})
@@ -375,12 +387,7 @@ def test_workers_of_a_retry_inherit_the_backends_preloaded_modules(storage):
             raise RuntimeError("fail once")
 
     assert "wave" not in sys.modules
-    result = DataParallelTrainer(
-        loop,
-        backend_config=PreloadingConfig(),
-        scaling_config=ScalingConfig(num_workers=1),
-        run_config=RunConfig(storage_path=storage, failure_config=FailureConfig(max_failures=1)),
-    ).fit()
+    result = fit_preloading(loop, storage, max_failures=1)
     # the retry (no checkpoint: it starts over) supersedes attempt 1's row in the trajectory
     assert list(result.all_ranks_metrics_dataframe["preloaded"]) == [False, True]
     assert list(result.metrics_dataframe["preloaded"]) == [True]
@@ -400,12 +407,7 @@ def test_a_run_that_cannot_retry_a_failure_spends_no_cpu_on_preloading(storage):
                 time.sleep(0.05)
         train.report({"preloaded": "wave" in sys.modules, "try": 1})
 
-    result = DataParallelTrainer(
-        loop,
-        backend_config=PreloadingConfig(),
-        scaling_config=ScalingConfig(num_workers=1),
-        run_config=RunConfig(storage_path=storage, failure_config=FailureConfig(max_failures=0)),
-    ).fit()
+    result = fit_preloading(loop, storage, max_failures=0)
     assert result.metrics["try"] == 1 and result.attempts == 2
     assert not result.metrics["preloaded"]
     assert not any(result.all_ranks_metrics_dataframe["preloaded"])

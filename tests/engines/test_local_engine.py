@@ -4,12 +4,14 @@ every engine does: tests/engines/test_contract.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -143,20 +145,29 @@ DRIVER = textwrap.dedent(
 )
 
 
-def test_killing_the_driver_leaves_no_worker_alive(tmp_path):
+@contextlib.contextmanager
+def driver_with_two_workers(
+    tmp_path, timeout_s: float
+) -> Iterator[tuple[subprocess.Popen, list[int]]]:
+    """DRIVER in its own process, once both of its workers have started (``timeout_s`` at most):
+    the driver and the workers' pids. The driver is killed on the way out if it still runs."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
     driver = subprocess.Popen([sys.executable, str(script), str(pids_dir), str(tmp_path / "runs")])
     try:
-        wait_until(lambda: len(os.listdir(pids_dir)) == 2, 30, "both workers to start")
-        pids = [int(name.split("_")[1]) for name in os.listdir(pids_dir)]
+        wait_until(lambda: len(os.listdir(pids_dir)) == 2, timeout_s, "both workers to start")
+        yield driver, [int(name.split("_")[1]) for name in os.listdir(pids_dir)]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        driver.wait()
+
+
+def test_killing_the_driver_leaves_no_worker_alive(tmp_path):
+    with driver_with_two_workers(tmp_path, 30) as (driver, pids):
         driver.kill()
         driver.wait()
         # A worker outliving its driver lives on for good: any bound catches that.
         wait_until(lambda: not any(psutil.pid_exists(p) for p in pids), 10.0, "workers to die")
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()

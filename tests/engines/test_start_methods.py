@@ -113,22 +113,12 @@ def test_a_hang_names_the_sleeping_rank_with_every_rank_s_stack(storage):
 def test_workers_die_with_their_spawn_server_while_the_driver_cannot_act(tmp_path):
     """The lifeline: with the driver stopped (SIGSTOP) and the spawn server SIGKILLed, nothing
     but the workers themselves can end them."""
-    script = tmp_path / "driver.py"
-    script.write_text(local.DRIVER)
-    pids_dir = tmp_path / "pids"
-    pids_dir.mkdir()
-    driver = subprocess.Popen([sys.executable, str(script), str(pids_dir), str(tmp_path / "runs")])
-    try:
-        wait_until(lambda: len(os.listdir(pids_dir)) == 2, 60, "both workers to start")
-        pids = [int(name.split("_")[1]) for name in os.listdir(pids_dir)]
+    with local.driver_with_two_workers(tmp_path, 60) as (driver, pids):
         (server,) = {psutil.Process(pid).ppid() for pid in pids}
         assert SPAWN_SERVER in " ".join(psutil.Process(server).cmdline())
         driver.send_signal(signal.SIGSTOP)
         os.kill(server, signal.SIGKILL)
         wait_until(lambda: not any(alive(p) for p in pids), 10, "workers to die")
-    finally:
-        driver.kill()
-        driver.wait()
 
 
 # The training function's own processes, gone after fit() on this path too: the "local-spawn"

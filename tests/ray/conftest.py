@@ -1,4 +1,5 @@
-"""Fixtures for the Ray engine: a local Ray instance, or a fake multi-node cluster, per module.
+"""Fixtures for the Ray engine: a local Ray instance, or a fake multi-node cluster, per module;
+the worker nodes one test adds to a cluster (``nodes``, ``default_checks_nodes``), per test.
 
 Ray's own processes (GCS, raylet, agents, idle workers) are children of the test process. They
 are started by the module-scoped fixtures, before any test's leak snapshot, and stopped by
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _helpers import free_port
+from _helpers import WorkerNodes, free_port
 from _leaks import no_leaks as check_no_leaks
 from _leaks import ray_tolerant, wait_until_settled
 
@@ -67,6 +68,13 @@ def cluster() -> Iterator[tuple[Any, list[str]]]:
 
 
 @pytest.fixture
+def nodes(cluster: tuple[Any, list[str]]) -> Iterator[WorkerNodes]:
+    """Worker nodes this test adds to ``cluster``; those it did not kill are removed at its end."""
+    with WorkerNodes(cluster[0]) as added:
+        yield added
+
+
+@pytest.fixture
 def storage(tmp_path: Any) -> str:
     return str(tmp_path / "runs")
 
@@ -96,3 +104,11 @@ def default_checks_cluster() -> Iterator[Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.fixture
+def default_checks_nodes(default_checks_cluster: Any) -> Iterator[WorkerNodes]:
+    """Worker nodes this test adds to ``default_checks_cluster``; those it did not kill are
+    removed at its end."""
+    with WorkerNodes(default_checks_cluster) as added:
+        yield added

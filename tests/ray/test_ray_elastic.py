@@ -8,25 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import tempfile
-import threading
 import time
 
 import pytest
-from _helpers import wait_until
+from _helpers import elastic_group, fit_in_thread, fit_result, wait_until
 
 pytest.importorskip("ray")
 
 import phalanx as train
-from phalanx import (
-    Checkpoint,
-    DataParallelTrainer,
-    FailureConfig,
-    RunConfig,
-    ScalingConfig,
-    TrainingFailedError,
-)
+from phalanx import Checkpoint, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
+from phalanx.errors import TrainingFailedError
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +59,6 @@ def elastic_loop(config):
 
 def start_fit(scaling, storage, config, max_failures=1, datasets=None):
     """fit() in a thread; the queue gets its Result or its exception."""
-    outcome: queue.Queue = queue.Queue()
     trainer = DataParallelTrainer(
         elastic_loop,
         train_loop_config=config,
@@ -79,16 +70,7 @@ def start_fit(scaling, storage, config, max_failures=1, datasets=None):
             failure_config=FailureConfig(max_failures=max_failures),
         ),
     )
-
-    def run():
-        try:
-            outcome.put(trainer.fit())
-        except BaseException as exc:
-            outcome.put(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    return runner, outcome
+    return fit_in_thread(trainer)
 
 
 def committed(storage):
@@ -99,23 +81,16 @@ def committed(storage):
 
 
 @pytest.mark.timeout(300)
-def test_starts_below_max_then_continues_smaller_after_a_node_loss(cluster, storage):
-    ray_cluster, _ = cluster
-    keeper = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
-    doomed = ray_cluster.add_node(num_cpus=1, resources={"elastic": 1})
-    ray_cluster.wait_for_nodes()
-    try:
-        scaling = ScalingConfig(num_workers=(2, 4), resources_per_worker=ELASTIC)
-        runner, outcome = start_fit(scaling, storage, {"rounds": 6, "hold_after": 2})
-        # Attempt 0: 3 of max 4 fit; it commits rounds 0..2, then holds.
-        wait_until(lambda: len(committed(storage)) == 3, 90, "attempt 0's three checkpoints")
-        ray_cluster.remove_node(doomed, allow_graceful=False)
-        runner.join(120)
-        assert not runner.is_alive()
-        result = outcome.get_nowait()
-        assert not isinstance(result, BaseException), result
-    finally:
-        ray_cluster.remove_node(keeper)
+def test_starts_below_max_then_continues_smaller_after_a_node_loss(nodes, storage):
+    nodes.add({"elastic": 2})
+    doomed = nodes.add({"elastic": 1})
+    nodes.wait()
+    scaling = ScalingConfig(num_workers=(2, 4), resources_per_worker=ELASTIC)
+    runner, outcome = start_fit(scaling, storage, {"rounds": 6, "hold_after": 2})
+    # Attempt 0: 3 of max 4 fit; it commits rounds 0..2, then holds.
+    wait_until(lambda: len(committed(storage)) == 3, 90, "attempt 0's three checkpoints")
+    nodes.kill(doomed)
+    result = fit_result(runner, outcome, 120)
 
     rows = result.all_ranks_metrics_dataframe
     per_step = rows.groupby("step").agg(
@@ -132,13 +107,12 @@ def test_starts_below_max_then_continues_smaller_after_a_node_loss(cluster, stor
     assert result.metrics["world_size"] == 2 and result.metrics["step"] == 5
 
 
-def test_below_min_waits_then_fails_with_a_clear_error(cluster, storage, monkeypatch, caplog):
+def test_below_min_waits_then_fails_with_a_clear_error(nodes, storage, monkeypatch, caplog):
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    ray_cluster, _ = cluster
-    node = ray_cluster.add_node(num_cpus=1, resources={"elastic": 3})
-    ray_cluster.wait_for_nodes()
+    nodes.add({"elastic": 3})
+    nodes.wait()
     hog = placement_group([{"elastic": 2}])  # another job holds 2 of the 3
     ray.get(hog.ready(), timeout=30)
     monkeypatch.setenv("PHALANX_WORKER_START_TIMEOUT_S", "3")
@@ -151,7 +125,6 @@ def test_below_min_waits_then_fails_with_a_clear_error(cluster, storage, monkeyp
         error = outcome.get_nowait()
     finally:
         remove_placement_group(hog)
-        ray_cluster.remove_node(node)
     assert isinstance(error, TrainingFailedError), error
     assert time.monotonic() - started >= 3
     assert "could not place min_workers=2 workers of {elastic=1} within 3 s" in str(error)
@@ -159,60 +132,43 @@ def test_below_min_waits_then_fails_with_a_clear_error(cluster, storage, monkeyp
     assert any("Waiting" in r.message and "at least 2 workers" in r.message for r in caplog.records)
 
 
-def test_below_min_waits_and_starts_when_capacity_frees(cluster, storage, tmp_path, caplog):
+def test_below_min_waits_and_starts_when_capacity_frees(nodes, storage, tmp_path, caplog):
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    ray_cluster, _ = cluster
-    node = ray_cluster.add_node(num_cpus=1, resources={"elastic": 3})
-    ray_cluster.wait_for_nodes()
+    nodes.add({"elastic": 3})
+    nodes.wait()
     hog = placement_group([{"elastic": 2}])
     ray.get(hog.ready(), timeout=30)
-    try:
-        scaling = ScalingConfig(num_workers=(2, 3), resources_per_worker=ELASTIC)
-        with caplog.at_level("WARNING", logger="phalanx"):
-            runner, outcome = start_fit(scaling, storage, {"rounds": 1, "hold_after": -1}, 0)
+    scaling = ScalingConfig(num_workers=(2, 3), resources_per_worker=ELASTIC)
+    with caplog.at_level("WARNING", logger="phalanx"):
+        runner, outcome = start_fit(scaling, storage, {"rounds": 1, "hold_after": -1}, 0)
 
-            def said_waiting():
-                return any("at least 2 workers" in r.getMessage() for r in caplog.records)
+        def said_waiting():
+            return any("at least 2 workers" in r.getMessage() for r in caplog.records)
 
-            wait_until(said_waiting, 60, "fit() to say it waits (1 of min 2 fits)")
-        assert runner.is_alive() and not committed(storage)
-        remove_placement_group(hog)
-        runner.join(90)
-        result = outcome.get_nowait()
-    finally:
-        ray_cluster.remove_node(node)
-    assert not isinstance(result, BaseException), result
+        wait_until(said_waiting, 60, "fit() to say it waits (1 of min 2 fits)")
+    assert runner.is_alive() and not committed(storage)
+    remove_placement_group(hog)
+    result = fit_result(runner, outcome, 90)
     assert result.metrics["world_size"] == 3  # everything freed: max_workers
 
 
 @pytest.mark.timeout(300)
-def test_a_healthy_group_grows_when_capacity_frees_without_using_the_failure_budget(
-    cluster, storage
-):
+def test_a_healthy_group_grows_when_capacity_frees_without_using_the_failure_budget(nodes, storage):
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    ray_cluster, _ = cluster
-    node = ray_cluster.add_node(num_cpus=1, resources={"elastic": 3})
-    ray_cluster.wait_for_nodes()
+    nodes.add({"elastic": 3})
+    nodes.wait()
     hog = placement_group([{"elastic": 1}])  # another job holds 1 of the 3
     ray.get(hog.ready(), timeout=30)
-    try:
-        scaling = ScalingConfig(
-            num_workers=(2, 3), resources_per_worker=ELASTIC, elastic_resize_monitor_interval_s=1
-        )
-        # max_failures=0: the growth restart must not count as a failure.
-        runner, outcome = start_fit(scaling, storage, {"rounds": 4, "hold_after": 1}, 0)
-        wait_until(lambda: len(committed(storage)) == 2, 90, "attempt 0's two checkpoints")
-        remove_placement_group(hog)
-        runner.join(120)
-        assert not runner.is_alive()
-        result = outcome.get_nowait()
-    finally:
-        ray_cluster.remove_node(node)
-    assert not isinstance(result, BaseException), result
+    scaling = elastic_group(3)
+    # max_failures=0: the growth restart must not count as a failure.
+    runner, outcome = start_fit(scaling, storage, {"rounds": 4, "hold_after": 1}, 0)
+    wait_until(lambda: len(committed(storage)) == 2, 90, "attempt 0's two checkpoints")
+    remove_placement_group(hog)
+    result = fit_result(runner, outcome, 120)
     rows = result.all_ranks_metrics_dataframe
     per_step = rows.groupby("step").agg(size=("world_size", "max"), attempt=("try", "max"))
     assert list(per_step["size"]) == [2, 2, 3, 3]  # grown from the round-1 checkpoint
@@ -221,37 +177,25 @@ def test_a_healthy_group_grows_when_capacity_frees_without_using_the_failure_bud
 
 
 @pytest.mark.timeout(300)
-def test_a_node_added_mid_run_grows_the_group_and_the_shards_are_split_again(cluster, storage):
+def test_a_node_added_mid_run_grows_the_group_and_the_shards_are_split_again(nodes, storage):
     import ray
 
     from phalanx.data import from_items
 
-    ray_cluster, _ = cluster
-    first = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
-    ray_cluster.wait_for_nodes()
+    nodes.add({"elastic": 2})
+    nodes.wait()
     rows = 24  # splits evenly into 2 and 4: no row is left out by the equal split
-    added = None
-    try:
-        scaling = ScalingConfig(
-            num_workers=(2, 4), resources_per_worker=ELASTIC, elastic_resize_monitor_interval_s=1
-        )
-        datasets = {
-            "native": from_items([{"i": i} for i in range(rows)]),
-            "on_ray": ray.data.range(rows),
-        }
-        config = {"rounds": 4, "hold_after": 1, "shards": {"native": "i", "on_ray": "id"}}
-        # max_failures=0: growing must not use the failure budget.
-        runner, outcome = start_fit(scaling, storage, config, 0, datasets)
-        wait_until(lambda: len(committed(storage)) == 2, 120, "attempt 0's two checkpoints")
-        added = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
-        runner.join(180)
-        assert not runner.is_alive()
-        result = outcome.get_nowait()
-    finally:
-        for node in (first, added):
-            if node is not None:
-                ray_cluster.remove_node(node)
-    assert not isinstance(result, BaseException), result
+    scaling = elastic_group(4)
+    datasets = {
+        "native": from_items([{"i": i} for i in range(rows)]),
+        "on_ray": ray.data.range(rows),
+    }
+    config = {"rounds": 4, "hold_after": 1, "shards": {"native": "i", "on_ray": "id"}}
+    # max_failures=0: growing must not use the failure budget.
+    runner, outcome = start_fit(scaling, storage, config, 0, datasets)
+    wait_until(lambda: len(committed(storage)) == 2, 120, "attempt 0's two checkpoints")
+    nodes.add({"elastic": 2})
+    result = fit_result(runner, outcome, 180)
 
     frame = result.all_ranks_metrics_dataframe
     per_step = frame.groupby("step").agg(

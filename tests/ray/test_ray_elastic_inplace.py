@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import elastic_group, fit_in_thread, fit_result, wait_until
 
 pytest.importorskip("ray")
 
-from test_ray_in_place import fit_in_thread
-
 import phalanx as train
-from phalanx import Checkpoint, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
+from phalanx import Checkpoint, DataParallelTrainer, FailureConfig, RunConfig
 
 pytestmark = pytest.mark.slow
 
@@ -64,28 +63,14 @@ def elastic_loop(config: dict[str, Any]) -> None:
                 time.sleep(0.05)
 
 
-def wait_for(condition: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 @pytest.mark.timeout(360)
-def test_survivors_keep_their_processes_as_the_group_shrinks_then_it_grows_back(cluster, tmp_path):
-    ray_cluster, _ = cluster
-    keeper = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
-    doomed = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
-    ray_cluster.wait_for_nodes()
-    spare = None
+def test_survivors_keep_their_processes_as_the_group_shrinks_then_it_grows_back(nodes, tmp_path):
+    keeper, doomed = nodes.add({"elastic": 2}), nodes.add({"elastic": 2})
+    nodes.wait()
     trainer = DataParallelTrainer(
         elastic_loop,
         train_loop_config={"dir": str(tmp_path), "hold_after": 2, "full": 4},
-        scaling_config=ScalingConfig(
-            num_workers=(2, 4),
-            resources_per_worker={"elastic": 1},
-            elastic_resize_monitor_interval_s=1.0,
-        ),
+        scaling_config=elastic_group(4),
         run_config=RunConfig(
             name="elastic",
             storage_path=str(tmp_path / "runs"),
@@ -95,20 +80,14 @@ def test_survivors_keep_their_processes_as_the_group_shrinks_then_it_grows_back(
     runner, outcome = fit_in_thread(trainer)
     try:
         # attempt 0: 4 workers, 2 per node; it commits rounds 0..2, then holds
-        wait_for(lambda: (tmp_path / "runs/elastic/checkpoint_000002").is_dir(), 120, "round 2")
-        ray_cluster.remove_node(doomed, allow_graceful=False)
+        wait_until(lambda: (tmp_path / "runs/elastic/checkpoint_000002").is_dir(), 120, "round 2")
+        nodes.kill(doomed)
         # the survivors resume from round 3 at 2 workers and hold after round 4
-        wait_for(lambda: len(marks(tmp_path, 3)) == 2, 120, "the shrunk attempt")
-        spare = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
-        runner.join(180)
-        assert not runner.is_alive(), "fit() did not end"
+        wait_until(lambda: len(marks(tmp_path, 3)) == 2, 120, "the shrunk attempt")
+        spare = nodes.add({"elastic": 2})
+        result = fit_result(runner, outcome, 180)
     finally:
         runner.join(60)
-        for node in (keeper, spare):
-            if node is not None:
-                ray_cluster.remove_node(node)
-    result = outcome.get_nowait()
-    assert not isinstance(result, BaseException), result
     assert result.error is None and result.metrics["round"] == ROUNDS - 1
 
     first, shrunk, grown = marks(tmp_path, 0), marks(tmp_path, 3), marks(tmp_path, 5)

@@ -21,20 +21,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _helpers import WorkerNodes, elastic_group, fit_in_thread, fit_result, wait_until
 
 pytest.importorskip("ray")
 
-from test_ray_in_place import fit_in_thread
-
 import phalanx as train
-from phalanx import (
-    Checkpoint,
-    DataConfig,
-    DataParallelTrainer,
-    FailureConfig,
-    RunConfig,
-    ScalingConfig,
-)
+from phalanx import Checkpoint, DataParallelTrainer, FailureConfig, RunConfig
 
 pytestmark = pytest.mark.slow
 
@@ -114,31 +106,18 @@ def holding(directory: Path, attempt: int, size: int) -> bool:
     return len(list(directory.glob(f"hold{attempt}-rank*"))) == size
 
 
-def wait_for(condition: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 @pytest.mark.timeout(300)
 def test_an_elastic_shrink_and_grow_trains_every_id_once_per_epoch(
-    cluster: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    nodes: WorkerNodes, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ray_cluster, _ = cluster
-    keeper = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
-    doomed = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
-    ray_cluster.wait_for_nodes()
-    spare = None
+    nodes.add({"elastic": 2})
+    doomed = nodes.add({"elastic": 2})
+    nodes.wait()
     run = tmp_path / "runs" / "elastic_ids"
     trainer = DataParallelTrainer(
         train_ids,
         train_loop_config={"dir": str(tmp_path)},
-        scaling_config=ScalingConfig(
-            num_workers=(2, FULL),
-            resources_per_worker={"elastic": 1},
-            elastic_resize_monitor_interval_s=1.0,
-        ),
+        scaling_config=elastic_group(FULL),
         run_config=RunConfig(
             name="elastic_ids",
             storage_path=str(tmp_path / "runs"),
@@ -146,24 +125,20 @@ def test_an_elastic_shrink_and_grow_trains_every_id_once_per_epoch(
             verbose=0,
         ),
         datasets={"train": {"id": np.arange(ROWS)}},
-        dataset_config=DataConfig(equal_split=False),
+        dataset_config=train.DataConfig(equal_split=False),
     )
     with caplog.at_level(logging.INFO):
         runner, outcome = fit_in_thread(trainer)
         try:
-            wait_for(lambda: committed(run, 0, 9) and holding(tmp_path, 0, FULL), 120, "attempt 0")
-            ray_cluster.remove_node(doomed, allow_graceful=False)
-            wait_for(lambda: committed(run, 1, 3) and holding(tmp_path, 1, 2), 120, "2 workers")
-            spare = ray_cluster.add_node(num_cpus=1, resources={"elastic": 2})
-            runner.join(120)
-            assert not runner.is_alive(), "fit() did not end"
+            wait_until(
+                lambda: committed(run, 0, 9) and holding(tmp_path, 0, FULL), 120, "attempt 0"
+            )
+            nodes.kill(doomed)
+            wait_until(lambda: committed(run, 1, 3) and holding(tmp_path, 1, 2), 120, "2 workers")
+            nodes.add({"elastic": 2})
+            result = fit_result(runner, outcome, 120)
         finally:
             runner.join(60)
-            for node in (keeper, spare):
-                if node is not None:
-                    ray_cluster.remove_node(node)
-    result = outcome.get_nowait()
-    assert not isinstance(result, BaseException), result
     assert result.error is None and result.attempts == 3  # the loss, then the growth
 
     rows = result.all_ranks_metrics_dataframe

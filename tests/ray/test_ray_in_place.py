@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -76,20 +74,6 @@ def rounds_dying(config: dict[str, Any]) -> None:
                 time.sleep(600)
         time.sleep(config.get("round_s", 0.05))
         report_round(k)
-
-
-def fit_in_thread(trainer: Any) -> tuple[threading.Thread, queue.Queue]:
-    outcome: queue.Queue = queue.Queue()
-
-    def run() -> None:
-        try:
-            outcome.put(trainer.fit())
-        except BaseException as exc:  # handed to the test thread
-            outcome.put(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    return runner, outcome
 
 
 class Committed(Callback):

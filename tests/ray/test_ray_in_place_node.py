@@ -10,21 +10,22 @@ import logging
 import time
 
 import pytest
+from _helpers import fit_in_thread
 
 pytest.importorskip("ray")
 
-from test_ray_in_place import ROUNDS, Committed, fit_in_thread, marks, plain_trainer
+from test_ray_in_place import ROUNDS, Committed, marks, plain_trainer
 
 from phalanx import ScalingConfig
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_removed_node_loses_only_its_ranks(default_checks_cluster, tmp_path, caplog):
-    ray_cluster = default_checks_cluster
-    keeper = ray_cluster.add_node(num_cpus=2, resources={"inplace": 2})
-    doomed = ray_cluster.add_node(num_cpus=1, resources={"inplace": 1})
-    ray_cluster.wait_for_nodes()
+def test_a_removed_node_loses_only_its_ranks(default_checks_nodes, tmp_path, caplog):
+    nodes = default_checks_nodes
+    nodes.add({"inplace": 2}, num_cpus=2)
+    doomed = nodes.add({"inplace": 1})
+    nodes.wait()
     scaling = ScalingConfig(
         num_workers=3, resources_per_worker={"CPU": 0.5, "inplace": 1}, placement_strategy="SPREAD"
     )
@@ -32,20 +33,16 @@ def test_a_removed_node_loses_only_its_ranks(default_checks_cluster, tmp_path, c
     committed = Committed()
     trainer = plain_trainer(tmp_path, {"round_s": 0.3}, scaling, "node", [committed])
     runner, outcome = fit_in_thread(trainer)
-    spare = None
     try:
         deadline = time.monotonic() + 60
         while not committed.rounds:
             assert time.monotonic() < deadline and runner.is_alive(), "round 0 was not committed"
             time.sleep(0.02)
-        ray_cluster.remove_node(doomed, allow_graceful=False)
-        spare = ray_cluster.add_node(num_cpus=1, resources={"inplace": 1})
+        nodes.kill(doomed)
+        nodes.add({"inplace": 1})
         runner.join(90)
     finally:
         runner.join(90)
-        for node in (keeper, spare):
-            if node is not None:
-                ray_cluster.remove_node(node)
     result = outcome.get_nowait()
     assert not isinstance(result, BaseException), result
     assert result.error is None and result.metrics["round"] == ROUNDS - 1

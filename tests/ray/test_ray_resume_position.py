@@ -10,14 +10,7 @@ import pytest
 pytest.importorskip("ray")
 
 import phalanx as train
-from phalanx import (
-    Checkpoint,
-    DataConfig,
-    DataParallelTrainer,
-    FailureConfig,
-    RunConfig,
-    ScalingConfig,
-)
+from phalanx import Checkpoint, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
 
@@ -50,7 +43,7 @@ def test_a_ray_dataset_starts_its_epoch_over_and_says_so_once(storage, tmp_path,
                 name="ray_data", storage_path=storage, failure_config=FailureConfig(max_failures=2)
             ),
             datasets={"train": {"id": list(range(40))}, "ray": ray.data.range(40)},
-            dataset_config=DataConfig(equal_split=False),
+            dataset_config=train.DataConfig(equal_split=False),
         ).fit()
     assert result.attempts == 3
     said = [r.getMessage() for r in caplog.records if "a ray.data.Dataset" in r.getMessage()]

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import fsspec
 import pytest
@@ -92,37 +93,9 @@ def test_taking_over_a_stale_lease_logs_whose_it_was_and_how_long_it_was_silent(
         lease.release()
 
 
-def test_the_loser_of_a_takeover_race_fails_naming_the_winner() -> None:
-    storage = _memory_run()
-    storage.write_atomic(LEASE_FILE, _owner(heartbeat_age_s=600).to_json())
-    loser, winner = _owner(), _owner()
-    outcome: list[BaseException | Lease] = []
-
-    def take() -> None:
-        try:
-            outcome.append(Lease.take(storage, loser, stale_s=60, settle_s=3))
-        except BaseException as exc:
-            outcome.append(exc)
-
-    taker = threading.Thread(target=take)
-    taker.start()
-    # A second driver that read the same stale lease writes its own during the settle wait.
-    _wait_for(lambda: _lease_token(storage) == loser.token, "the loser's lease")
-    storage.write_atomic(LEASE_FILE, winner.to_json())
-    taker.join(timeout=30)
-    assert len(outcome) == 1, "take() did not return"
-    error = outcome[0]
-    if isinstance(error, Lease):
-        error.release()
-    assert isinstance(error, StorageError), error
-    assert f"Run 'exp' at {storage.run_uri!r} is in use by another fit() ({winner.describe()})" in (
-        str(error)
-    )
-    assert _lease_token(storage) == winner.token
-
-
-def test_a_lease_gone_during_the_settle_wait_is_lost_to_an_owner_starting_up() -> None:
-    storage = _memory_run()
+def _take_over_stale_lease_while(storage: RunStorage, interfere: Callable[[], None]) -> str:
+    """A driver takes over a stale lease; once its own lease is written, ``interfere`` runs
+    during the settle wait. Returns the message of the StorageError take() raised."""
     storage.write_atomic(LEASE_FILE, _owner(heartbeat_age_s=600).to_json())
     loser = _owner()
     outcome: list[BaseException | Lease] = []
@@ -136,13 +109,33 @@ def test_a_lease_gone_during_the_settle_wait_is_lost_to_an_owner_starting_up() -
     taker = threading.Thread(target=take)
     taker.start()
     _wait_for(lambda: _lease_token(storage) == loser.token, "the loser's lease")
-    storage.remove(LEASE_FILE)
+    interfere()
     taker.join(timeout=30)
+    assert len(outcome) == 1, "take() did not return"
     error = outcome[0]
     if isinstance(error, Lease):
         error.release()
     assert isinstance(error, StorageError), error
-    assert "(an owner that is starting up)" in str(error)
+    return str(error)
+
+
+def test_the_loser_of_a_takeover_race_fails_naming_the_winner() -> None:
+    storage = _memory_run()
+    winner = _owner()
+    # A second driver that read the same stale lease writes its own during the settle wait.
+    message = _take_over_stale_lease_while(
+        storage, lambda: storage.write_atomic(LEASE_FILE, winner.to_json())
+    )
+    assert f"Run 'exp' at {storage.run_uri!r} is in use by another fit() ({winner.describe()})" in (
+        message
+    )
+    assert _lease_token(storage) == winner.token
+
+
+def test_a_lease_gone_during_the_settle_wait_is_lost_to_an_owner_starting_up() -> None:
+    storage = _memory_run()
+    message = _take_over_stale_lease_while(storage, lambda: storage.remove(LEASE_FILE))
+    assert "(an owner that is starting up)" in message
 
 
 def test_an_owner_whose_lease_was_taken_over_stops_renewing_and_says_so(

@@ -203,15 +203,21 @@ def test_a_new_owner_replaces_a_longer_stale_lock_record_and_release_twice_is_qu
     lock.release()
 
 
+def _commit_files(storage: RunStorage, tmp_path: Path, files: int) -> None:
+    """Commit, as round 0, a user's checkpoint of ``files`` one-byte files."""
+    user = tmp_path / "ckpt"
+    user.mkdir()
+    for i in range(files):
+        (user / f"part{i}.bin").write_bytes(b"w")
+    storage.stage_part(Checkpoint.from_directory(str(user)), "checkpoint_000000", 0)
+    storage.commit("checkpoint_000000", 0, None)
+
+
 @pytest.mark.parametrize(("files", "flushed_by"), [(1, "MainThread"), (2, "phalanx-fsync")])
 def test_a_small_checkpoint_is_flushed_in_place_and_a_larger_one_by_the_flush_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: int, flushed_by: str
 ) -> None:
-    storage = _run(tmp_path)
-    user = tmp_path / "ckpt"
-    user.mkdir()
-    for i in range(files):  # 1 file + its directory: 2 paths; 2 files: 3 paths
-        (user / f"part{i}.bin").write_bytes(b"w")
+    storage = _run(tmp_path)  # before the patch: only the commit's flushes are counted
     threads: list[str] = []
     real = local_store.fsync_path
 
@@ -220,8 +226,7 @@ def test_a_small_checkpoint_is_flushed_in_place_and_a_larger_one_by_the_flush_th
         real(path)
 
     monkeypatch.setattr(local_store, "fsync_path", recorded)
-    storage.stage_part(Checkpoint.from_directory(str(user)), "checkpoint_000000", 0)
-    storage.commit("checkpoint_000000", 0, None)
+    _commit_files(storage, tmp_path, files)  # 1 file + its directory: 2 paths; 2 files: 3 paths
     flushes = threads[:-1]  # the last one is the run directory's, after the rename
     assert len(flushes) == files + 1
     assert all(name.startswith(flushed_by) for name in flushes), threads
@@ -232,10 +237,6 @@ def test_syncfs_flushes_a_checkpoint_of_more_than_eight_paths(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: int, syncfs_calls: int
 ) -> None:
     storage = _run(tmp_path)
-    user = tmp_path / "ckpt"
-    user.mkdir()
-    for i in range(files):  # files + the directory: 8 or 9 paths
-        (user / f"part{i}.bin").write_bytes(b"w")
     calls: list[str] = []
 
     def recorded_syncfs(path: str) -> bool:
@@ -243,6 +244,5 @@ def test_syncfs_flushes_a_checkpoint_of_more_than_eight_paths(
         return True  # as where syncfs reports write errors
 
     monkeypatch.setattr(local_store, "syncfs", recorded_syncfs)
-    storage.stage_part(Checkpoint.from_directory(str(user)), "checkpoint_000000", 0)
-    storage.commit("checkpoint_000000", 0, None)
+    _commit_files(storage, tmp_path, files)  # files + the directory: 8 or 9 paths
     assert len(calls) == syncfs_calls

@@ -35,6 +35,14 @@ def _register(manager: cm.CheckpointManager, n: int, start: int = 0) -> None:
         manager.register(cm.TrackedCheckpoint(name, {"i": i, "loss": 1.0 / (i + 1)}, i))
 
 
+def _committed(tmp_path: Path, n: int, keep: int | None = None) -> cm.CheckpointManager:
+    """A new run's manager after its first attempt registered checkpoints 0 to n - 1."""
+    manager = _manager(tmp_path, keep)
+    manager.begin_attempt()
+    _register(manager, n)
+    return manager
+
+
 def _snapshot(manager: cm.CheckpointManager) -> dict[str, Any]:
     """What every reader sees: the snapshot with its journal applied."""
     state = read_state(manager.storage)
@@ -49,9 +57,7 @@ def _snapshot_file(manager: cm.CheckpointManager) -> dict[str, Any]:
 
 
 def test_snapshot_lists_every_kept_checkpoint_and_a_resume_reads_it_back(tmp_path: Path) -> None:
-    manager = _manager(tmp_path)
-    manager.begin_attempt()
-    _register(manager, 5)
+    manager = _committed(tmp_path, 5)
     state = _snapshot(manager)
     assert [c["dir_name"] for c in state["checkpoints"]] == [
         f"checkpoint_{i:06d}" for i in range(5)
@@ -116,9 +122,7 @@ def test_a_thousand_commits_rewrite_the_snapshot_a_handful_of_times(
         real(self, relative, data)
 
     monkeypatch.setattr(LocalStore, "write_atomic", counting)
-    manager = _manager(tmp_path)
-    manager.begin_attempt()
-    _register(manager, 1000)
+    manager = _committed(tmp_path, 1000)
     # was 1,001 whole rewrites (~60 MB in all); now compactions as the journal doubles
     assert 3 <= len(rewrites) <= 10
     assert sum(rewrites) < 4 * rewrites[-1]  # O(k) bytes in all, not O(k^2)
@@ -132,9 +136,7 @@ def test_a_thousand_commits_rewrite_the_snapshot_a_handful_of_times(
 
 
 def test_a_resume_reads_the_snapshot_and_its_journal(tmp_path: Path) -> None:
-    manager = _manager(tmp_path)
-    manager.begin_attempt()
-    _register(manager, 100)
+    manager = _committed(tmp_path, 100)
     manager.update_validation("checkpoint_000099", {"val": 1.5}, "VALIDATED")
     assert (tmp_path / "run" / sj.JOURNAL_FILE).exists()  # 36 commits since the compaction
     assert len(_snapshot_file(manager)["checkpoints"]) < 100
@@ -148,9 +150,7 @@ def test_a_resume_reads_the_snapshot_and_its_journal(tmp_path: Path) -> None:
 
 
 def test_evictions_are_journaled_too(tmp_path: Path) -> None:
-    manager = _manager(tmp_path, keep=3)
-    manager.begin_attempt()
-    _register(manager, 20)
+    manager = _committed(tmp_path, 20, keep=3)
     manager.close()
     resumed = _manager(tmp_path, keep=3)
     resumed.load()
@@ -160,9 +160,7 @@ def test_evictions_are_journaled_too(tmp_path: Path) -> None:
 
 
 def test_the_end_of_fit_leaves_one_whole_snapshot_and_no_journal(tmp_path: Path) -> None:
-    manager = _manager(tmp_path)
-    manager.begin_attempt()
-    _register(manager, 10)
+    manager = _committed(tmp_path, 10)
     manager.close()
     assert not (tmp_path / "run" / sj.JOURNAL_FILE).exists()
     state = _snapshot_file(manager)  # what a phalanx without the journal reads
@@ -173,9 +171,7 @@ def test_the_end_of_fit_leaves_one_whole_snapshot_and_no_journal(tmp_path: Path)
 def test_a_record_cut_by_a_crash_is_not_a_commit_and_the_next_write_compacts(
     tmp_path: Path,
 ) -> None:
-    manager = _manager(tmp_path)
-    manager.begin_attempt()
-    _register(manager, 5)
+    _committed(tmp_path, 5)
     journal = tmp_path / "run" / sj.JOURNAL_FILE
     with journal.open("ab") as f:  # the driver died mid-append of checkpoint 5's record
         f.write(b'{"seq": 6, "latest": "checkpoint_000005", "next_ro')
@@ -194,9 +190,7 @@ def test_a_record_cut_by_a_crash_is_not_a_commit_and_the_next_write_compacts(
 def test_a_crash_between_compaction_and_removing_the_journal_replays_nothing_twice(
     tmp_path: Path,
 ) -> None:
-    manager = _manager(tmp_path)
-    manager.begin_attempt()
-    _register(manager, 7)
+    manager = _committed(tmp_path, 7)
     journal = tmp_path / "run" / sj.JOURNAL_FILE
     records = journal.read_bytes()
     manager.close()  # compacts and removes the journal...

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _helpers import fit_on_thread_engine
 
 import phalanx as train
 from phalanx import DataParallelTrainer, Result, RunConfig, ScalingConfig, TrainingFailedError
@@ -38,11 +39,7 @@ def test_from_path_reads_error_txt_and_unpickles_only_on_request(storage, tmp_pa
         raise RuntimeError("the loss exploded")
 
     with pytest.raises(TrainingFailedError) as info:
-        DataParallelTrainer(
-            fails,
-            scaling_config=ScalingConfig(num_workers=1, engine="thread"),
-            run_config=RunConfig(name="failed", storage_path=storage),
-        ).fit()
+        fit_on_thread_engine(fails, storage, "failed")
     run_dir = info.value.result.path
     marker = str(tmp_path / "marker")
     with open(os.path.join(run_dir, "error.pkl"), "wb") as f:
@@ -60,11 +57,7 @@ def test_from_path_reads_error_txt_and_unpickles_only_on_request(storage, tmp_pa
 
 
 def test_a_run_that_did_not_fail_has_no_error_after_from_path(storage):
-    result = DataParallelTrainer(
-        lambda: None,
-        scaling_config=ScalingConfig(num_workers=1, engine="thread"),
-        run_config=RunConfig(name="fine", storage_path=storage),
-    ).fit()
+    result = fit_on_thread_engine(lambda: None, storage, "fine")
     assert Result.from_path(result.path).error is None
 
 

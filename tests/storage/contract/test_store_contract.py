@@ -48,6 +48,21 @@ def _restart(case: StoreCase) -> tuple[RunStore, CheckpointManager]:
     return store, manager
 
 
+def _commit_in_attempt_2(
+    store: RunStore, manager: CheckpointManager, tmp_path: Any, round_: int
+) -> None:
+    """The next fit() runs round ``round_`` again, under its name, and commits it: every rank's
+    part (numbered 1, beside the parts a first pass left in ``tmp_path``), the commit, the
+    snapshot, and the end of fit()."""
+    name = f"checkpoint_{round_:06d}"
+    manager.begin_attempt()
+    for rank in range(RANKS):
+        store.stage_part(_part(tmp_path, rank, 1), name, 2)
+    store.commit(name, 2, None)
+    manager.register(TrackedCheckpoint(name, {"step": round_}, round_))
+    manager.close()
+
+
 def _visible(case: StoreCase) -> dict[str, set[str]]:
     """The checkpoints a reader sees, with the files in each."""
     manager = RunReader(case.open()).checkpoints()
@@ -95,12 +110,7 @@ def test_a_checkpoint_is_visible_whole_or_not_at_all_wherever_the_driver_dies(
     store, manager = _restart(case)
     assert _visible(case) == (whole if killed_after == len(STEPS) else {})
     if killed_after < len(STEPS):  # the round runs again, under the same name, and commits
-        manager.begin_attempt()
-        for rank in range(RANKS):
-            store.stage_part(_part(tmp_path, rank, 1), "checkpoint_000000", 2)
-        store.commit("checkpoint_000000", 2, None)
-        manager.register(TrackedCheckpoint("checkpoint_000000", {"step": 0}, 0))
-        manager.close()
+        _commit_in_attempt_2(store, manager, tmp_path, 0)
         assert _visible(case) == whole
 
 
@@ -136,12 +146,7 @@ def test_a_driver_process_killed_9_between_commit_steps_leaves_the_old_set_or_th
     store, manager = _restart(case)  # the next fit() cleans up and commits round 1 again
     assert _visible(case) == (new if killed_after == len(STEPS) else old)
     if killed_after < len(STEPS):
-        manager.begin_attempt()
-        for rank in range(RANKS):
-            store.stage_part(_part(tmp_path, rank, 1), "checkpoint_000001", 2)
-        store.commit("checkpoint_000001", 2, None)
-        manager.register(TrackedCheckpoint("checkpoint_000001", {"step": 1}, 1))
-        manager.close()
+        _commit_in_attempt_2(store, manager, tmp_path, 1)
         assert _visible(case) == new
 
 

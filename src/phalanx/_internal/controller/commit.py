@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from phalanx._internal.controller.goodput import GoodputClock
@@ -35,29 +36,22 @@ from phalanx.errors import ControllerError
 logger = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)  # one per run: compared by identity
 class RoundCommitter:
     """Writes what each complete round leaves behind. One per run; ``validation_requests`` and
     the awaited rounds are filled by the controller as the ranks' events arrive."""
 
-    def __init__(
-        self,
-        spec: RunSpec,
-        storage: RunStorage,
-        manager: CheckpointManager,
-        history: MetricsHistory,
-        goodput: GoodputClock,
-        validations: Validations,
-        watcher: RunWatcher,
-    ) -> None:
-        self.spec = spec
-        self.storage = storage
-        self.manager = manager
-        self.history = history
-        self.goodput = goodput
-        self.validations = validations
-        self.watcher = watcher  # shows where the data stands
-        self.validation_requests: dict[int, Any] = {}  # round -> report(validation=...)
-        self.awaited_rounds: set[int] = set()  # get_all_reported_checkpoints waits for these
+    spec: RunSpec
+    storage: RunStorage
+    manager: CheckpointManager
+    history: MetricsHistory
+    goodput: GoodputClock
+    validations: Validations
+    watcher: RunWatcher  # shows where the data stands
+    # round -> report(validation=...)
+    validation_requests: dict[int, Any] = field(default_factory=dict, init=False)
+    # get_all_reported_checkpoints waits for these
+    awaited_rounds: set[int] = field(default_factory=set, init=False)
 
     def check(self, round_: Round) -> str | None:
         """The round's checkpoint directory (None: no checkpoint), before anything is written:
