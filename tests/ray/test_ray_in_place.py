@@ -9,6 +9,7 @@ which processes ran which attempt.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import tempfile
@@ -110,8 +111,17 @@ def plain_trainer(
 TWO_SLOTS = ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5, "trainer": 1})
 
 
-def test_a_killed_actor_is_replaced_and_the_survivor_keeps_its_process(cluster, tmp_path):
+@pytest.mark.parametrize("prestart", ["auto", "on"])
+def test_a_killed_actor_is_replaced_and_the_survivor_keeps_its_process(
+    cluster, tmp_path, monkeypatch, caplog, prestart
+):
+    """``on``: the new actor starts while the survivor is reset (automatic only where the group
+    spans machines; the fake cluster's nodes share one), and takes the killed rank's place."""
+    monkeypatch.setenv("PHALANX_RESTORE_PRESTART", prestart)
+    caplog.set_level(logging.DEBUG, logger="phalanx._internal.engines.ray.relaunch")
     result = plain_trainer(tmp_path, {"die": 1}, TWO_SLOTS, "killed").fit()
+    early = 1 if prestart == "on" else 0
+    assert f"1 new actor(s), {early} started at park" in caplog.text
     assert result.error is None and result.metrics["round"] == ROUNDS - 1
     first, second = marks(tmp_path, 0), marks(tmp_path, 1)
     assert set(first) == set(second) == {0, 1}

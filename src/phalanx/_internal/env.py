@@ -64,6 +64,18 @@ def restore_mode() -> str:
     return mode
 
 
+PRESTART_VAR = "PHALANX_RESTORE_PRESTART"
+
+
+def restore_prestart() -> str:
+    """Whether in-place recovery starts the lost workers' new actors while the survivors are
+    reset: ``auto`` (when the group spans machines), ``on`` or ``off``."""
+    value = os.environ.get(PRESTART_VAR, "auto").strip().lower()
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"{PRESTART_VAR}={value!r} is invalid. HINT: set it to auto, on or off.")
+    return value
+
+
 def reuse_stop_s() -> float:
     """How long a surviving Ray actor gets to end its training call before it is replaced."""
     return float(os.environ.get("PHALANX_REUSE_STOP_S", "10"))

@@ -257,7 +257,16 @@ class RayEngine(Engine):
     ) -> dict[int, tuple[RayWorkerHandle, Any]]:
         """New actors for the dead workers, started before the survivors are reset (module
         ``relaunch``); each is one of the attempt's handles until the relaunch takes it, so a
-        release kills it. A failure to start them is left to the relaunch."""
+        release kills it. A failure to start them is left to the relaunch.
+
+        Only where the group spans machines: on one machine (a fake multi-node cluster) both
+        compete for the same cores, and starting them first made the restart slower (32 workers,
+        2 cores: loss -> first step 4.55 s vs 4.30 s, median of 3). PHALANX_RESTORE_PRESTART=on|off
+        overrides it."""
+        wanted = env.restore_prestart()
+        one_machine = len({h.metadata.host for h in attempt.handles}) < 2
+        if wanted == "off" or (wanted == "auto" and one_machine):
+            return {}
         try:
             early = prestart(attempt, dead, self._avoid_nodes())
         except Exception:
