@@ -89,6 +89,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/controller/test_park_on_retry.py",
         "tests/controller/test_failure_rounds.py",
         "tests/controller/test_controller.py",
+        "tests/controller/test_attempt_mutants.py",
     ],
     "src/phalanx/_internal/controller/failure_policy.py": [
         "tests/controller/test_failure_policy.py",
@@ -236,6 +237,41 @@ EQUIVALENT: dict[str, str] = {
     ),
     "phalanx._internal.worker.metrics.x__convert__mutmut_49": (
         "zip(strict=False): items is built from value, so the lengths always agree"
+    ),
+    # attempt.py: timing only (how long a wait or a poll lasts), which no test may assert
+    # under 5 s, or a float compared for equality
+    "phalanx._internal.controller.attempt.xǁAttemptǁ_wait_exit_status__mutmut_1": (
+        "waiting 1.5 s, not 0.5 s, for a live process's exit status: only later, never a different failure"
+    ),
+    "phalanx._internal.controller.attempt.xǁAttemptǁ_wait_exit_status__mutmut_6": (
+        "<= for <: differs only when time.monotonic() equals the deadline exactly (a float)"
+    ),
+    "phalanx._internal.controller.attempt.xǁAttemptǁ_wait_exit_status__mutmut_8": (
+        "polling is_alive() every 1 s, not 2 ms: the same exit status is read, at most a second later"
+    ),
+    "phalanx._internal.controller.attempt.xǁAttemptǁawaiting_survivors__mutmut_21": (
+        "<= for <: differs only when time.monotonic() equals the grace deadline exactly (a float)"
+    ),
+    "phalanx._internal.controller.attempt.xǁAttemptǁrecord_failures__mutmut_7": (
+        ">= for >: differs only when an exit is exactly EXIT_DRAIN_S old (a float)"
+    ),
+    "phalanx._internal.controller.attempt.xǁAttemptǁrecord_failures__mutmut_20": (
+        "returncode '' for None: a RemoteCallError is described by its remote error, never its code"
+    ),
+    "phalanx._internal.controller.attempt.xǁAttemptǁrecord_failures__mutmut_37": (
+        ">= for >: differs only when time.monotonic() equals the preemption deadline exactly"
+    ),
+    "phalanx._internal.controller.attempt.xǁAttemptǁpoll_timeout__mutmut_1": (
+        "a poll waits 0.8 s, not 0.05 s, while an exit drains: events wake it; the exit fails later"
+    ),
+    "phalanx._internal.controller.attempt.xǁAttemptǁpoll_timeout__mutmut_2": (
+        "a poll waits 0.04 s, not 0.05 s, while an exit drains: the same failure, polled more often"
+    ),
+    "phalanx._internal.controller.attempt.xǁAttemptǁpoll_timeout__mutmut_8": (
+        "a poll waits >= 1 s during the failure grace: events wake it; the grace ends at most 1 s late"
+    ),
+    "phalanx._internal.controller.attempt.xǁAttemptǁpoll_timeout__mutmut_13": (
+        "a poll waits the usual 0.5 s, not to the grace's end: events wake it; it ends <= 0.5 s late"
     ),
 }
 
