@@ -105,6 +105,21 @@ def test_a_broken_connection_of_a_worker_that_lives_on_is_reported_without_its_e
     stepper.abandon()
 
 
+def test_broken_connections_of_many_live_workers_are_reported_together(tmp_path: Path) -> None:
+    """16 connections break while their processes live on (an unreachable machine): one bound
+    for the exit codes of all of them (0.5 s), not 0.5 s each in turn (8 s)."""
+    stepper = Stepper(tmp_path, num_workers=16, failure_config=FailureConfig(max_failures=0))
+    assert stepper.step() is State.RUNNING
+    for worker in stepper.workers:
+        _break_connection(worker, alive=True)
+    started = time.monotonic()
+    failure = _poll_on_a_thread(stepper, timeout_s=30.0)
+    assert time.monotonic() - started < 5.0
+    assert isinstance(failure, Failure)
+    assert set(failure.error.worker_failures) == set(range(16))
+    stepper.abandon()
+
+
 def test_a_handle_without_an_exit_code_is_reported_from_its_connection_error(
     tmp_path: Path,
 ) -> None:

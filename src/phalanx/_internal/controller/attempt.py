@@ -18,6 +18,9 @@ logger = logging.getLogger(__name__)
 # The exit status reaches the driver on the fork server's socket and can overtake the last
 # messages still in the worker's own socket; an exit becomes a failure after this long.
 EXIT_DRAIN_S = 0.2
+# A rank whose call failed as its process died: how long its exit code is waited for (one bound
+# for every rank failing at once).
+EXIT_STATUS_WAIT_S = 0.5
 
 # Ray's report() is a barrier: a rank that fails right after its report of round k does so
 # only once every rank has reported round k. phalanx has no barrier, so after a failure the
@@ -62,6 +65,8 @@ class Attempt:
         for rank, (at, code) in self.exited.items():
             if rank not in finished and rank not in self.failures and now - at > EXIT_DRAIN_S:
                 self.failures[rank] = self.group.failure(rank, None, returncode=code)
+        # one bound for all: ranks whose processes died together are not waited for in turn
+        exit_deadline = now + EXIT_STATUS_WAIT_S
         for rank in finished:
             future = self.train_futures[rank]
             if rank in self.failures or future.exception() is None:
@@ -69,7 +74,7 @@ class Attempt:
             exc = future.exception()
             returncode = None
             if type(exc).__name__ != "RemoteCallError":  # the process died: learn how
-                returncode = self._wait_exit_status(rank)
+                returncode = self._wait_exit_status(rank, exit_deadline)
             self.failures[rank] = self.group.failure(rank, exc, returncode)
         if self.preemption_deadline is not None and now > self.preemption_deadline:
             for rank in set(range(len(self.train_futures))) - finished - set(self.failures):
@@ -82,9 +87,8 @@ class Attempt:
                     time=time.time(),
                 )
 
-    def _wait_exit_status(self, rank: int, timeout_s: float = 0.5) -> int | None:
+    def _wait_exit_status(self, rank: int, deadline: float) -> int | None:
         handle = self.group.workers[rank].handle
-        deadline = time.monotonic() + timeout_s
         while handle.is_alive() and time.monotonic() < deadline:
             time.sleep(0.002)
         return getattr(handle, "returncode", None)
