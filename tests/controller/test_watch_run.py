@@ -250,7 +250,7 @@ def test_rank_prefixes_go_at_line_starts_and_after_carriage_returns() -> None:
 
 
 def test_a_partial_line_never_splits_a_character() -> None:
-    from phalanx._internal.engines.ray.actor import _utf8_boundary
+    from phalanx._internal.engines.ray.output import _utf8_boundary
 
     bar = "50%|██".encode()
     assert _utf8_boundary(bar) == len(bar)

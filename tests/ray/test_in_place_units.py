@@ -11,7 +11,8 @@ import time
 import cloudpickle
 from _helpers import wait_until
 
-from phalanx._internal.engines.ray.actor import CallRunner, MessageBuffer
+from phalanx._internal.engines.ray.actor import MessageBuffer
+from phalanx._internal.engines.ray.calls import CallRunner
 
 
 def returns(buffer: MessageBuffer) -> list[tuple]:
