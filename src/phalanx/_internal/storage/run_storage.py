@@ -93,7 +93,7 @@ class RunStorage(RunStore):
 
     @property
     def run_path(self) -> str:
-        return f"{self.storage_path}/{self.name}"
+        return f"{self.storage_path.rstrip('/')}/{self.name}"  # the root: /name, not //name
 
     @property
     def local_path(self) -> str | None:
