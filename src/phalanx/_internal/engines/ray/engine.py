@@ -142,8 +142,8 @@ class RayEngine(Engine):
         if parked is not None:  # placed already: a new node may still be on its way
             parked.attempt.starter = starter
             handles = self._relaunch(parked, starter)
-            logger.debug("relaunch: every actor said hello")
             if handles is not None:
+                logger.debug("relaunch: every actor said hello")
                 return handles
             self._release(parked.attempt)
         if spec.min_workers is None:  # elastic: checked at fit(); a lost node may come back
