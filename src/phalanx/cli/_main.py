@@ -9,7 +9,9 @@ phalanx metrics <run> [--all-ranks]                  the full metrics history as
 phalanx serve <checkpoint or run> [--port P] [--ray]  answer HTTP requests with the model
 phalanx migrate <path>... [--write | --check]        port Ray Train code to phalanx
 
-<run> is a run directory (result.path): <storage_path>/<name>. Remote storage uses its SDK's
+<run> is a run directory (result.path): <storage_path>/<name>, or a run's name as `phalanx ls`
+prints it for the default storage ($PHALANX_STORAGE_PATH or ~/phalanx_results): `phalanx show
+demo`. A directory of that name here that is a run comes first. Remote storage uses its SDK's
 usual credentials (for S3: the AWS_* variables; AWS_ENDPOINT_URL for S3-compatible stores).
 """
 

@@ -4,6 +4,7 @@ with a status that tells a live run from one whose driver died."""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import math
 import os
@@ -159,7 +160,10 @@ def split_run_path(path: str) -> tuple[str, str]:
 
 
 def open_run(path: str, filesystem: Any = None) -> RunView:
-    """Load the run at ``path`` (a local directory or a URI), or raise a CLIError saying why."""
+    """Load the run at ``path`` (a local directory, a URI, or a run's name in the default
+    storage: see ``locate``), or raise a CLIError saying why."""
+    if filesystem is None:
+        path = locate(path)
     parent, name = split_run_path(path)
     storage = RunStorage.create(parent, name, filesystem)
     names = _entry_names(storage.filesystem, storage.run_path)
@@ -171,6 +175,71 @@ def open_run(path: str, filesystem: Any = None) -> RunView:
     if not names & set(RUN_FILES):
         raise CLIError(_not_a_run(storage, path))
     return load_run(storage)
+
+
+def locate(argument: str, run: bool = True) -> str:
+    """The path a command's ``<run>`` argument stands for: the argument itself when it is a run
+    directory, else the run of that name in the default storage (``$PHALANX_STORAGE_PATH`` or
+    ``~/phalanx_results``, a URI too), as ``phalanx ls`` prints it. With ``run=False``
+    (``phalanx serve``, which takes checkpoints too) any directory will do, a run first:
+    ``demo/checkpoint_000004``. A URI or an absolute path is always taken as given. When
+    neither exists, a CLIError lists the near names.
+
+    Example::
+
+        locate("demo")  # '/home/me/phalanx_results/demo' after `python examples/demo.py`
+    """
+    if "://" in argument or os.path.isabs(argument):
+        return argument
+    from phalanx._internal.env import default_storage_path
+
+    storage_path = default_storage_path()
+    candidate = storage_path.rstrip("/") + "/" + argument
+    kinds = {path: _kind(path) for path in (argument, candidate)}
+    for wanted in ("run",) if run else ("run", "directory"):
+        found = next((path for path, kind in kinds.items() if kind == wanted), None)
+        if found is not None:
+            return found
+    if kinds[argument] is not None:  # a directory that is not a run: open_run says what it is
+        return argument
+    raise CLIError(_no_such_run(argument, storage_path))
+
+
+def _kind(path: str) -> str | None:
+    """``"run"``, ``"directory"`` or None (nothing there) for a local path or a URI."""
+    if "://" not in path:
+        if not os.path.isdir(path):
+            return None
+        return (
+            "run"
+            if any(os.path.exists(os.path.join(path, f)) for f in RUN_FILES)
+            else ("directory")
+        )
+    fs, root = _resolve(path, None)
+    names = _entry_names(fs, root)
+    if names is None:
+        return None
+    return "run" if names & set(RUN_FILES) else "directory"
+
+
+def _no_such_run(argument: str, storage_path: str) -> str:
+    name = argument.rstrip("/").split("/", 1)[0]
+    runs = [s.name for s in find_run_storages(storage_path, None)]
+    near = difflib.get_close_matches(name, runs, n=5, cutoff=0.5)
+    near += [r for r in runs if r.startswith(name[:3]) and r not in near][: 5 - len(near)]
+    said = (
+        f"No run at {argument!r}: there is no such directory here, and no run called "
+        f"{name!r} in the default storage {storage_path} ($PHALANX_STORAGE_PATH or "
+        "~/phalanx_results)."
+    )
+    if near:
+        return f"{said}\nHINT: did you mean {', '.join(near)}? `phalanx ls` lists every run there."
+    if runs:
+        return f"{said}\nHINT: `phalanx ls` lists the {len(runs)} run(s) there; pass one of those names."
+    return (
+        f"{said}\nHINT: pass a run directory (result.path, i.e. <storage_path>/<name>); "
+        "`phalanx ls <storage_path>` lists the runs of a storage path."
+    )
 
 
 def _not_a_run(storage: RunStorage, path: str) -> str:

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from phalanx.cli._runs import CLIError
+from phalanx.cli._runs import CLIError, locate
 
 __all__ = ["add_parser", "serve"]
 
@@ -20,7 +20,11 @@ def add_parser(sub: Any) -> None:
         description="Serve a checkpoint (or a run directory's best checkpoint) over HTTP: "
         "POST /predict, GET /healthz, /readyz, /metadata, /metrics. Needs phalanx[serve].",
     )
-    p.add_argument("checkpoint", help="a checkpoint directory or a run directory (result.path)")
+    p.add_argument(
+        "checkpoint",
+        help="a checkpoint directory, a run directory (result.path) or a run's name in the "
+        "default storage, as `phalanx ls` prints it",
+    )
     p.add_argument(
         "--checkpoint",
         dest="select",
@@ -64,7 +68,13 @@ def serve(args: argparse.Namespace) -> None:
             kwargs["model"] = _model(args.model)
         columns = tuple(c.strip() for c in args.columns.split(",")) if args.columns else None
         spec = ModelSpec(
-            args.checkpoint, args.predictor, kwargs, {}, columns, args.select, cli=True
+            locate(args.checkpoint, run=False),
+            args.predictor,
+            kwargs,
+            {},
+            columns,
+            args.select,
+            cli=True,
         )
         config = ServeConfig(
             host=args.host,
