@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 
 def cuda_visible_devices() -> str | None:
@@ -164,3 +165,110 @@ def straggler_detection() -> bool:
         "no",
         "off",
     )
+
+
+# -- the table of phalanx's own variables ---------------------------------------------------------
+# One row per PHALANX_* variable read above, with its default as the reader applies it: the docs'
+# environment-variables page is generated from it (docs/gen_env_page.py) and
+# tests/test_env_table.py checks that every PHALANX_* name in this module has a row whose default
+# is the one its reader uses. A new variable: its reader above, its row here.
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable phalanx reads: its name, its default (``None``: unset, the
+    behaviour ``meaning`` describes) and what it changes."""
+
+    name: str
+    default: str | None
+    meaning: str
+    set_by_phalanx: bool = False  # phalanx sets it for its own workers; not for users
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable(
+        "PHALANX_STORAGE_PATH",
+        "~/phalanx_results",
+        "Where runs go when `RunConfig(storage_path=None)`, and where the `phalanx` command looks "
+        "for runs by name (a local path or a URI).",
+    ),
+    Variable(
+        "PHALANX_ENGINE",
+        None,
+        "`local`, `ray` or `thread`: the engine when `ScalingConfig(engine=None)`. Unset: Ray when "
+        "Ray is initialised or `RAY_ADDRESS` is set, else local processes.",
+    ),
+    Variable(
+        "PHALANX_START_METHOD",
+        None,
+        "`fork` or `spawn`: how local workers start. Unset: the fork server on Linux where forking "
+        "is safe, else spawned interpreters (see Platforms).",
+    ),
+    Variable(
+        "PHALANX_WORKER_START_TIMEOUT_S",
+        "60",
+        "Seconds a worker (or an elastic group's `min_workers`) gets to start and say hello "
+        "before the attempt fails with `WorkerStartupError`.",
+    ),
+    Variable(
+        "PHALANX_RAY_GCS_TIMEOUT_S",
+        "60",
+        "Seconds the Ray engine waits for one answer of the cluster's GCS before "
+        "`RayClusterUnresponsiveError`.",
+    ),
+    Variable(
+        "PHALANX_RESTORE_MODE",
+        "in-place",
+        "`in-place`: on Ray, a retry keeps the surviving actors and replaces only the lost ranks; "
+        "`full`: every rank anew, as Ray Train does.",
+    ),
+    Variable(
+        "PHALANX_RESTORE_PRESTART",
+        "auto",
+        "`auto`, `on` or `off`: whether in-place recovery starts the lost ranks' new actors while "
+        "the survivors are reset (`auto`: when the group spans machines).",
+    ),
+    Variable(
+        "PHALANX_REUSE_STOP_S",
+        "10",
+        "Seconds a surviving Ray actor gets to end its training call before it is replaced too.",
+    ),
+    Variable(
+        "PHALANX_PROGRESS_INTERVAL_S",
+        "30",
+        "How often the progress line is logged when the driver's stderr is not a terminal.",
+    ),
+    Variable(
+        "PHALANX_METRICS_PORT",
+        None,
+        "A port: the driver serves the run's Prometheus metrics at `/metrics` for the length of "
+        "`fit()`. Unset: no endpoint.",
+    ),
+    Variable(
+        "PHALANX_METRICS_HOST",
+        "127.0.0.1",
+        "The address of that endpoint (`0.0.0.0` offers it to the network).",
+    ),
+    Variable(
+        "PHALANX_HANG_TIMEOUT_FLOOR_S",
+        "1800",
+        'The floor of the default hang rule (`hang_timeout_s="auto"`): a rank is hung after no '
+        "progress for the larger of this and 10x the slowest round.",
+    ),
+    Variable(
+        "PHALANX_SAVE_STATE_TIMEOUT_S",
+        "300",
+        "Seconds `phalanx.torch.save_state`/`load_state` wait for every rank to call them too.",
+    ),
+    Variable(
+        "PHALANX_STRAGGLER_DETECTION",
+        "1",
+        "`0` (or `false`, `no`, `off`) silences straggler detection.",
+    ),
+    Variable(
+        "PHALANX_NOTICE_FILE",
+        None,
+        "Where a local worker reads the driver's preemption notice.",
+        set_by_phalanx=True,
+    ),
+)
