@@ -4,10 +4,17 @@ A reader never writes: it takes no claim, repairs nothing and reads the snapshot
 journal applied, the history as its owner left it (parts included on object stores), the
 record, the error and the status (which asks the store whether the run's owner is alive).
 
+A reader that follows a live run (``phalanx ui``) reads the history incrementally:
+:meth:`RunReader.history_since` returns the rows appended after a :class:`HistoryCursor`, and
+:meth:`RunReader.last_history_row` the last row alone, both read from where they are in a local
+file (object stores hold the history as parts: read whole, decoded from the cursor on).
+
 Example::
 
     reader = RunReader.open("~/phalanx_results/my_run")
     print(reader.history()[-1], reader.status())
+    chunk = reader.history_since()  # every row so far
+    later = reader.history_since(chunk.cursor)  # only the rows written since
 """
 
 from __future__ import annotations
@@ -15,16 +22,26 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from phalanx._internal.fs.access import storage_errors
 from phalanx._internal.goodput import Goodput
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
-from phalanx._internal.storage.history import final_trajectory, read_history, user_metrics
+from phalanx._internal.storage.history import (
+    decode_lines,
+    final_trajectory,
+    read_history,
+    upgraded,
+    user_metrics,
+)
 from phalanx._internal.storage.run_record import read_record
 from phalanx._internal.storage.run_status import RunStatus, run_status
 from phalanx._internal.storage.run_storage import (
+    ALL_RANKS_HISTORY_FILE,
     ERROR_PICKLE_FILE,
     ERROR_TEXT_FILE,
+    HISTORY_FILE,
     SNAPSHOT_FILE,
     RunStorage,
 )
@@ -36,6 +53,28 @@ if TYPE_CHECKING:
     from phalanx.result import Result
 
 logger = logging.getLogger(__name__)
+
+_HEAD_BYTES = 64  # a file's first bytes, which tell a replaced history file from a grown one
+_TAIL_BLOCK = 65536
+
+
+@dataclass(frozen=True)
+class HistoryCursor:
+    """Where a reader following a history file is: the bytes of whole lines read so far and the
+    file's first bytes (a file that was replaced, e.g. a run started afresh, is read again)."""
+
+    offset: int = 0
+    head: bytes = b""
+
+
+@dataclass(frozen=True)
+class HistoryChunk:
+    """The rows after a cursor; ``restarted``: the file was replaced or cut, so ``rows`` are the
+    whole file again (a follower drops what it had)."""
+
+    rows: list[dict[str, Any]]
+    cursor: HistoryCursor
+    restarted: bool = False
 
 
 class RunReader:
@@ -75,6 +114,38 @@ class RunReader:
 
     def all_ranks_history(self) -> list[dict[str, Any]]:
         return read_history(self.storage, all_ranks=True)
+
+    def history_since(
+        self, cursor: HistoryCursor | None = None, all_ranks: bool = False
+    ) -> HistoryChunk:
+        """The whole rows appended to the history after ``cursor`` (all of them without one),
+        as written (no trajectory applied); a line still being written waits for the next call.
+        A local file is read from the cursor's offset on; other stores' logs are read whole."""
+        cursor = cursor or HistoryCursor()
+        name = ALL_RANKS_HISTORY_FILE if all_ranks else HISTORY_FILE
+        path = self.storage.local_path and self.storage.path(name)
+        if path:
+            head, start, data = _read_local_from(path, cursor)
+        else:
+            whole = self.storage.read_log(name)
+            head, start = whole[:_HEAD_BYTES], _start(cursor, len(whole), whole[:_HEAD_BYTES])
+            data = whole[start:]
+        end = start + data.rfind(b"\n") + 1
+        rows = upgraded(decode_lines(data[: end - start]))
+        after = HistoryCursor(end, head[: min(end, _HEAD_BYTES)])
+        return HistoryChunk(rows, after, restarted=cursor.offset > 0 and start == 0)
+
+    def last_history_row(self) -> dict[str, Any] | None:
+        """The last whole row of ``metrics.jsonl`` (the trajectory's last, ``Result.metrics``):
+        a local file is read from its end, not whole."""
+        path = self.storage.local_path and self.storage.path(HISTORY_FILE)
+        data = _local_tail(path) if path else self.storage.read_log(HISTORY_FILE)
+        complete = data[: data.rfind(b"\n") + 1]
+        for line in reversed(complete.splitlines()):
+            rows = upgraded(decode_lines(line))
+            if rows:
+                return rows[0]
+        return None
 
     def error_text(self) -> str | None:
         text = self.storage.read(ERROR_TEXT_FILE)
@@ -149,3 +220,39 @@ def _recorded_goodput(storage: RunStore) -> Goodput | None:
     except (StorageError, KeyError, TypeError, ValueError, AttributeError) as exc:
         logger.warning("Goodput not loaded: %s", exc)
         return None
+
+
+def _start(cursor: HistoryCursor, size: int, head: bytes) -> int:
+    """Where to read on from: the cursor's offset, or 0 when the file no longer continues the
+    one the cursor was taken on (shorter, or other first bytes)."""
+    if size < cursor.offset or head[: len(cursor.head)] != cursor.head:
+        return 0
+    return cursor.offset
+
+
+def _read_local_from(path: str, cursor: HistoryCursor) -> tuple[bytes, int, bytes]:
+    """(the file's first bytes, where the read started, the bytes from there to the end)."""
+    if not os.path.isfile(path):  # none yet, or not a regular file (a device would never end)
+        return b"", 0, b""
+    with storage_errors("read", path), open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(_HEAD_BYTES)
+        start = _start(cursor, size, head)
+        f.seek(start)
+        return head, start, f.read()
+
+
+def _local_tail(path: str) -> bytes:
+    """The end of a local file: enough blocks to hold its last whole line."""
+    if not os.path.isfile(path):
+        return b""
+    with storage_errors("read", path), open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        start = end
+        while start > 0:
+            start = max(0, start - _TAIL_BLOCK)
+            f.seek(start)
+            data = f.read(end - start)
+            if data.count(b"\n") >= 2 or start == 0:  # a whole last line, and the one before
+                return data
+        return b""
