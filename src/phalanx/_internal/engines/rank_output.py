@@ -33,7 +33,7 @@ class RankOutput:
         self.handle = handle
         self.log_dir = log_dir
         self.attempt = attempt
-        self._files: dict[int, IO[str]] = {}
+        self._files: dict[int, IO[str] | None] = {}  # None: the log failed, terminal only
         self._states: dict[str, LineState] = {}
 
     def write(self, text: str, stream_name: str) -> None:
@@ -42,10 +42,13 @@ class RankOutput:
         if state is None or state.prefix != f"[rank{rank}]: ":
             state = self._states[stream_name] = LineState(f"[rank{rank}]: ")
         TERMINAL.write(state, stream_name, text)
-        log = self._log(rank)
-        if log is not None:
-            log.write(text)
-            log.flush()
+        try:
+            log = self._log(rank)
+            if log is not None:
+                log.write(text)
+                log.flush()
+        except OSError as exc:  # a full disk must not stop the output, nor the driver's reader
+            self._give_up(rank, exc)
 
     def _log(self, rank: int) -> IO[str] | None:
         if self.log_dir is None:
@@ -58,9 +61,34 @@ class RankOutput:
             log.write(f"{attempt_header(self.attempt + 1)}\n")
         return self._files[rank]
 
+    def _give_up(self, rank: int, exc: OSError) -> None:
+        """Stop writing rank ``rank``'s log (said once); its output still reaches the terminal."""
+        log = self._files.get(rank)
+        self._files[rank] = None
+        if log is not None:
+            _close_quietly(log)
+        logger.warning(
+            "Could not write rank %d's output into %s: %s. Its output goes on to this terminal "
+            "only.\nHINT: free space there or pick another RunConfig(storage_path=...).",
+            rank,
+            os.path.join(self.log_dir or "", f"rank_{rank}.log"),
+            exc,
+        )
+
     def close(self) -> None:
-        for f in self._files.values():
-            f.close()
+        for rank, f in self._files.items():
+            if f is not None:
+                try:
+                    f.close()  # flushes: the disk may be full by now
+                except OSError as exc:
+                    logger.warning("Could not finish rank %d's log: %s", rank, exc)
+
+
+def _close_quietly(log: IO[str]) -> None:
+    try:
+        log.close()
+    except OSError:  # its last buffered text is lost with the disk space
+        pass
 
 
 def attempt_header(number: int, what: str = "") -> str:
