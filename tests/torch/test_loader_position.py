@@ -31,7 +31,8 @@ from phalanx.torch._loader_position import (
 
 @pytest.mark.parametrize(
     ("size", "world", "shuffle", "drop_last"),
-    itertools.product([1, 5, 7, 12], [1, 2, 3, 4], [True, False], [True, False]),
+    # a list: pytest 9.2 refuses an iterator as parametrize values
+    list(itertools.product([1, 5, 7, 12], [1, 2, 3, 4], [True, False], [True, False])),
 )
 def test_order_is_torch_distributed_samplers(size, world, shuffle, drop_last):
     for rank, epoch in itertools.product(range(world), [0, 3]):
