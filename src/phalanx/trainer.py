@@ -263,9 +263,9 @@ class DataParallelTrainer(BaseTrainer):
         start_afresh_after_config_error(storage)  # a fixed config error is not resumed
         save_trainer(storage, self)  # what restore(path) rebuilds this trainer from
         manager = CheckpointManager(storage, run_config.checkpoint_config)
-        if manager.load():
+        resumed = manager.load()
+        if manager.recover_unindexed().reindexed or resumed:  # a lost index re-indexed: resumed
             log_resume(name, manager)
-        manager.remove_orphans()
         shards = DatasetShards(self.datasets, self.dataset_config, self.preprocessor)
         spec = RunSpec(
             train_fn_payload=self._payload,

@@ -23,6 +23,7 @@ from phalanx import Checkpoint, CheckpointConfig
 from phalanx._internal.fs.paths import checkpoint_name_problem
 from phalanx._internal.storage import checkpoint_manager as cm
 from phalanx._internal.storage import snapshot_journal as sj
+from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE, CommitRecord
 from phalanx._internal.storage.local_store import LocalStore
 from phalanx._internal.storage.run_storage import SNAPSHOT_FILE, RunStorage
 from phalanx.errors import ConfigError, StorageError
@@ -338,21 +339,50 @@ def test_an_unreadable_snapshot_says_which_file_and_what_to_do(tmp_path: Path) -
     )
 
 
-def test_checkpoint_directories_the_snapshot_does_not_know_are_removed_and_said(
+def test_directories_the_index_does_not_know_are_reindexed_set_aside_or_left_never_deleted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     manager = _manager(tmp_path)
     known = _commit(manager, 0, {})
+    storage = manager.storage
+    committed = Path(storage.checkpoint_path("checkpoint_000004"))  # its index entry cut off
+    committed.mkdir()
+    (committed / "model.bin").write_bytes(b"round 4")
+    record = CommitRecord("checkpoint_000004", 4, 1, {"loss": 0.5})
+    (committed / COMMIT_RECORD_FILE).write_bytes(record.encode())
+    copied = Path(storage.checkpoint_path("checkpoint_000005"))  # a record of another checkpoint
+    copied.mkdir()
+    (copied / COMMIT_RECORD_FILE).write_bytes(record.encode())
     for other in ("checkpoint_000007", "checkpoint_from_user", "notes"):
-        os.makedirs(manager.storage.checkpoint_path(other))
+        os.makedirs(storage.checkpoint_path(other))
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert manager.remove_orphans() == ["checkpoint_000007"]
-    assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
-        "Removing checkpoint_000007: it is not in the run's snapshot."
+        recovery = manager.recover_unindexed()
+    assert [r.dir_name for r in recovery.reindexed] == ["checkpoint_000004"]
+    assert (recovery.set_aside, recovery.removed) == (
+        ["checkpoint_000005", "checkpoint_000007"],
+        [],
+    )
+    messages = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert messages[0].startswith(
+        "checkpoint_000004 is a committed checkpoint (round 4) that the run's index did not list"
+    )
+    assert messages[1].startswith("checkpoint_000005 is not in the run's index and has no commit")
+    assert "not deleted.\nHINT: if it is a whole checkpoint" in messages[1]
+    left = set(os.listdir(storage.run_path))
+    assert {known, "checkpoint_000004", "checkpoint_from_user", "notes"} <= left
+    assert not {"checkpoint_000005", "checkpoint_000007"} & left
+    (aside,) = [name for name in left if name.startswith("orphaned_")]
+    assert sorted(os.listdir(os.path.join(storage.run_path, aside))) == [
+        "checkpoint_000005",
+        "checkpoint_000007",
     ]
-    left = sorted(os.listdir(manager.storage.run_path))
-    assert {known, "checkpoint_from_user", "notes"} <= set(left)
-    assert "checkpoint_000007" not in left
+    # the index holds the re-indexed checkpoint durably, as the latest: the run resumes there
+    resumed = cm.CheckpointManager(storage, CheckpointConfig())
+    assert resumed.load() is True
+    assert [c.dir_name for c in resumed.checkpoints] == [known, "checkpoint_000004"]
+    assert resumed.latest is not None and resumed.latest.metrics == {"loss": 0.5}
+    assert resumed.resume_round() == 5
+    assert resumed.recover_unindexed() == cm.Recovery()  # nothing left to sort out
 
 
 def test_a_run_directory_that_cannot_be_listed_names_it(tmp_path: Path) -> None:
@@ -360,9 +390,9 @@ def test_a_run_directory_that_cannot_be_listed_names_it(tmp_path: Path) -> None:
     gone = RunStorage.create(str(tmp_path / "elsewhere"), "never_made")
     stray = cm.CheckpointManager(gone, CheckpointConfig())
     with pytest.raises(StorageError) as raised:
-        stray.remove_orphans()
+        stray.recover_unindexed()
     assert str(raised.value).startswith(f"Could not list the run directory {gone.run_uri!r}: ")
-    assert manager.remove_orphans() == []
+    assert manager.recover_unindexed() == cm.Recovery()
 
 
 def test_a_nan_score_ranks_last_and_a_text_score_cannot_rank(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ import fsspec
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from phalanx import Checkpoint
+from phalanx import Checkpoint, CheckpointConfig
+from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx.errors import StorageError
 
@@ -48,7 +49,10 @@ def test_a_staged_part_a_cut_off_commit_left_is_gone_when_the_run_resumes(tmp_pa
     assert first.staging_path("checkpoint_000001", 0) == (
         f"{first.run_path}/.staging/checkpoint_000001.0"
     )
-    RunStorage.create(str(tmp_path / "runs"), "exp").prepare()  # the resumed run
+    resumed = RunStorage.create(str(tmp_path / "runs"), "exp")  # the resumed run
+    resumed.prepare()
+    assert resumed.staged_names() == {"checkpoint_000001"}
+    CheckpointManager(resumed, CheckpointConfig()).recover_unindexed()  # what fit() does next
     assert sorted(p.name for p in (tmp_path / "runs" / "exp").iterdir()) == [".phalanx_run"]
     assert (part / "model.bin").read_bytes() == b"weights"  # the user's copy stays
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from phalanx import Checkpoint, CheckpointConfig
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager, TrackedCheckpoint
+from phalanx._internal.storage.commit_record import CommitRecord
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.storage.store import RunStore
 
@@ -47,10 +48,11 @@ def commit_steps(
 ) -> list[Callable[[], None]]:
     """The steps of one commit, in the driver's order (the contract's STEPS)."""
     name = f"checkpoint_{round_:06d}"
+    record = CommitRecord(name, round_, 1, {"step": round_})
     steps: list[Callable[[], None]] = [
         lambda: store.stage_part(part(parts, 0, round_), name, 1),
         lambda: store.stage_part(part(parts, 1, round_), name, 1),
-        lambda: store.commit(name, 1, {"round": round_}),
+        lambda: store.commit(name, 1, {"round": round_}, record=record),
         lambda: manager.register(TrackedCheckpoint(name, {"step": round_}, round_)),
     ]
     return steps
@@ -62,6 +64,7 @@ def main() -> None:
     store.prepare()
     manager = CheckpointManager(store, CheckpointConfig())
     manager.load()
+    manager.recover_unindexed()
     manager.begin_attempt()
     for step in commit_steps(store, manager, parts, 0):
         step()

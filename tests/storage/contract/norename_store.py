@@ -14,6 +14,7 @@ from typing import Any
 
 from phalanx._internal.fs.access import copy_tree, private_log_dir, private_log_path
 from phalanx._internal.storage.claim import Owner
+from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE, CommitRecord
 from phalanx._internal.storage.lease import Lease, lease_held
 from phalanx._internal.storage.run_storage import (
     STAGING_DIR,
@@ -46,6 +47,7 @@ class NoRenameStore(RunStorage):
         attempt: int,
         metadata: dict[str, Any] | None,
         extra_files: dict[str, bytes] | None = None,
+        record: CommitRecord | None = None,
     ) -> str:
         fs, staged, final = (
             self.filesystem,
@@ -55,12 +57,15 @@ class NoRenameStore(RunStorage):
         if fs.exists(staged):
             for path in fs.find(staged):
                 fs.pipe(final + path[len(staged) :], fs.cat(path))
-            fs.rm(staged, recursive=True)
         if not fs.exists(final):
             raise StorageError(f"Checkpoint {dir_name!r} has no files.\nHINT: stage a part first.")
         if metadata:
             merge_metadata(fs, final, metadata)
         write_files(fs, final, extra_files)
+        if record is not None:  # last; the staged copy stays until then: it names a cut copy
+            write_files(fs, final, {COMMIT_RECORD_FILE: record.encode()})
+        if fs.exists(staged):
+            fs.rm(staged, recursive=True)
         return final
 
     def delete_checkpoint(self, dir_name: str) -> None:

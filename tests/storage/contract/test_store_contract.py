@@ -21,6 +21,7 @@ from conftest import StoreCase
 from phalanx import Checkpoint, CheckpointConfig, StorageError
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager, TrackedCheckpoint
 from phalanx._internal.storage.claim import Owner
+from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE, CommitRecord
 from phalanx._internal.storage.history import MetricsHistory, read_history
 from phalanx._internal.storage.reader import RunReader
 from phalanx._internal.storage.run_storage import HISTORY_FILE, RunStorage
@@ -44,8 +45,13 @@ def _restart(case: StoreCase) -> tuple[RunStore, CheckpointManager]:
     store.prepare()
     manager = CheckpointManager(store, CheckpointConfig())
     manager.load()
-    manager.remove_orphans()
+    manager.recover_unindexed()
     return store, manager
+
+
+def _record(round_: int, attempt: int = 1) -> CommitRecord:
+    """The commit record the controller writes with round ``round_``'s checkpoint."""
+    return CommitRecord(f"checkpoint_{round_:06d}", round_, attempt, {"step": round_})
 
 
 def _commit_in_attempt_2(
@@ -58,7 +64,7 @@ def _commit_in_attempt_2(
     manager.begin_attempt()
     for rank in range(RANKS):
         store.stage_part(_part(tmp_path, rank, 1), name, 2)
-    store.commit(name, 2, None)
+    store.commit(name, 2, None, record=_record(round_, 2))
     manager.register(TrackedCheckpoint(name, {"step": round_}, round_))
     manager.close()
 
@@ -72,7 +78,10 @@ def _visible(case: StoreCase) -> dict[str, set[str]]:
     for checkpoint, _ in manager.best_checkpoints():
         fs = checkpoint.filesystem
         names = {p.rsplit("/", 1)[-1] for p in fs.find(checkpoint.path)}
-        seen[checkpoint.path.rstrip("/").rsplit("/", 1)[-1]] = names - {".metadata.json"}
+        seen[checkpoint.path.rstrip("/").rsplit("/", 1)[-1]] = names - {
+            ".metadata.json",
+            COMMIT_RECORD_FILE,
+        }
     return seen
 
 
@@ -85,8 +94,11 @@ def test_the_shipped_stores_are_chosen_by_filesystem(case: StoreCase) -> None:
     assert type(copy) is type(store) and copy.run_path == store.run_path
 
 
-# A commit is these steps, in this order; a driver may die between any two of them.
+# A commit is these steps, in this order; a driver may die between any two of them. Once the
+# commit step has written the checkpoint's commit record, the checkpoint is the run's: a restart
+# that finds it missing from the snapshot re-indexes it.
 STEPS = ("stage rank 0", "stage rank 1", "commit", "register in the snapshot")
+COMMITTED_AFTER = STEPS.index("commit") + 1
 
 
 @pytest.mark.parametrize("killed_after", range(len(STEPS) + 1))
@@ -98,7 +110,7 @@ def test_a_checkpoint_is_visible_whole_or_not_at_all_wherever_the_driver_dies(
     steps = [
         lambda: store.stage_part(_part(tmp_path, 0, 0), "checkpoint_000000", 1),
         lambda: store.stage_part(_part(tmp_path, 1, 0), "checkpoint_000000", 1),
-        lambda: store.commit("checkpoint_000000", 1, {"round": 0}),
+        lambda: store.commit("checkpoint_000000", 1, {"round": 0}, record=_record(0)),
         lambda: manager.register(TrackedCheckpoint("checkpoint_000000", {"step": 0}, 0)),
     ]
     for step in steps[:killed_after]:
@@ -108,8 +120,9 @@ def test_a_checkpoint_is_visible_whole_or_not_at_all_wherever_the_driver_dies(
     assert _visible(case) == (whole if killed_after == len(STEPS) else {})
 
     store, manager = _restart(case)
-    assert _visible(case) == (whole if killed_after == len(STEPS) else {})
-    if killed_after < len(STEPS):  # the round runs again, under the same name, and commits
+    assert _visible(case) == (whole if killed_after >= COMMITTED_AFTER else {})
+    assert manager.resume_round() == (1 if killed_after >= COMMITTED_AFTER else 0)
+    if killed_after < COMMITTED_AFTER:  # the round runs again, under the same name, and commits
         _commit_in_attempt_2(store, manager, tmp_path, 0)
         assert _visible(case) == whole
 
@@ -143,9 +156,9 @@ def test_a_driver_process_killed_9_between_commit_steps_leaves_the_old_set_or_th
     new = old | {"checkpoint_000001": {"shard_0", "shard_1"}}
     assert _visible(case) == (new if killed_after == len(STEPS) else old)
 
-    store, manager = _restart(case)  # the next fit() cleans up and commits round 1 again
-    assert _visible(case) == (new if killed_after == len(STEPS) else old)
-    if killed_after < len(STEPS):
+    store, manager = _restart(case)  # the next fit() re-indexes a commit or runs round 1 again
+    assert _visible(case) == (new if killed_after >= COMMITTED_AFTER else old)
+    if killed_after < COMMITTED_AFTER:
         _commit_in_attempt_2(store, manager, tmp_path, 1)
         assert _visible(case) == new
 

@@ -21,6 +21,7 @@ from phalanx._internal.controller.rounds import Round
 from phalanx._internal.controller.spec import RunSpec
 from phalanx._internal.controller.validation import Validations
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager, TrackedCheckpoint
+from phalanx._internal.storage.commit_record import CommitRecord
 from phalanx._internal.storage.history import MetricsHistory
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.data_position import (
@@ -76,8 +77,11 @@ class RoundCommitter:
         checkpoint, commit_s = None, None
         if dir_name is not None:
             committing = time.perf_counter()
+            record = CommitRecord(
+                dir_name, round_.index, attempt_index, metrics, round_.checkpoint_class
+            )
             final = self.storage.commit(
-                dir_name, attempt_index, self.spec.metadata, self.checkpoint_files(round_)
+                dir_name, attempt_index, self.spec.metadata, self.checkpoint_files(round_), record
             )
             commit_s = time.perf_counter() - committing
             self.goodput.checkpoint_committed(self.storage.filesystem, final)
@@ -134,5 +138,4 @@ class RoundCommitter:
 
     def discard_uncommitted(self) -> None:
         """After an attempt ends early: the checkpoint parts and checkpoints it did not commit."""
-        quietly("remove uncommitted checkpoint parts", self.storage.remove_staging)
-        quietly("remove uncommitted checkpoints", self.manager.remove_orphans)
+        quietly("sort out uncommitted checkpoints", self.manager.recover_unindexed)

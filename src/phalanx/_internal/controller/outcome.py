@@ -67,15 +67,16 @@ def close_storage(
 ) -> None:
     """Flush the history, drop uncommitted parts, finish deletions. On the way out of a
     failure (``quiet``) a broken storage is logged, so the error raised is the one that ended
-    the run, and a checkpoint the failure cut off between its rename and its snapshot entry
-    goes."""
+    the run, and what the failure cut off is sorted out (``recover_unindexed``): a checkpoint
+    committed but not yet in the index is re-indexed, never deleted."""
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("write the metrics history", history.flush),
         ("compact the metrics history", history.compact),
-        ("remove uncommitted checkpoint parts", storage.remove_staging),
     ]
-    if quiet:
-        steps.append(("remove uncommitted checkpoints", manager.remove_orphans))
+    if quiet:  # a commit the failure cut off is re-indexed or set aside, its staged parts go
+        steps.append(("sort out uncommitted checkpoints", manager.recover_unindexed))
+    else:
+        steps.append(("remove uncommitted checkpoint parts", storage.remove_staging))
     steps.append(("finish deleting evicted checkpoints", manager.close))
     for action, step in steps:
         if quiet:

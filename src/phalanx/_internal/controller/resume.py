@@ -31,12 +31,16 @@ def log_resume(run_name: str, manager: CheckpointManager) -> None:
         if manager.latest is not None
         else "from the beginning (it has no checkpoint)"
     )
+    before = (
+        f"the previous attempt {OUTCOMES.get(outcome, str(outcome))}"
+        if previous
+        else "its index was rebuilt from the checkpoints' commit records"
+    )
     logger.warning(
-        "Resuming run %r %s; the previous attempt %s. HINT: set RunConfig(name=...) to a new "
-        "name to start a fresh run.",
+        "Resuming run %r %s; %s. HINT: set RunConfig(name=...) to a new name to start a fresh run.",
         run_name,
         start,
-        OUTCOMES.get(outcome, str(outcome)),
+        before,
     )
 
 

@@ -13,8 +13,9 @@ from typing import Any
 from phalanx._internal.checkpoint_class import checkpoint_class
 from phalanx._internal.fs.access import storage_errors
 from phalanx._internal.fs.paths import checkpoint_name_problem
+from phalanx._internal.storage.commit_record import CommitRecord, read_commit_record
 from phalanx._internal.storage.history import encode_json
-from phalanx._internal.storage.run_storage import SNAPSHOT_FILE
+from phalanx._internal.storage.run_storage import ORPHANED_PREFIX, SNAPSHOT_FILE
 from phalanx._internal.storage.snapshot_journal import (
     COMPACT_MIN_RECORDS,
     append_record,
@@ -38,6 +39,15 @@ class TrackedCheckpoint:
     metrics: dict[str, Any]
     round: int
     checkpoint_class: str | None = None  # what the rank reported, e.g. a TorchCheckpoint
+
+
+@dataclass
+class Recovery:
+    """What ``recover_unindexed`` found in the run directory besides the index's checkpoints."""
+
+    reindexed: list[CommitRecord] = field(default_factory=list)  # committed: back in the index
+    removed: list[str] = field(default_factory=list)  # staged parts of uncommitted rounds
+    set_aside: list[str] = field(default_factory=list)  # no commit record: moved aside
 
 
 @dataclass
@@ -117,22 +127,89 @@ class CheckpointManager:
         the training function continues from that checkpoint (0 without one)."""
         return self.latest.round + 1 if self.latest is not None else 0
 
-    def remove_orphans(self) -> list[str]:
-        """Delete ``checkpoint_*`` directories the snapshot does not know: committed just before
-        a crash that came before the snapshot was written, or evicted just before one."""
+    def recover_unindexed(self) -> Recovery:
+        """Sort out the directories the index does not know (when a run resumes, and after an
+        attempt ends early), then drop the staged parts of rounds that never committed.
+
+        Nothing complete is deleted for being unknown. A directory with a commit record naming it
+        was committed (its index entry was cut off by a crash, or the index itself is gone): it is
+        re-indexed from the record and resumed from when it is the latest. A part staged for a
+        round that never committed is removed. Any other ``checkpoint_0*`` directory (a commit
+        cut off before its record, files written there by hand) is moved into
+        ``orphaned_<time>/`` with a WARNING, never deleted. Other names are left alone.
+        """
+        try:
+            return self._sort_out_unindexed()
+        finally:  # also when a re-index could not be written: the records stay for the next run
+            self.storage.remove_staging()
+
+    def _sort_out_unindexed(self) -> Recovery:
         known = {c.dir_name for c in self.checkpoints}
+        staged = self.storage.staged_names()
+        recovery = Recovery()
+        for name in self._listed_names():
+            if name in known or name.startswith(ORPHANED_PREFIX):
+                continue
+            record = read_commit_record(self.storage, name)
+            if record is not None:
+                recovery.reindexed.append(record)
+            elif name in staged:
+                recovery.removed.append(name)
+            elif name.startswith("checkpoint_0"):
+                recovery.set_aside.append(name)
+        if recovery.reindexed:
+            self._reindex(recovery.reindexed)
+        for name in recovery.removed:
+            logger.info("Removing %s: a part staged for a round that never committed.", name)
+            self.storage.delete_checkpoint(name)
+        if recovery.set_aside:
+            self._set_aside(recovery.set_aside)
+        return recovery
+
+    def _set_aside(self, names: list[str]) -> None:
+        folder = f"{ORPHANED_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}"
+        for name in names:
+            moved = self.storage.set_aside(name, folder)
+            logger.warning(
+                "%s is not in the run's index and has no commit record, so it may be incomplete "
+                "(a commit cut off, or files written there by hand): moved to %s, not deleted."
+                "\nHINT: if it is a whole checkpoint, resume from it with "
+                "resume_from_checkpoint=Checkpoint(%r), or delete that folder.",
+                name,
+                moved,
+                moved,
+            )
+
+    def _listed_names(self) -> list[str]:
         fs, run_path = self.storage.filesystem, self.storage.run_path
         with storage_errors("list the run directory", self.storage.run_uri):
-            listing = fs.ls(run_path, detail=False)
-        orphans = [
-            name
-            for name in (p.rstrip("/").rsplit("/", 1)[-1] for p in listing)
-            if name.startswith("checkpoint_0") and name not in known
-        ]
-        for name in orphans:
-            logger.warning("Removing %s: it is not in the run's snapshot.", name)
-            self.storage.delete_checkpoint(name)
-        return orphans
+            listing = fs.ls(run_path, detail=True)
+        return sorted(
+            entry["name"].rstrip("/").rsplit("/", 1)[-1]
+            for entry in listing
+            if entry.get("type") == "directory"
+        )
+
+    def _reindex(self, records: list[CommitRecord]) -> None:
+        """Add committed checkpoints the index lost, in round order; the latest round becomes
+        ``latest``; the index is rewritten whole (a compaction) before anything else happens."""
+        for record in sorted(records, key=lambda r: (r.round, r.committed)):
+            tracked = TrackedCheckpoint(
+                record.dir_name, record.metrics, record.round, record.checkpoint_class
+            )
+            self.checkpoints.append(tracked)
+            if self.latest is None or tracked.round >= self.latest.round:
+                self.latest = tracked
+            self.next_round = max(self.next_round, record.round + 1)
+            logger.warning(
+                "%s is a committed checkpoint (round %d) that the run's index did not list (the "
+                "index was cut off by a crash, or %s went missing): re-indexed from its commit "
+                "record.",
+                record.dir_name,
+                record.round,
+                SNAPSHOT_FILE,
+            )
+        self.save()
 
     def checkpoint(self, tracked: TrackedCheckpoint | None) -> Checkpoint | None:
         if tracked is None:

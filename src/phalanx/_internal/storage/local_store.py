@@ -27,8 +27,10 @@ from phalanx._internal.fs.access import (
 )
 from phalanx._internal.fs.syncfs import rename_no_replace, syncfs
 from phalanx._internal.storage.claim import LOCK_FILE, Owner, locked_error
+from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE, CommitRecord
 from phalanx._internal.storage.local_log import LocalLog, append_whole, fsync_path
 from phalanx._internal.storage.run_storage import (
+    IN_PLACE_SUFFIX,
     LOG_DIR,
     STAGING_DIR,
     RunStorage,
@@ -43,7 +45,6 @@ FSYNC_THREADS = 8  # fsyncs of one commit in flight at once (every rank may pass
 # More files and directories than this in one commit: one syncfs(2) of the filesystem instead (a
 # single-file checkpoint keeps its targeted fsync: syncfs also flushes what others wrote there).
 SYNCFS_MIN_PATHS = 8
-IN_PLACE_SUFFIX = ".in_place"  # .staging/<dir_name>.<attempt>.in_place: a NO_UPLOAD part exists
 
 
 @dataclass(frozen=True)
@@ -102,12 +103,13 @@ class LocalStore(RunStorage, register=True):
         attempt: int,
         metadata: dict[str, Any] | None,
         extra_files: dict[str, bytes] | None = None,
+        record: CommitRecord | None = None,
     ) -> str:
         """The staged directory is fsynced and renamed into place (NO_UPLOAD parts: merged)."""
         staged, final = self.staging_path(dir_name, attempt), self.checkpoint_path(dir_name)
         with storage_errors(f"commit checkpoint {dir_name!r} in", self.run_uri):
             if os.path.isdir(staged):
-                return self._commit_staged(staged, final, metadata, extra_files)
+                return self._commit_staged(staged, final, metadata, extra_files, record)
             if not os.path.isdir(final):
                 raise StorageError(
                     f"Checkpoint {dir_name!r} has no files: no rank's part reached {final!r}.\n"
@@ -117,6 +119,8 @@ class LocalStore(RunStorage, register=True):
             if metadata:
                 merge_metadata(self.filesystem, final, metadata)
             write_files(self.filesystem, final, extra_files)
+            _fsync_tree(final)
+            _write_record(final, record)
             return final
 
     def _commit_staged(
@@ -125,6 +129,7 @@ class LocalStore(RunStorage, register=True):
         final: str,
         metadata: dict[str, Any] | None,
         extra_files: dict[str, bytes] | None,
+        record: CommitRecord | None,
     ) -> str:
         in_place = os.path.exists(final)
         if in_place and not os.path.exists(staged + IN_PLACE_SUFFIX):
@@ -139,8 +144,12 @@ class LocalStore(RunStorage, register=True):
         if metadata:
             merge_metadata(self.filesystem, target, metadata)
         write_files(self.filesystem, target, extra_files)
+        if not in_place and record is not None:  # flushed with the tree, visible with the rename
+            write_files(self.filesystem, target, {COMMIT_RECORD_FILE: record.encode()})
         _fsync_tree(target)  # durable before visible; costs the driver, not training
-        if not in_place:
+        if in_place:  # visible already: the record follows the durable tree
+            _write_record(final, record)
+        else:
             os.rename(staged, final)
         fsync_path(os.path.dirname(final))
         return final
@@ -151,6 +160,15 @@ class LocalStore(RunStorage, register=True):
     def remove_staging(self) -> None:
         # A worker that is being torn down may still be writing here: never fail on it.
         shutil.rmtree(self.path(STAGING_DIR), ignore_errors=True)
+
+    def set_aside(self, dir_name: str, folder: str) -> str:
+        """One rename: the directory moves whole, or not at all."""
+        source, target = self.path(dir_name), self.path(folder, dir_name)
+        with storage_errors(f"move {dir_name!r} aside to", target):
+            os.makedirs(self.path(folder), exist_ok=True)
+            os.rename(source, target)
+            fsync_path(self.run_path)
+        return target
 
     # -- small files and logs -------------------------------------------------------------------
 
@@ -164,6 +182,7 @@ class LocalStore(RunStorage, register=True):
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, final)
+                fsync_path(os.path.dirname(final))  # the rename itself durable: the snapshot
             except BaseException:  # a full disk, Ctrl-C: no half-written .tmp stays behind
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
@@ -268,6 +287,18 @@ def _move_dir(src: str, dst: str) -> None:
     move_tree_contents(src, dst)
     with contextlib.suppress(OSError):  # keep a directory the user wrote to meanwhile
         os.rmdir(src)
+
+
+def _write_record(directory: str, record: CommitRecord | None) -> None:
+    """The commit record last, durable, into a checkpoint whose other files are durable."""
+    if record is None:
+        return
+    path = os.path.join(directory, COMMIT_RECORD_FILE)
+    with open(path, "wb") as f:
+        f.write(record.encode())
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_path(directory)
 
 
 def _fsync_tree(root: str) -> None:

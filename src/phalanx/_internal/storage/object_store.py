@@ -1,8 +1,10 @@
 """The store of an object store (S3, GCS, ``memory://``...): no rename, no append, no lock.
 
-Parts are uploaded straight to the checkpoint's final prefix and the commit is the snapshot
-listing it (readers and resume go by the snapshot); parts of a round that never committed are
-deleted when the attempt ends or the run resumes. A small file is one PUT, there whole or not
+Parts are uploaded straight to the checkpoint's final prefix, each after a staging marker
+(``.staging/<dir_name>.<attempt>``, one small PUT) that says a part of an uncommitted round is
+there; the commit writes the checkpoint's commit record as its last object, and the snapshot
+listing it commits it (readers and resume go by the snapshot). Parts of a round that never
+committed are deleted when the attempt ends or the run resumes (their staging marker names them). A small file is one PUT, there whole or not
 at all. History flushes are part objects folded now and then (``history_parts``), the snapshot
 is rewritten at every commit (there is no journal to append to), and the run is claimed with a
 lease object that has a heartbeat (``lease``). Rank logs are written to a private directory on
@@ -24,6 +26,7 @@ from phalanx._internal.fs.access import (
     storage_errors,
 )
 from phalanx._internal.storage.claim import Owner
+from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE, CommitRecord
 from phalanx._internal.storage.history_parts import PartsLog, read_whole
 from phalanx._internal.storage.lease import Lease, lease_held
 from phalanx._internal.storage.run_storage import (
@@ -53,9 +56,11 @@ class ObjectStore(RunStorage, register=True):
     # -- checkpoints ----------------------------------------------------------------------------
 
     def stage_part(self, source: Any, dir_name: str, attempt: int, move: bool = False) -> None:
-        """Upload one rank's files to the final prefix; ``move``: remove the local source after."""
+        """Upload one rank's files to the final prefix; ``move``: remove the local source after.
+        The staging marker goes first: a crash mid-upload leaves parts that are known as such."""
         target = self.path(dir_name)
         try:
+            self.filesystem.pipe(self.staging_path(dir_name, attempt), b"")
             copy_tree(source.filesystem, source.path, self.filesystem, target)
             if move and is_local(source.filesystem):
                 shutil.rmtree(source.path)
@@ -71,6 +76,7 @@ class ObjectStore(RunStorage, register=True):
         attempt: int,
         metadata: dict[str, Any] | None,
         extra_files: dict[str, bytes] | None = None,
+        record: CommitRecord | None = None,
     ) -> str:
         """The parts are in place; the snapshot entry the caller writes next commits them."""
         final = self.checkpoint_path(dir_name)
@@ -83,6 +89,8 @@ class ObjectStore(RunStorage, register=True):
             if metadata:
                 merge_metadata(fs, final, metadata)
             write_files(fs, final, extra_files)
+            if record is not None:  # last: with it, every other object of the commit is there
+                write_files(fs, final, {COMMIT_RECORD_FILE: record.encode()})
         return final
 
     def delete_checkpoint(self, dir_name: str) -> None:

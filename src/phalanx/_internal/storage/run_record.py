@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from phalanx._internal.fs.access import storage_errors
+from phalanx._internal.storage.commit_record import has_commit_records
 from phalanx._internal.storage.run_storage import (
     ALL_RANKS_HISTORY_FILE,
     ERROR_PICKLE_FILE,
@@ -279,8 +280,8 @@ def start_afresh_after_config_error(storage: RunStore) -> bool:
         state = read_state(storage)
     except (ValueError, KeyError, TypeError):  # damaged: the resume reports it
         return False
-    if state is not None and state.get("checkpoints"):
-        return False
+    if (state is not None and state.get("checkpoints")) or has_commit_records(storage):
+        return False  # a committed checkpoint, in the index or by its own record: resumed
     # Set aside, never deleted: the failed fit()'s metrics are still the user's to read.
     aside = f"config_error_{time.strftime('%Y%m%d-%H%M%S')}"
     for relative in _RUN_STATE_FILES:

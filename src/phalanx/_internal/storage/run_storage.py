@@ -9,14 +9,34 @@
       .phalanx_history/                  stores that cannot append: metrics flushes
       metrics.jsonl                      every round: rank 0's metrics (+ training_iteration, ...)
       metrics_all_ranks.jsonl            every report of every rank
-      checkpoint_000004/                 committed checkpoints (or a user checkpoint_dir_name)
+      checkpoint_000004/                 committed checkpoints (or a user checkpoint_dir_name),
+        .phalanx_commit.json             each with its commit record, written last
       .staging/<dir_name>.<attempt>/     parts being written; renamed into place on commit
+      orphaned_<time>/                   directories set aside, never deleted (see below)
       logs/rank_<r>.log                  each rank's stdout and stderr
       error.txt, error.pkl               the failure, if the run failed
 
 A part is staged by the rank that owns the files; the driver commits once every participating
 rank's part is durable. ``RunStorage(filesystem, storage_path, name)`` gives the store that
 serves ``filesystem``: the surface every store offers is :class:`~.store.RunStore`.
+
+What phalanx ever deletes or moves in a run directory, and the one rule that allows each:
+
+- an evicted checkpoint, deleted after the index that drops it is durable: retention
+  (``CheckpointConfig.num_to_keep``), and only retention (``CheckpointManager._apply_retention``);
+- a checkpoint whose index entry could not be written (the commit failed), at once;
+- staged parts of a round that never committed (``.staging/``, a ``NO_UPLOAD`` part in place, an
+  object store's parts named by a staging marker), when the attempt ends and when the run resumes;
+- a directory named like a checkpoint that the index does not know and that has no commit record
+  naming it (a commit cut off before its record, files written there by hand): moved into
+  ``orphaned_<time>/`` with a WARNING, never deleted; one with a record is re-indexed;
+- after a ``fit()`` that failed on a configuration error before any commit, its run files are set
+  aside in ``config_error_<time>/`` (``run_record.start_afresh_after_config_error``);
+- the snapshot's journal, once a compaction's snapshot holding all of it is durable;
+- a history line cut by a crash mid-write, and history parts once folded into the whole file;
+- temp files of an atomic write that failed.
+
+``tests/storage/test_deletion_rules.py`` holds each rule: it fails when one is loosened.
 """
 
 from __future__ import annotations
@@ -39,6 +59,8 @@ LOG_DIR = "logs"
 ERROR_TEXT_FILE = "error.txt"
 ERROR_PICKLE_FILE = "error.pkl"
 MARKER_FILE = ".phalanx_run"
+ORPHANED_PREFIX = "orphaned_"
+IN_PLACE_SUFFIX = ".in_place"  # .staging/<dir_name>.<attempt>.in_place: a NO_UPLOAD part exists
 
 _STORES: list[type[RunStorage]] = []  # chosen in order: the first that serves the filesystem
 
@@ -135,13 +157,42 @@ class RunStorage(RunStore):
     # -- what every store shares ----------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Create the run directory and prove it is writable; drop leftovers of cut-off commits."""
+        """Create the run directory and prove it is writable. Leftovers of cut-off commits are
+        for ``CheckpointManager.recover_unindexed`` to sort out: it needs the staging records."""
         fs = self.filesystem
         with storage_errors("write to the run directory", self.run_uri):
             fs.makedirs(self.run_path, exist_ok=True)
             with fs.open(self.path(MARKER_FILE), "w") as f:
                 f.write("phalanx run directory\n")
-        self.remove_staging()
+
+    def staged_names(self) -> set[str]:
+        """Names under ``.staging/``: ``<dir_name>.<attempt>`` and its ``.in_place`` marker."""
+        staging = self.path(STAGING_DIR)
+        with storage_errors("list", self.uri(staging)):
+            if not self.filesystem.exists(staging):
+                return set()
+            listing = self.filesystem.ls(staging, detail=False)
+        names = set()
+        for entry in listing:
+            name = entry.rstrip("/").rsplit("/", 1)[-1].removesuffix(IN_PLACE_SUFFIX)
+            base, dot, attempt = name.rpartition(".")
+            if dot and attempt.isdigit():
+                names.add(base)
+        return names
+
+    def set_aside(self, dir_name: str, folder: str) -> str:
+        """Object by object (no rename here): every object is copied before any is removed."""
+        source, target = self.path(dir_name), self.path(folder, dir_name)
+        fs = self.filesystem
+        with storage_errors(f"move {dir_name!r} aside to", self.uri(target)):
+            objects = fs.find(source)
+            for path in objects:
+                fs.copy(path, target + path[len(source) :])
+            if objects:
+                fs.rm(objects)
+            if fs.exists(source):  # a directory marker
+                fs.rm(source, recursive=True)
+        return self.uri(target)
 
     def read(self, relative: str) -> bytes | None:
         path = self.path(relative)

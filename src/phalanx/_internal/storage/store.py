@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from phalanx._internal.storage.claim import Owner
+    from phalanx._internal.storage.commit_record import CommitRecord
 
 
 class RunLog(Protocol):
@@ -117,14 +118,26 @@ class RunStore(Protocol):
         attempt: int,
         metadata: dict[str, Any] | None,
         extra_files: dict[str, bytes] | None = None,
+        record: CommitRecord | None = None,
     ) -> str:
-        """Make the staged parts the checkpoint ``dir_name``, durable; returns its path."""
+        """Make the staged parts the checkpoint ``dir_name``, durable; returns its path.
+        ``record`` (``commit_record.py``) is written into it last, before it is visible."""
         ...
 
     def delete_checkpoint(self, dir_name: str) -> None: ...
 
+    def staged_names(self) -> set[str]:
+        """The checkpoint names that have a part staged for a commit that has not happened (a
+        ``NO_UPLOAD`` part in place, on an object store a part at the final prefix, included)."""
+        ...
+
     def remove_staging(self) -> None:
         """Drop parts that were never committed (a failed or cut-off attempt)."""
+        ...
+
+    def set_aside(self, dir_name: str, folder: str) -> str:
+        """Move the directory ``dir_name`` of the run into the run's ``folder`` (made if
+        needed), never deleting it; returns where it went."""
         ...
 
     # -- small files and logs -------------------------------------------------------------------
