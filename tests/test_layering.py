@@ -118,7 +118,7 @@ def layer_of(module: str) -> str | None:
     if parts[0] != "_internal":
         if parts[0] in FOUNDATION:
             return "foundation"
-        return "definitions" if len(parts) == 1 and parts[0] in DEFINITIONS else "top"
+        return "definitions" if parts[0] in DEFINITIONS else "top"  # config/ is a package
     if len(parts) == 1:
         return "foundation"  # the empty _internal/__init__.py
     if parts[1] in INTERNAL_PACKAGES:

@@ -1,5 +1,5 @@
 """Checks of ScalingConfig's placement fields (label_selector, use_tpu, topology), kept out of
-config.py so it stays a readable list of fields."""
+phalanx.config's modules so they stay readable lists of fields."""
 
 from __future__ import annotations
 

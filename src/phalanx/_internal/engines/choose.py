@@ -12,7 +12,8 @@ import sys
 
 from phalanx._internal import env
 from phalanx._internal.engines.base import Engine
-from phalanx.config import ENGINES, ScalingConfig
+from phalanx.config import ScalingConfig
+from phalanx.config._scaling import ENGINES
 from phalanx.errors import ConfigError
 
 
