@@ -14,7 +14,6 @@ The tree::
     │   ├── RayClusterUnresponsiveError  the Ray cluster's GCS did not answer within a bound
     │   └── TrainingFailedError          fit() failed; ``.result`` holds what was saved
     │       ├── WorkerGroupError         one or more ranks raised, died or hung
-    │       │   ├── ReportMismatchError  never raised any more (kept so imports keep working)
     │       │   ├── HangError            ranks made no progress for hang_timeout_s
     │       │   ├── PreemptionError      workers were preempted more often than allowed
     │       │   └── WorkerStartupError   workers could not be started (retried like a failure)
@@ -42,7 +41,6 @@ __all__ = [
     "NCCLHangError",
     "PreemptionError",
     "RayClusterUnresponsiveError",
-    "ReportMismatchError",
     "SessionMisuseError",
     "StorageError",
     "TrainingFailedError",
@@ -157,15 +155,6 @@ class WorkerGroupError(TrainingFailedError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.worker_failures, self.result, str(self)))
-
-
-class ReportMismatchError(WorkerGroupError):
-    """Kept so that ``except ReportMismatchError`` keeps working; phalanx no longer raises it.
-
-    Ranks may call ``report()`` a different number of times: a rank whose training function
-    returned contributes nothing to later rounds, so every reported round is committed (and
-    rank-0-only reporting works, with a warning that rounds wait for every running rank).
-    """
 
 
 class HangError(WorkerGroupError):
