@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import shutil
@@ -14,9 +15,26 @@ from typing import Any
 from phalanx._internal.checkpoint_files import PREPROCESSOR_FILE, RAY_PREPROCESSOR_KEY
 from phalanx._internal.fs.access import copy_tree, is_local, resolve_filesystem
 
-__all__ = ["Checkpoint"]
+__all__ = ["Checkpoint", "CheckpointUploadMode"]
 
 METADATA_FILE = ".metadata.json"
+
+
+class CheckpointUploadMode(enum.Enum):
+    """How ``report()`` persists a checkpoint (Ray Train's ``checkpoint_upload_mode``).
+
+    Example::
+
+        phalanx.report(metrics, checkpoint=ckpt, checkpoint_upload_mode=CheckpointUploadMode.ASYNC)
+    """
+
+    SYNC = "sync"  # persisted before report() returns
+    ASYNC = "async"  # report() returns at once; persisted in the background, in order
+    NO_UPLOAD = "no_upload"  # the checkpoint was written inside the run directory already
+
+    def default_delete_local_checkpoint_after_upload(self) -> bool:
+        """What ``delete_local_checkpoint_after_upload=None`` means: True for ASYNC only (Ray)."""
+        return self is CheckpointUploadMode.ASYNC
 
 
 class Checkpoint:

@@ -7,8 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from phalanx._internal.worker.session import require_session
-from phalanx._internal.worker.uploader import CheckpointUploadMode
-from phalanx.checkpoint import Checkpoint
+from phalanx.checkpoint import Checkpoint, CheckpointUploadMode
 from phalanx.constants import TRAIN_DATASET_KEY
 from phalanx.context import PreemptionInfo, TrainContext
 from phalanx.errors import KeyNotFoundError

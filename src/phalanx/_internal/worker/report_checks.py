@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx._internal.worker.uploader import CheckpointUploadMode
-from phalanx.checkpoint import Checkpoint
+from phalanx.checkpoint import Checkpoint, CheckpointUploadMode
 
 
 def upload_mode(value: CheckpointUploadMode | str) -> CheckpointUploadMode:

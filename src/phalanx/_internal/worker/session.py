@@ -35,14 +35,13 @@ from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_t
 from phalanx._internal.worker.state_writer import StateWriter, pending_write
 from phalanx._internal.worker.uploader import (
     BackgroundUploader,
-    CheckpointUploadMode,
     check_deletable,
     check_source,
     in_place_dir_name,
     move_aside,
     same_device,
 )
-from phalanx.checkpoint import Checkpoint
+from phalanx.checkpoint import Checkpoint, CheckpointUploadMode
 from phalanx.context import PreemptionInfo, TrainContext
 from phalanx.errors import SessionMisuseError
 

@@ -14,7 +14,6 @@ order, and never wait. At most one upload is outstanding: the next checkpoint wa
 
 from __future__ import annotations
 
-import enum
 import os
 import shutil
 import tempfile
@@ -31,18 +30,6 @@ from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.runtime import Outbox
 from phalanx.checkpoint import Checkpoint
 from phalanx.errors import StorageError
-
-
-class CheckpointUploadMode(enum.Enum):
-    """How ``report()`` persists a checkpoint (Ray Train's ``checkpoint_upload_mode``)."""
-
-    SYNC = "sync"  # persisted before report() returns
-    ASYNC = "async"  # report() returns at once; persisted in the background, in order
-    NO_UPLOAD = "no_upload"  # the checkpoint was written inside the run directory already
-
-    def default_delete_local_checkpoint_after_upload(self) -> bool:
-        """What ``delete_local_checkpoint_after_upload=None`` means: True for ASYNC only (Ray)."""
-        return self is CheckpointUploadMode.ASYNC
 
 
 def check_source(checkpoint: Checkpoint) -> None:
