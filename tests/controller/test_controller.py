@@ -27,7 +27,6 @@ from phalanx import (
     ScalingConfig,
     TrainingFailedError,
 )
-from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE
 
 
 def fit(fn, storage, name="run", workers=2, config=None, **run_kwargs):
@@ -72,12 +71,7 @@ def test_checkpoint_parts_of_all_ranks_merge_into_one_directory(storage):
         report_with_files({"r": rank}, {f"part_{rank}.txt": str(rank), "shared.txt": "x"})
 
     result = fit(loop, storage)
-    assert sorted(os.listdir(result.checkpoint.path)) == [
-        COMMIT_RECORD_FILE,  # the commit's own record, beside the ranks' files
-        "part_0.txt",
-        "part_1.txt",
-        "shared.txt",
-    ]
+    assert sorted(os.listdir(result.checkpoint.path)) == ["part_0.txt", "part_1.txt", "shared.txt"]
     assert os.path.basename(result.checkpoint.path) == "checkpoint_000000"
     assert not os.path.exists(os.path.join(result.path, ".staging"))
 
@@ -91,7 +85,7 @@ def test_a_checkpoint_from_some_ranks_only_is_committed(storage):
             train.report({"r": rank})
 
     result = fit(loop, storage)
-    assert sorted(os.listdir(result.checkpoint.path)) == [COMMIT_RECORD_FILE, "model.txt"]
+    assert os.listdir(result.checkpoint.path) == ["model.txt"]
     assert result.metrics == {"r": 0}
 
 

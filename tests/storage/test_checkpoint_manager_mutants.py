@@ -23,7 +23,7 @@ from phalanx import Checkpoint, CheckpointConfig
 from phalanx._internal.fs.paths import checkpoint_name_problem
 from phalanx._internal.storage import checkpoint_manager as cm
 from phalanx._internal.storage import snapshot_journal as sj
-from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE, CommitRecord
+from phalanx._internal.storage.commit_record import CommitRecord, record_file, write_commit_record
 from phalanx._internal.storage.local_store import LocalStore
 from phalanx._internal.storage.run_storage import SNAPSHOT_FILE, RunStorage
 from phalanx.errors import ConfigError, StorageError
@@ -349,10 +349,11 @@ def test_directories_the_index_does_not_know_are_reindexed_set_aside_or_left_nev
     committed.mkdir()
     (committed / "model.bin").write_bytes(b"round 4")
     record = CommitRecord("checkpoint_000004", 4, 1, {"loss": 0.5})
-    (committed / COMMIT_RECORD_FILE).write_bytes(record.encode())
+    write_commit_record(storage, record)
     copied = Path(storage.checkpoint_path("checkpoint_000005"))  # a record of another checkpoint
     copied.mkdir()
-    (copied / COMMIT_RECORD_FILE).write_bytes(record.encode())
+    with open(storage.path(record_file("checkpoint_000005")), "wb") as f:
+        f.write(record.encode())
     for other in ("checkpoint_000007", "checkpoint_from_user", "notes"):
         os.makedirs(storage.checkpoint_path(other))
     with caplog.at_level(logging.WARNING, logger=LOGGER):

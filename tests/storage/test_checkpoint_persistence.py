@@ -33,16 +33,13 @@ from phalanx import (
 from phalanx._internal.fs import copy as local_copy
 from phalanx._internal.fs import paths
 from phalanx._internal.storage import run_storage
-from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE
 from phalanx._internal.storage.run_storage import RunStorage
 
 
 def tree(root):
-    """Every file under ``root``: relative path -> (bytes, mode); directories as None. The
-    commit's own record (``.phalanx_commit.json``) is left out: it is phalanx's, not the user's."""
+    """Every file under ``root``: relative path -> (bytes, mode); directories as None."""
     out = {}
     for directory, dirs, files in os.walk(root):
-        files = [name for name in files if not (directory == root and name == COMMIT_RECORD_FILE)]
         for name in dirs:
             out[os.path.relpath(os.path.join(directory, name), root)] = None
         for name in files:

@@ -20,7 +20,7 @@ import pytest
 import phalanx as train
 from phalanx import Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig, ScalingConfig
 from phalanx._internal.storage import checkpoint_manager as cm
-from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE, CommitRecord
+from phalanx._internal.storage.commit_record import CommitRecord, write_commit_record
 from phalanx._internal.storage.run_storage import (
     HISTORY_FILE,
     ORPHANED_PREFIX,
@@ -48,7 +48,7 @@ def _write_checkpoint(storage: RunStorage, name: str, record: CommitRecord | Non
     os.makedirs(storage.checkpoint_path(name))
     Path(storage.checkpoint_path(name), "model.bin").write_bytes(b"weights of " + name.encode())
     if record is not None:
-        Path(storage.checkpoint_path(name), COMMIT_RECORD_FILE).write_bytes(record.encode())
+        write_commit_record(storage, record)
 
 
 def _commit(manager: cm.CheckpointManager, round_: int, metrics: dict) -> str:  # type: ignore[type-arg]

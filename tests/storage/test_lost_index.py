@@ -2,9 +2,10 @@
 
 The index (``checkpoint_manager_snapshot.json`` and its journal) can be lost by a copy or a sync
 that skipped it, a user who took it for a cache file, or a restore from a backup of the
-``checkpoint_*`` folders alone. Each checkpoint carries its own commit record, so the rerun
-re-indexes them, resumes from the latest and says so; a directory without a record is moved
-aside, never deleted. Local storage and S3 (a moto server) alike, through real fit() calls.
+``checkpoint_*`` folders alone. Each checkpoint has its commit record (``.phalanx_commits/``), so
+a rerun re-indexes them, resumes from the latest and says so; a directory without a record (the
+folders-only backup) is moved aside, never deleted. Local storage and S3 (a moto server) alike,
+through real fit() calls.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from _helpers import moto_s3
 
 import phalanx as train
 from phalanx import Checkpoint, CheckpointConfig, DataParallelTrainer, RunConfig, ScalingConfig
-from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE
+from phalanx._internal.storage.commit_record import COMMIT_RECORDS_DIR, record_file
 from phalanx._internal.storage.run_storage import SNAPSHOT_FILE
 from phalanx._internal.storage.snapshot_journal import JOURNAL_FILE
 
@@ -85,22 +86,24 @@ def store(request, tmp_path):
     return fs, "s3://lost-index/runs", name, f"lost-index/runs/{name}"
 
 
-def _forget_index(fs, run_path: str, everything_but_checkpoints: bool) -> None:
+def _forget(fs, run_path: str, keep: tuple[str, ...]) -> None:
+    """Every entry of the run but the checkpoint folders and ``keep`` goes (the index always)."""
     for entry in names(fs, run_path):
-        if entry in (SNAPSHOT_FILE, JOURNAL_FILE) or (
-            everything_but_checkpoints and not entry.startswith("checkpoint_")
-        ):
+        if entry in (SNAPSHOT_FILE, JOURNAL_FILE) or not entry.startswith(keep):
             fs.rm(f"{run_path}/{entry}", recursive=True)
 
 
-@pytest.mark.parametrize("lost", ["index", "all but the checkpoint folders"])
+@pytest.mark.parametrize("lost", ["the index", "all but the checkpoints and their records"])
 def test_a_rerun_whose_index_went_missing_keeps_every_checkpoint_and_resumes_from_the_latest(
     store, lost, caplog
 ):
     fs, root, name, run_path = store
     first = fit(root, name, steps=3, filesystem=None if fs.protocol == "file" else fs)
     assert first.metrics["step"] == 2
-    _forget_index(fs, run_path, everything_but_checkpoints=lost != "index")
+    everything = ("",)  # every entry starts with ""
+    _forget(
+        fs, run_path, everything if lost == "the index" else ("checkpoint_", COMMIT_RECORDS_DIR)
+    )
     assert SNAPSHOT_FILE not in names(fs, run_path)
 
     with caplog.at_level(logging.WARNING, logger="phalanx"):
@@ -143,6 +146,23 @@ def test_a_checkpoint_directory_without_a_commit_record_is_moved_aside_not_delet
     assert fs.cat(f"{run_path}/{aside}/checkpoint_000009/model.bin") == b"half a model"
 
 
+def test_a_backup_of_the_checkpoint_folders_alone_is_set_aside_whole_not_deleted(store, caplog):
+    """Without the index and the commit records nothing says the folders are whole: the rerun
+    starts afresh, and every folder waits in orphaned_<time>/ with a HINT to resume from it."""
+    fs, root, name, run_path = store
+    filesystem = None if fs.protocol == "file" else fs
+    fit(root, name, steps=3, filesystem=filesystem)
+    _forget(fs, run_path, ("checkpoint_0",))
+    with caplog.at_level(logging.WARNING, logger="phalanx"):
+        rerun = fit(root, name, steps=1, filesystem=filesystem)
+    assert rerun.metrics == {"step": 0, "started_at": 0}
+    (aside,) = [n for n in names(fs, run_path) if n.startswith("orphaned_")]
+    assert sorted(names(fs, f"{run_path}/{aside}")) == CHECKPOINTS
+    assert [step_in(fs, f"{run_path}/{aside}", n) for n in CHECKPOINTS] == [b"0", b"1", b"2"]
+    hints = [r.getMessage() for r in caplog.records if "resume_from_checkpoint" in r.getMessage()]
+    assert len(hints) == len(CHECKPOINTS)
+
+
 def test_a_record_copied_in_from_another_checkpoint_does_not_make_a_directory_committed(
     tmp_path,
 ):
@@ -150,10 +170,19 @@ def test_a_record_copied_in_from_another_checkpoint_does_not_make_a_directory_co
     fit(root, name, steps=1)
     run = os.path.join(root, name)
     os.makedirs(os.path.join(run, "checkpoint_000005"))
-    with open(os.path.join(run, "checkpoint_000000", COMMIT_RECORD_FILE), "rb") as f:
+    with open(os.path.join(run, record_file("checkpoint_000000")), "rb") as f:
         record = f.read()
-    with open(os.path.join(run, "checkpoint_000005", COMMIT_RECORD_FILE), "wb") as f:
+    with open(os.path.join(run, record_file("checkpoint_000005")), "wb") as f:
         f.write(record)  # names checkpoint_000000: proves nothing about this directory
     rerun = fit(root, name, steps=2)
     assert rerun.metrics["step"] == 1  # resumed from checkpoint_000000, not from "round 5"
     assert "checkpoint_000005" not in os.listdir(run)
+
+
+def test_a_checkpoint_holds_the_user_s_files_alone_and_its_record_goes_with_it(tmp_path):
+    """The record is beside the checkpoint, not in it; retention deletes both."""
+    root, name = str(tmp_path / "runs"), "alone"
+    result = fit(root, name, steps=3, keep=1)
+    assert os.listdir(result.checkpoint.path) == ["step"]
+    run = os.path.join(root, name)
+    assert sorted(os.listdir(os.path.join(run, COMMIT_RECORDS_DIR))) == ["checkpoint_000002.json"]

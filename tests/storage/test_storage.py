@@ -26,7 +26,6 @@ from phalanx import (
     StorageError,
     TrainingFailedError,
 )
-from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +88,6 @@ def test_s3_run_with_multi_rank_checkpoints_retention_and_resume(s3, mode):
     # losses 5, 1, 4, 2: the best two are rounds 1 and 3 (3 is also the latest)
     assert checkpoint_dirs(s3, run_path) == ["checkpoint_000001", "checkpoint_000003"]
     assert sorted(p.rsplit("/", 1)[-1] for p in s3.ls(f"{run_path}/checkpoint_000003")) == [
-        COMMIT_RECORD_FILE,  # the commit's own record, beside the ranks' files
         "step_0",
         "step_1",
         "weights_0.bin",
@@ -230,7 +228,7 @@ def test_no_upload_mode_commits_a_checkpoint_written_in_place(storage):
         run_config=RunConfig(name="inplace", storage_path=storage),
     ).fit()
     assert result.checkpoint.path.endswith("/written_in_place")
-    assert sorted(os.listdir(result.checkpoint.path)) == [COMMIT_RECORD_FILE, "w"]
+    assert os.listdir(result.checkpoint.path) == ["w"]
 
 
 def empty_checkpoints_loop():
@@ -249,7 +247,7 @@ def empty_checkpoints_loop():
 @pytest.mark.slow
 def test_s3_an_empty_checkpoint_is_committed_and_read_back(s3):
     """An object store has no empty directories: the commit leaves a marker, so the checkpoint
-    resumes a run and downloads (with nothing in it but its commit record)."""
+    resumes a run and downloads (as an empty directory)."""
     name = f"empty-{uuid.uuid4().hex[:6]}"
 
     def run():
@@ -264,10 +262,10 @@ def test_s3_an_empty_checkpoint_is_committed_and_read_back(s3):
     first = run()
     assert first.metrics == {"epoch": 1, "restored": None}
     resumed = run()  # resumes from the latest, empty, checkpoint
-    assert resumed.metrics == {"epoch": 1, "restored": [COMMIT_RECORD_FILE]}
+    assert resumed.metrics == {"epoch": 1, "restored": []}
     reloaded = Result.from_path(resumed.path, storage_filesystem=s3)
     with reloaded.checkpoint.as_directory() as d:
-        assert os.listdir(d) == [COMMIT_RECORD_FILE]
+        assert os.listdir(d) == []
 
 
 def test_no_upload_mode_rejects_a_checkpoint_outside_the_run(storage, tmp_path):

@@ -14,7 +14,11 @@ from typing import Any
 
 from phalanx._internal.fs.access import copy_tree, private_log_dir, private_log_path
 from phalanx._internal.storage.claim import Owner
-from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE, CommitRecord
+from phalanx._internal.storage.commit_record import (
+    CommitRecord,
+    remove_commit_record,
+    write_commit_record,
+)
 from phalanx._internal.storage.lease import Lease, lease_held
 from phalanx._internal.storage.run_storage import (
     STAGING_DIR,
@@ -63,12 +67,13 @@ class NoRenameStore(RunStorage):
             merge_metadata(fs, final, metadata)
         write_files(fs, final, extra_files)
         if record is not None:  # last; the staged copy stays until then: it names a cut copy
-            write_files(fs, final, {COMMIT_RECORD_FILE: record.encode()})
+            write_commit_record(self, record)
         if fs.exists(staged):
             fs.rm(staged, recursive=True)
         return final
 
     def delete_checkpoint(self, dir_name: str) -> None:
+        remove_commit_record(self, dir_name)
         if self.filesystem.exists(self.path(dir_name)):
             self.filesystem.rm(self.path(dir_name), recursive=True)
 

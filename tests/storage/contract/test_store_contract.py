@@ -21,7 +21,7 @@ from conftest import StoreCase
 from phalanx import Checkpoint, CheckpointConfig, StorageError
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager, TrackedCheckpoint
 from phalanx._internal.storage.claim import Owner
-from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE, CommitRecord
+from phalanx._internal.storage.commit_record import CommitRecord
 from phalanx._internal.storage.history import MetricsHistory, read_history
 from phalanx._internal.storage.reader import RunReader
 from phalanx._internal.storage.run_storage import HISTORY_FILE, RunStorage
@@ -78,10 +78,7 @@ def _visible(case: StoreCase) -> dict[str, set[str]]:
     for checkpoint, _ in manager.best_checkpoints():
         fs = checkpoint.filesystem
         names = {p.rsplit("/", 1)[-1] for p in fs.find(checkpoint.path)}
-        seen[checkpoint.path.rstrip("/").rsplit("/", 1)[-1]] = names - {
-            ".metadata.json",
-            COMMIT_RECORD_FILE,
-        }
+        seen[checkpoint.path.rstrip("/").rsplit("/", 1)[-1]] = names - {".metadata.json"}
     return seen
 
 

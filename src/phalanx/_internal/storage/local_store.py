@@ -27,7 +27,12 @@ from phalanx._internal.fs.access import (
 )
 from phalanx._internal.fs.syncfs import rename_no_replace, syncfs
 from phalanx._internal.storage.claim import LOCK_FILE, Owner, locked_error
-from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE, CommitRecord
+from phalanx._internal.storage.commit_record import (
+    COMMIT_RECORDS_DIR,
+    CommitRecord,
+    remove_commit_record,
+    write_commit_record,
+)
 from phalanx._internal.storage.local_log import LocalLog, append_whole, fsync_path
 from phalanx._internal.storage.run_storage import (
     IN_PLACE_SUFFIX,
@@ -120,7 +125,7 @@ class LocalStore(RunStorage, register=True):
                 merge_metadata(self.filesystem, final, metadata)
             write_files(self.filesystem, final, extra_files)
             _fsync_tree(final)
-            _write_record(final, record)
+            self._write_record(record)
             return final
 
     def _commit_staged(
@@ -144,17 +149,23 @@ class LocalStore(RunStorage, register=True):
         if metadata:
             merge_metadata(self.filesystem, target, metadata)
         write_files(self.filesystem, target, extra_files)
-        if not in_place and record is not None:  # flushed with the tree, visible with the rename
-            write_files(self.filesystem, target, {COMMIT_RECORD_FILE: record.encode()})
         _fsync_tree(target)  # durable before visible; costs the driver, not training
-        if in_place:  # visible already: the record follows the durable tree
-            _write_record(final, record)
-        else:
+        if not in_place:
             os.rename(staged, final)
-        fsync_path(os.path.dirname(final))
+            fsync_path(os.path.dirname(final))
+        self._write_record(record)  # last: the checkpoint is whole and durable
         return final
 
+    def _write_record(self, record: CommitRecord | None) -> None:
+        if record is None:
+            return
+        created = not os.path.isdir(self.path(COMMIT_RECORDS_DIR))
+        write_commit_record(self, record)  # temp file, fsync, rename, fsync of the directory
+        if created:  # the records' directory itself durable
+            fsync_path(self.run_path)
+
     def delete_checkpoint(self, dir_name: str) -> None:
+        remove_commit_record(self, dir_name)  # first: a record never outlives its files
         shutil.rmtree(self.checkpoint_path(dir_name), ignore_errors=True)
 
     def remove_staging(self) -> None:
@@ -287,18 +298,6 @@ def _move_dir(src: str, dst: str) -> None:
     move_tree_contents(src, dst)
     with contextlib.suppress(OSError):  # keep a directory the user wrote to meanwhile
         os.rmdir(src)
-
-
-def _write_record(directory: str, record: CommitRecord | None) -> None:
-    """The commit record last, durable, into a checkpoint whose other files are durable."""
-    if record is None:
-        return
-    path = os.path.join(directory, COMMIT_RECORD_FILE)
-    with open(path, "wb") as f:
-        f.write(record.encode())
-        f.flush()
-        os.fsync(f.fileno())
-    fsync_path(directory)
 
 
 def _fsync_tree(root: str) -> None:

@@ -2,7 +2,7 @@
 
 Parts are uploaded straight to the checkpoint's final prefix, each after a staging marker
 (``.staging/<dir_name>.<attempt>``, one small PUT) that says a part of an uncommitted round is
-there; the commit writes the checkpoint's commit record as its last object, and the snapshot
+there; the commit writes the checkpoint's commit record (``commit_record.py``) as its last object, and the snapshot
 listing it commits it (readers and resume go by the snapshot). Parts of a round that never
 committed are deleted when the attempt ends or the run resumes (their staging marker names them). A small file is one PUT, there whole or not
 at all. History flushes are part objects folded now and then (``history_parts``), the snapshot
@@ -26,7 +26,11 @@ from phalanx._internal.fs.access import (
     storage_errors,
 )
 from phalanx._internal.storage.claim import Owner
-from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE, CommitRecord
+from phalanx._internal.storage.commit_record import (
+    CommitRecord,
+    remove_commit_record,
+    write_commit_record,
+)
 from phalanx._internal.storage.history_parts import PartsLog, read_whole
 from phalanx._internal.storage.lease import Lease, lease_held
 from phalanx._internal.storage.run_storage import (
@@ -90,10 +94,11 @@ class ObjectStore(RunStorage, register=True):
                 merge_metadata(fs, final, metadata)
             write_files(fs, final, extra_files)
             if record is not None:  # last: with it, every other object of the commit is there
-                write_files(fs, final, {COMMIT_RECORD_FILE: record.encode()})
+                write_commit_record(self, record)
         return final
 
     def delete_checkpoint(self, dir_name: str) -> None:
+        remove_commit_record(self, dir_name)  # first: a record never outlives its objects
         self._remove_tree(self.checkpoint_path(dir_name), "delete checkpoint")
 
     def remove_staging(self) -> None:

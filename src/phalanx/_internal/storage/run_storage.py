@@ -9,8 +9,8 @@
       .phalanx_history/                  stores that cannot append: metrics flushes
       metrics.jsonl                      every round: rank 0's metrics (+ training_iteration, ...)
       metrics_all_ranks.jsonl            every report of every rank
-      checkpoint_000004/                 committed checkpoints (or a user checkpoint_dir_name),
-        .phalanx_commit.json             each with its commit record, written last
+      checkpoint_000004/                 committed checkpoints (or a user checkpoint_dir_name)
+      .phalanx_commits/<dir_name>.json   each one's commit record, written last (commit_record.py)
       .staging/<dir_name>.<attempt>/     parts being written; renamed into place on commit
       orphaned_<time>/                   directories set aside, never deleted (see below)
       logs/rank_<r>.log                  each rank's stdout and stderr

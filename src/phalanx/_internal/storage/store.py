@@ -121,10 +121,12 @@ class RunStore(Protocol):
         record: CommitRecord | None = None,
     ) -> str:
         """Make the staged parts the checkpoint ``dir_name``, durable; returns its path.
-        ``record`` (``commit_record.py``) is written into it last, before it is visible."""
+        ``record`` (``commit_record.py``) is written last, once the checkpoint is whole."""
         ...
 
-    def delete_checkpoint(self, dir_name: str) -> None: ...
+    def delete_checkpoint(self, dir_name: str) -> None:
+        """Its commit record first, then its files (a record never outlives them)."""
+        ...
 
     def staged_names(self) -> set[str]:
         """The checkpoint names that have a part staged for a commit that has not happened (a
