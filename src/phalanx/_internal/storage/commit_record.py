@@ -85,7 +85,8 @@ def read_commit_record(storage: RunStore, dir_name: str) -> CommitRecord | None:
 
 def write_commit_record(storage: RunStore, record: CommitRecord) -> None:
     """The record, written whole (a failure leaves none, never half of one)."""
-    storage.filesystem.makedirs(storage.path(COMMIT_RECORDS_DIR), exist_ok=True)
+    if storage.local_path is not None:  # object stores have no directories (and a check costs)
+        storage.filesystem.makedirs(storage.path(COMMIT_RECORDS_DIR), exist_ok=True)
     storage.write_atomic(record_file(record.dir_name), record.encode())
 
 

@@ -30,8 +30,8 @@ from phalanx._internal.storage.claim import LOCK_FILE, Owner, locked_error
 from phalanx._internal.storage.commit_record import (
     COMMIT_RECORDS_DIR,
     CommitRecord,
+    record_file,
     remove_commit_record,
-    write_commit_record,
 )
 from phalanx._internal.storage.local_log import LocalLog, append_whole, fsync_path
 from phalanx._internal.storage.run_storage import (
@@ -159,10 +159,15 @@ class LocalStore(RunStorage, register=True):
     def _write_record(self, record: CommitRecord | None) -> None:
         if record is None:
             return
-        created = not os.path.isdir(self.path(COMMIT_RECORDS_DIR))
-        write_commit_record(self, record)  # temp file, fsync, rename, fsync of the directory
-        if created:  # the records' directory itself durable
-            fsync_path(self.run_path)
+        # Whole (a temporary file renamed), not fsynced: the index entry written next is what
+        # makes the commit durable; the record only has to come after the checkpoint's files
+        # are (they are, above), so one that survives a crash always names a whole checkpoint,
+        # and one a crash took leaves the directory to be set aside, never deleted.
+        os.makedirs(self.path(COMMIT_RECORDS_DIR), exist_ok=True)
+        final = self.path(record_file(record.dir_name))
+        with open(f"{final}.tmp", "wb") as f:
+            f.write(record.encode())
+        os.replace(f"{final}.tmp", final)
 
     def delete_checkpoint(self, dir_name: str) -> None:
         remove_commit_record(self, dir_name)  # first: a record never outlives its files
