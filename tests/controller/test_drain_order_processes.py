@@ -89,7 +89,7 @@ def test_a_round_completed_while_a_failed_attempt_is_torn_down_is_committed(
         if not graceful and not held and self.attempt is not None:
             held.append(True)
             (tmp_path / "go").touch()
-            queued = self.attempt.group.events.queue  # type: ignore[attr-defined]
+            queued = self.attempt.group.events.queue
             wait_until(
                 lambda: any(isinstance(e, Report) and e.checkpoint_dir_name for _, e in queued),
                 30,
