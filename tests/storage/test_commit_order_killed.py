@@ -2,10 +2,11 @@
 test_commit_small_checkpoint.py's metadata test (which records the fsyncs and the rename).
 
 A real driver process commits a checkpoint with metadata and a preprocessor and is SIGKILLed
-the moment the checkpoint is visible (no ``finally``, nothing after it): on local storage right
-after the rename, on S3 (a moto server) right after its commit record is written. Whatever a
-killed driver leaves visible carries them: the driver writes them first (local: into the staged
-directory), never after. (A SIGKILL loses no written file: that the files are also flushed
+(no ``finally``, nothing after it) the moment the checkpoint is visible (local storage: right
+after the rename, before its commit record) or right after its commit record is written (local
+storage and S3, a moto server). Whatever a killed driver leaves visible carries them: the driver
+writes them first (local: into the staged directory), never after. The rerun re-indexes a
+checkpoint with its record and sets one without it aside, whole. (A SIGKILL loses no written file: that the files are also flushed
 before the rename is test_commit_small_checkpoint.py's to see.)
 """
 
@@ -39,10 +40,10 @@ CHILD = textwrap.dedent(
     import os, sys
     from phalanx import Checkpoint
     from phalanx._internal.storage import object_store
-    from phalanx._internal.storage.commit_record import COMMIT_RECORD_FILE, CommitRecord
+    from phalanx._internal.storage.commit_record import CommitRecord, record_file
     from phalanx._internal.storage.run_storage import RunStorage
 
-    part, marker, root, *endpoint = sys.argv[1:]
+    point, part, marker, root, *endpoint = sys.argv[1:]
     fs = None
     if endpoint:
         import s3fs
@@ -60,19 +61,25 @@ CHILD = textwrap.dedent(
         sys.stdin.read()
 
 
-    real_rename, real_write_files = os.rename, object_store.write_files
+    real_rename, real_replace = os.rename, os.replace
+    real_write_record = object_store.write_commit_record
 
     def rename(src, dst, *args, **kwargs):
         real_rename(src, dst, *args, **kwargs)
-        if os.fspath(dst) == final:
+        if point == "rename" and os.fspath(dst) == final:
             die_here()
 
-    def write_files(fs, directory, files):
-        real_write_files(fs, directory, files)
-        if files and COMMIT_RECORD_FILE in files:
+    def replace(src, dst, *args, **kwargs):
+        real_replace(src, dst, *args, **kwargs)
+        if point == "record" and os.fspath(dst) == storage.path(record_file("{name}")):
             die_here()
 
-    os.rename, object_store.write_files = rename, write_files
+    def write_record(store, record):
+        real_write_record(store, record)
+        if point == "record":
+            die_here()
+
+    os.rename, os.replace, object_store.write_commit_record = rename, replace, write_record
     record = CommitRecord("{name}", 0, 0, {{"epoch": 3}})
     storage.commit("{name}", 0, {{"epoch": 3}}, {{"preprocessor.pkl": b"fitted scaler"}}, record)
     """
@@ -85,15 +92,16 @@ def s3() -> Iterator[Any]:
         yield fs
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local: the rename", "local: the record", "s3: the record"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Any, str, list[str]]:
-    """(filesystem, storage_path, the child's store arguments) for one run."""
-    if request.param == "local":
+    """(filesystem, storage_path, the child's arguments: where it dies, its store) for one run."""
+    kind, point = request.param.split(": the ")
+    if kind == "local":
         root = str(tmp_path / "runs")
-        return fsspec.filesystem("file"), root, [root]
+        return fsspec.filesystem("file"), root, [point, root]
     fs = request.getfixturevalue("s3")
     root = f"s3://killed-commit/{uuid.uuid4().hex[:8]}"
-    return fs, root, [root, fs.client_kwargs["endpoint_url"]]
+    return fs, root, [point, root, fs.client_kwargs["endpoint_url"]]
 
 
 def test_a_driver_killed_as_its_checkpoint_becomes_visible_leaves_it_with_its_metadata(
@@ -105,7 +113,8 @@ def test_a_driver_killed_as_its_checkpoint_becomes_visible_leaves_it_with_its_me
     (part / "model.pt").write_bytes(b"weights")
     child_script = tmp_path / "commit_and_die.py"
     child_script.write_text(CHILD)
-    command = [sys.executable, str(child_script), str(part), str(marker), *store_args]
+    point, *where = store_args
+    command = [sys.executable, str(child_script), point, str(part), str(marker), *where]
     with subprocess.Popen(command, stdin=subprocess.PIPE) as child:
         try:
             wait_until(lambda: marker.exists() or child.poll() is not None, 60, "the commit")
@@ -123,10 +132,18 @@ def test_a_driver_killed_as_its_checkpoint_becomes_visible_leaves_it_with_its_me
     assert json.loads(fs.cat_file(f"{final}/.metadata.json")) == {"epoch": 3}
     assert Checkpoint(final, fs).get_metadata() == {"epoch": 3}
 
-    # The rerun finds the commit whole: re-indexed from its record, not set aside.
+    # The rerun re-indexes a commit with its record; without one it sets the directory aside,
+    # whole (metadata and all), never deletes it.
     storage.prepare()
     manager = CheckpointManager(storage, CheckpointConfig())
     manager.load()
-    manager.recover_unindexed()
-    assert [c.dir_name for c in manager.checkpoints] == [DIR_NAME]
-    assert not [p for p in fs.ls(storage.run_path, detail=False) if "orphaned_" in p]
+    recovery = manager.recover_unindexed()
+    aside = [p for p in fs.ls(storage.run_path, detail=False) if "orphaned_" in p]
+    if point == "record":
+        assert [c.dir_name for c in manager.checkpoints] == [DIR_NAME]
+        assert not aside
+    else:
+        assert recovery.set_aside == [DIR_NAME] and manager.checkpoints == []
+        (folder,) = aside
+        assert fs.cat_file(f"{folder}/{DIR_NAME}/preprocessor.pkl") == b"fitted scaler"
+        assert json.loads(fs.cat_file(f"{folder}/{DIR_NAME}/.metadata.json")) == {"epoch": 3}
