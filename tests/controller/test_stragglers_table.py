@@ -10,6 +10,7 @@ import logging
 
 import pytest
 
+from phalanx._internal.controller.anatomy import RankParts, cause
 from phalanx._internal.controller.rounds import Report, Round
 from phalanx._internal.controller.stragglers import (
     CONSECUTIVE,
@@ -86,9 +87,25 @@ def test_which_rank_is_a_straggler(durations, checkpoints, expected):
     assert flagged(durations, checkpoints) == expected
 
 
+def parts(intervals: list[float]) -> list[RankParts]:
+    """Ranks that do not wait for each other: the round is all compute."""
+    return [RankParts(t, 0.0, t, 0.0, 0.0, 1) for t in intervals]
+
+
 def test_slowdown_is_against_the_median_of_the_others():
-    assert slow_ranks([0.1, 0.1, 0.1, 0.2]) == {3: pytest.approx(2.0)}
-    assert slow_ranks([0.1, 0.12, 0.1, 0.11]) == {}
+    [(rank, slow)] = slow_ranks(parts([0.1, 0.1, 0.1, 0.2])).items()
+    assert rank == 3 and slow.ratio == pytest.approx(2.0) and slow.excess_s == pytest.approx(0.1)
+    assert slow_ranks(parts([0.1, 0.12, 0.1, 0.11])) == {}
+
+
+def test_in_lockstep_the_rank_the_others_waited_for_is_slow_by_its_own_time():
+    # every round takes 0.1 s on every rank; rank 1 spent 0.03 s more on data, which the others
+    # spent waiting in the all-reduce
+    lockstep = [RankParts(0.1, 0.0, 0.07, 0.0, 0.03, 1) for _ in range(4)]
+    lockstep[1] = RankParts(0.1, 0.03, 0.07, 0.0, 0.0, 1)
+    [(rank, slow)] = slow_ranks(lockstep).items()
+    assert rank == 1 and slow.lockstep and slow.excess_s == pytest.approx(0.03)
+    assert cause(lockstep, 1, slow.lockstep) == "data"
 
 
 def test_a_period_names_where_the_rank_runs_and_how_long_it_lasted():
@@ -111,9 +128,11 @@ def test_one_warning_per_period_and_none_when_silenced(caplog):
     for round_ in rounds([SLOW_2] * 20):
         watch.on_round(round_)
     [warning] = [r.getMessage() for r in caplog.records if "Straggler" in r.getMessage()]
-    assert "rank 2 (host host2, node node2, GPU 2) took 1.50x" in warning
+    assert warning.startswith("Straggler: rank 2 on host host2 (node node2, GPU 2): compute 50 ms")
+    assert "(rounds 1-5; 1.50x their time)" in warning
     assert "PHALANX_STRAGGLER_DETECTION=0" in warning
-    assert watch.straggling() == {2: 1.5}
+    [(rank, period)] = watch.straggling().items()
+    assert rank == 2 and period["cause"] == "compute" and period["slowdown"] == 1.5
 
     caplog.clear()
     silenced = StragglerWatch(enabled=False)

@@ -51,7 +51,7 @@ def test_a_rank_50_percent_slower_is_named_within_20_steps(storage, engine, capl
     assert 1.3 <= period["slowdown"] <= 1.8
     assert period["host"] and period["node_id"] and period["attempt"] == 1
     [warning] = [r.getMessage() for r in caplog.records if "Straggler" in r.getMessage()]
-    assert warning.startswith(f"Straggler: rank 1 (host {period['host']}")
+    assert warning.startswith(f"Straggler: rank 1 on host {period['host']} (node ")
 
     with open(os.path.join(result.path, "run.json")) as f:
         assert json.load(f)["stragglers"] == [period]

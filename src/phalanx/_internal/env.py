@@ -167,6 +167,17 @@ def straggler_detection() -> bool:
     )
 
 
+def replica_check() -> bool:
+    """``PHALANX_REPLICA_CHECK=0`` turns the replica agreement check off (on by default); read
+    where ``prepare_model`` runs, in each worker."""
+    return os.environ.get("PHALANX_REPLICA_CHECK", "1").strip().lower() not in (
+        "0",
+        "false",
+        "no",
+        "off",
+    )
+
+
 # -- the table of phalanx's own variables ---------------------------------------------------------
 # One row per PHALANX_* variable read above, with its default as the reader applies it: the docs'
 # environment-variables page is generated from it (docs/gen_env_page.py) and
@@ -264,6 +275,12 @@ VARIABLES: tuple[Variable, ...] = (
         "PHALANX_STRAGGLER_DETECTION",
         "1",
         "`0` (or `false`, `no`, `off`) silences straggler detection.",
+    ),
+    Variable(
+        "PHALANX_REPLICA_CHECK",
+        "1",
+        "`0` (or `false`, `no`, `off`) in the workers' environment turns off the replica agreement "
+        "check of models wrapped by `prepare_model` (as `replica_check=False`).",
     ),
     Variable(
         "PHALANX_NOTICE_FILE",

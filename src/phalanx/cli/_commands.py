@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from phalanx._internal.controller.anatomy import excess_line
 from phalanx._internal.goodput import Goodput
 from phalanx._internal.optional import require
 from phalanx._internal.worker.data_position import dataset_records, read_record
@@ -153,6 +154,20 @@ def _show_stragglers(periods: Any, out: Out) -> None:
             f"  rank {p.get('rank')}  {p.get('slowdown')}x  rounds {p.get('first_round')}-"
             f"{p.get('last_round')} of attempt {p.get('attempt')}  {when}  ({where})"
         )
+        if p.get("cause"):  # recorded since the step anatomy (older runs: the line above only)
+            out(f"    {excess_line(p)} than the other ranks; {_parts_line(p)}")
+
+
+def _parts_line(period: dict[str, Any]) -> str:
+    """``per step: data 45 ms (others 4 ms), compute ...`` from a period's seconds."""
+    mine, theirs = period.get("seconds") or {}, period.get("others_seconds") or {}
+    shown = []
+    for part, seconds in mine.items():
+        if is_number(seconds):
+            other = theirs.get(part)
+            versus = f" (others {other * 1000:.0f} ms)" if is_number(other) else ""
+            shown.append(f"{part} {seconds * 1000:.0f} ms{versus}")
+    return f"per {period.get('per', 'round')}: " + ", ".join(shown)
 
 
 def _show_checkpoints(run: RunView, out: Out) -> None:

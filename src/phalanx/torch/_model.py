@@ -14,7 +14,9 @@ import phalanx.session as session
 from phalanx._internal import env
 from phalanx.errors import ConfigError
 from phalanx.torch import _amp as amp
+from phalanx.torch._anatomy import install_step_clock
 from phalanx.torch._devices import get_device
+from phalanx.torch._replicas import check_replica_setting, install_replica_check
 
 __all__ = ["enable_reproducibility", "prepare_model", "reproducibility_seed"]
 
@@ -30,6 +32,8 @@ def prepare_model(
     move_to_device: bool | torch.device = True,
     parallel_strategy: str | None = "ddp",
     parallel_strategy_kwargs: dict[str, Any] | None = None,
+    *,
+    replica_check: bool | int = True,
 ) -> torch.nn.Module:
     """Move ``model`` to this worker's device and wrap it for data-parallel training.
 
@@ -37,6 +41,13 @@ def prepare_model(
     or ``FullyShardedDataParallel`` (``"fsdp"``; on CPU too, with gloo), given
     ``parallel_strategy_kwargs``; ``None`` leaves it unwrapped. ``move_to_device`` may name a
     device instead of this worker's own.
+
+    The wrapped model reports where each step's time goes (waiting for the other ranks in the
+    gradient collectives), so a slow rank is named with its cause even though every rank waits
+    for it. ``replica_check``: DDP replicas (and the replicated dimension of hybrid-sharded
+    FSDP) are compared by a checksum at every round in which the ranks pass a checkpoint, and
+    a round whose replicas differ is not committed; ``N`` also compares every ``N`` rounds,
+    ``False`` never (or ``PHALANX_REPLICA_CHECK=0``).
 
     Example::
 
@@ -48,6 +59,7 @@ def prepare_model(
             "'ddp', 'fsdp' or None."
         )
     kwargs = dict(parallel_strategy_kwargs or {})
+    every = check_replica_setting(replica_check)
     ctx = session.get_context()
     device = move_to_device if isinstance(move_to_device, torch.device) else get_device()
     if device.type == "cuda":
@@ -62,8 +74,12 @@ def prepare_model(
     if parallel_strategy == "ddp":
         if device.type != "cpu":
             kwargs = {"device_ids": [device], "output_device": device, **kwargs}
-        return DistributedDataParallel(model, **kwargs)
-    return _wrap_fsdp(model, device, kwargs)
+        wrapped: torch.nn.Module = DistributedDataParallel(model, **kwargs)
+    else:
+        wrapped = _wrap_fsdp(model, device, kwargs)
+    install_step_clock(wrapped)
+    install_replica_check(wrapped, every)
+    return wrapped
 
 
 def _wrap_fsdp(model: torch.nn.Module, device: torch.device, kwargs: dict[str, Any]) -> Any:

@@ -23,6 +23,7 @@ from functools import partial
 from typing import Any
 
 from phalanx._internal import env
+from phalanx._internal.controller.agreement import ReplicaAgreement
 from phalanx._internal.controller.attempt import Attempt
 from phalanx._internal.controller.commit import RoundCommitter
 from phalanx._internal.controller.events import drain, round_report
@@ -116,6 +117,7 @@ class Controller:
         self.sleep: Callable[[float], None] = time.sleep  # the wait before a retry
         self.growth = GrowthCheck(spec.scaling_config, engine)
         self.stragglers = StragglerWatch(env.straggler_detection())
+        self.agreement = ReplicaAgreement()  # replicas compared before a round commits
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -141,7 +143,7 @@ class Controller:
     def begin(self) -> None:
         """Before the first attempt: callbacks, the progress view, unfinished validations."""
         self._notify("before_run", self.run_context)
-        self.endpoint = start_endpoint(self.spec.run_name, self.goodput)
+        self.endpoint = start_endpoint(self.spec.run_name, self.goodput, self.stragglers)
         self.watcher.start(self.engine.name, self.storage.run_uri)
         resume_unfinished(self.validations, self.manager, self.storage)
 
@@ -188,6 +190,7 @@ class Controller:
             prepare_workers(self.engine, group, self.spec, self.backend)
             ranked = sorted(group.workers, key=lambda w: w.world_rank)
             self.stragglers.on_attempt([w.metadata for w in ranked], attempt.number)
+            self.agreement.on_attempt([w.metadata for w in ranked])
         except WorkerGroupError as exc:
             attempt.failures = exc.worker_failures
             if isinstance(exc, WorkerStartupError):  # its message says why nothing started
@@ -325,6 +328,10 @@ class Controller:
 
     def _commit_complete_rounds(self, attempt: Attempt, finished: set[int]) -> None:
         for round_ in attempt.rounds.pop_complete(attempt.returned_ranks(finished)):
+            diverged = self.agreement.check(round_)
+            if diverged is not None:  # replicas differ: this round and later ones never commit
+                attempt.failures.update(diverged)
+                continue
             self._commit_round(round_)
 
     def _warn_silent_ranks(self, attempt: Attempt, finished: set[int]) -> None:

@@ -36,4 +36,7 @@ def round_report(event: messages.Report) -> Report:
         event.checkpoint_s,
         event.data_wait_s,
         event.data_position,
+        event.collective_s,
+        event.steps,
+        event.replica,
     )

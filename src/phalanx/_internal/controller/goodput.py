@@ -16,9 +16,11 @@ wall time::
   and the restart up to every rank's first line again;
 - inside training: **checkpoints** (per round, the longest a rank was blocked in ``report()``
   saving its checkpoint or waiting for its previous ASYNC upload, or in ``save_state``),
-  **data** (per round, the longest a rank waited for batches: phalanx's datasets, Ray Data's),
-  **stragglers** (per round, from the first rank's report to the last one's; overlapping
-  rounds count once) and **productive**, the rest;
+  **data** (per round, the longest a rank waited for batches: phalanx's datasets, Ray Data's;
+  in a round with a straggler, the median of the other ranks' waits), **stragglers** (per
+  round with a slow rank, as ``controller/anatomy.py`` tells it: how much longer the slowest
+  rank's own time was than the median of the others', whatever its cause, all of which the
+  other ranks spent waiting for it) and **productive**, the rest;
 - **other**: the driver after the last rank returned (teardown, validations, the end of the run),
   and after an elastic resize the work since the last checkpoint.
 
@@ -36,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from phalanx._internal.controller.anatomy import PARTS as STEP_PARTS
+from phalanx._internal.controller.anatomy import RankParts, RoundAnatomy, slow_ranks
 from phalanx._internal.controller.rounds import Round
 from phalanx._internal.fs.access import is_local
 from phalanx._internal.goodput import PARTS, Goodput
@@ -59,7 +63,8 @@ class AttemptClock:
     waits: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_WAITS, 0.0))
     kept: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_WAITS, 0.0))
     kept_at: float | None = None  # when the attempt's last checkpoint was committed
-    straggle_end: float = 0.0  # the end of the last round's first-to-last interval counted
+    # its rounds' parts per rank, checkpoint rounds too (their checkpoint time set apart)
+    anatomy: RoundAnatomy = field(default_factory=lambda: RoundAnatomy(skip_checkpoints=False))
     end: float | None = None
     outcome: str | None = None  # "finished", "failed", "resized", "interrupted"
 
@@ -109,6 +114,8 @@ class RunCounts:
     last_report: dict[int, float] = field(default_factory=dict)  # rank -> its last report
     step_s: dict[int, float] = field(default_factory=dict)  # rank -> between its last 2 reports
     last_to_report: dict[int, int] = field(default_factory=dict)  # rank -> rounds it was last
+    # rank -> its last eligible round's step anatomy, seconds per step (or per round) by part
+    step_parts: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 class GoodputClock:
@@ -173,20 +180,26 @@ class GoodputClock:
                 last, slowest = report.time, rank
         if slowest < 0:
             return
-        waits = attempt.waits
-        waits["checkpoints"] += checkpoint_s
-        waits["data"] += data_s
         if last > first:
             self.counts.last_to_report[slowest] = self.counts.last_to_report.get(slowest, 0) + 1
-            # overlapping rounds count once; a late start is start-up, not a straggler
-            floor = max(attempt.straggle_end, attempt.training_from(self.now()))
-            waits["stragglers"] += max(0.0, last - max(first, floor))
-        attempt.straggle_end = max(attempt.straggle_end, last)
+        waits = attempt.waits
+        waits["checkpoints"] += checkpoint_s
+        parts = attempt.anatomy.parts(round_)
+        if parts is not None and len(parts) > 1:
+            self._note_parts(parts)
+            straggled, data_s = _straggled(parts, data_s)
+            waits["stragglers"] += straggled
+        waits["data"] += data_s
         if commit_s is not None:
             self.counts.commits += 1
             self.counts.commit_s += commit_s
             attempt.kept = dict(waits)
             attempt.kept_at = self.now()
+
+    def _note_parts(self, parts: list[RankParts]) -> None:
+        for rank, rank_parts in enumerate(parts):
+            per = max(rank_parts.steps, 1)
+            self.counts.step_parts[rank] = {n: rank_parts.part(n) / per for n in STEP_PARTS}
 
     def checkpoint_committed(self, filesystem: Any, path: str) -> None:
         """The checkpoint at ``path`` was committed: count its bytes (after the commit, so
@@ -224,6 +237,21 @@ class GoodputClock:
         else:
             total["startup"] += now - self.began
         return Goodput(now - self.began, total, tuple(per_attempt), self.counts.bytes_written)
+
+
+def _straggled(parts: list[RankParts], data_s: float) -> tuple[float, float]:
+    """A round's straggler seconds (the slowest slow rank's excess over the others) and its
+    data seconds: with a straggler, the other ranks' median wait (the straggler's own extra
+    wait for data is in its excess: counted once); else the longest wait."""
+    slow = slow_ranks(parts)
+    if not slow:
+        return 0.0, data_s
+    rank = max(slow, key=lambda r: slow[r].excess_s)
+    others = [p.data for r, p in enumerate(parts) if r != rank]
+    others.sort()
+    middle = len(others) // 2
+    median = others[middle] if len(others) % 2 else (others[middle - 1] + others[middle]) / 2
+    return slow[rank].excess_s, median
 
 
 def tree_bytes(filesystem: Any, path: str) -> int:

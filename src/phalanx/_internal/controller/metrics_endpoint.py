@@ -33,6 +33,8 @@ EXPORTED = {
     "phalanx_train_checkpoint_bytes_written_total": "counter",
     "phalanx_train_step_seconds": "gauge",
     "phalanx_train_last_to_report_total": "counter",
+    "phalanx_train_step_part_seconds": "gauge",
+    "phalanx_train_straggler_excess_seconds": "gauge",
     "phalanx_train_attempts_total": "counter",
     "phalanx_train_failures_total": "counter",
     "phalanx_train_goodput_seconds": "gauge",
@@ -45,13 +47,15 @@ class _RunCollector:
     """Reads the clock on each scrape (in the HTTP server's thread; the controller's thread
     writes: a reading may straddle one update, as a scrape always may)."""
 
-    def __init__(self, run_name: str, clock: GoodputClock) -> None:
+    def __init__(self, run_name: str, clock: GoodputClock, stragglers: Any = None) -> None:
         self.run_name = run_name
         self.clock = clock
+        self.stragglers = stragglers  # a StragglerWatch: the ranks flagged now
 
     def collect(self) -> Iterator[Any]:
         core = require("prometheus_client.core", "PHALANX_METRICS_PORT")
         yield from self._progress(core, [self.run_name])
+        yield from self._anatomy(core, [self.run_name])
         yield from self._goodput(core, [self.run_name])
 
     def _progress(self, core: Any, run: list[str]) -> Iterator[Any]:
@@ -96,6 +100,30 @@ class _RunCollector:
             run,
             counts.last_to_report,
         )
+
+    def _anatomy(self, core: Any, run: list[str]) -> Iterator[Any]:
+        """Each rank's last step by part, and the stragglers flagged now with their cause."""
+        parts = core.GaugeMetricFamily(
+            "phalanx_train_step_part_seconds",
+            "A rank's last eligible round, seconds per step by part (data, compute, checkpoint, "
+            "collective: waiting for the other ranks).",
+            labels=["run", "rank", "part"],
+        )
+        for rank, by_part in sorted(self.clock.counts.step_parts.copy().items()):
+            for part, seconds in by_part.items():
+                parts.add_metric([*run, str(rank), part], seconds)
+        yield parts
+        flagged = core.GaugeMetricFamily(
+            "phalanx_train_straggler_excess_seconds",
+            "While a rank is flagged as a straggler: the seconds per step (or per round) its "
+            "cause part takes more than the other ranks'.",
+            labels=["run", "rank", "host", "cause"],
+        )
+        straggling = self.stragglers.straggling() if self.stragglers is not None else {}
+        for rank, period in sorted(dict(straggling).items()):
+            labels = [*run, str(rank), str(period.get("host")), str(period.get("cause"))]
+            flagged.add_metric(labels, float(period.get("excess_s") or 0.0))
+        yield flagged
 
     def _goodput(self, core: Any, run: list[str]) -> Iterator[Any]:
         goodput = self.clock.snapshot()
@@ -147,6 +175,7 @@ class MetricsEndpoint:
 def start_endpoint(
     run_name: str,
     clock: GoodputClock,
+    stragglers: Any = None,
     address: Callable[[], tuple[str, int] | None] = env.metrics_address,
 ) -> MetricsEndpoint | None:
     """Serve the run's metrics where ``PHALANX_METRICS_PORT`` says; None when it is unset or
@@ -157,7 +186,7 @@ def start_endpoint(
     client = require("prometheus_client", "PHALANX_METRICS_PORT")
     host, port = where
     registry = client.CollectorRegistry(auto_describe=False)
-    registry.register(_RunCollector(run_name, clock))
+    registry.register(_RunCollector(run_name, clock, stragglers))
     try:
         server, thread = client.start_http_server(port, addr=host, registry=registry)
     except OSError as exc:

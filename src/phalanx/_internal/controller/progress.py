@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from phalanx._internal import env
+from phalanx._internal.controller.anatomy import short
 from phalanx._internal.terminal import TERMINAL
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class RunWatcher:
         self.metrics: dict[str, Any] = {}
         self.checkpoints = 0
         self.data = ""  # where the latest committed checkpoint's datasets are ("train epoch 1 42%")
-        self.straggling: dict[int, float] = {}  # rank -> slowdown, set by the controller
+        self.straggling: dict[int, dict[str, Any]] = {}  # rank -> its period (the controller)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tty = False
@@ -139,7 +140,10 @@ class RunWatcher:
         if self.data:
             parts.append(self.data)
         if self.straggling:
-            slow = ", ".join(f"rank {r} {x:.2f}x" for r, x in sorted(self.straggling.items()))
+            slow = ", ".join(
+                f"rank {r} {p['slowdown']:.2f}x ({short(p)})"
+                for r, p in sorted(self.straggling.items())
+            )
             parts.append(f"straggler: {slow}")
         if self.goodput is not None and self.round is not None:
             parts.append(f"goodput {self.goodput().goodput * 100:.0f} %")

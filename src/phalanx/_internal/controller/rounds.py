@@ -28,6 +28,9 @@ class Report:
     checkpoint_s: float = 0.0  # report() blocked saving the checkpoint (goodput)
     data_wait_s: float = 0.0  # waited for batches since the rank's previous report (goodput)
     data_position: dict[str, Any] | None = None  # the rank's data streams after this report
+    collective_s: float = 0.0  # waited in collectives since the previous report (anatomy)
+    steps: int = 0  # training steps since the previous report (0: not counted)
+    replica: tuple[str, int, int] | None = None  # (group, checksum, optimizer steps) to compare
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,23 @@
-"""Straggler detection: the rank whose rounds take clearly longer than everybody else's.
+"""Straggler detection: the rank the others wait for, named with its cause.
 
-A rank's round time is the time between two of its reports, read on the rank's own clock (hosts'
-clocks are never compared). In an eligible round a rank is slow when its round took at least
-SLOWDOWN x the median of the other ranks' (and MIN_EXCESS_S more); CONSECUTIVE slow eligible
-rounds in a row make it a straggler: one WARNING naming it, and a period that lasts until it is
-not slow for CONSECUTIVE eligible rounds in a row. Not eligible, so never a false alarm: a rank's
-first round (compilation, data loading), a round with a checkpoint and the round after it (a
-rank writing the checkpoint is slow for a good reason), a round a rank did not report (it had
-returned). A uniform slowdown (every rank slow together) keeps every ratio near 1.
+Each committed round is split per rank into data, compute, checkpoint and collective seconds
+(``controller/anatomy.py``, from what the ranks report: no round trip of its own). A rank is
+slow in an eligible round when its own time (the round minus its collective waits) is at least
+SLOWDOWN x the median of the other ranks' (LOCKSTEP_SLOWDOWN where their collective waits bear
+it out: in DDP every rank waits for the slowest in each all-reduce, so all report at one pace and
+the slow one is the rank the others waited for), or when its round time itself is (ranks that do
+not wait for each other), and MIN_EXCESS_S more. CONSECUTIVE slow eligible rounds in a row make
+it a straggler: one WARNING naming it and its cause (``"data"``, ``"compute"``,
+``"checkpoint"``, or ``"collective"`` where only its waits differ) with the seconds per step,
+and a period that lasts until it is not slow for CONSECUTIVE eligible rounds in a row. Not
+eligible, so never a false alarm: a rank's first round (compilation, data loading), a round
+with a checkpoint and the round after it (a rank writing the checkpoint is slow for a good
+reason), a round a rank did not report (it had returned). A uniform slowdown (every rank slow
+together) keeps every ratio near 1.
 
-What this cannot see: ranks that wait for each other in a collective every step (DDP) report at
-the same pace, the straggler's delay spread over everybody; the hang roll call names such a rank
-once it stops the others outright.
+Without a model prepared by ``prepare_model`` (or phalanx's own collectives) the collective
+waits are not measured: ranks in lockstep then look alike, and only the hang roll call names
+a rank that stops the others outright.
 
 Example::
 
@@ -28,14 +34,42 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from phalanx._internal.controller.anatomy import (
+    MIN_EXCESS_S,
+    PARTS,
+    SLOWDOWN,
+    RankParts,
+    RoundAnatomy,
+    Slow,
+    excess_line,
+    others_median,
+    slow_ranks,
+)
 from phalanx._internal.controller.rounds import Round
 from phalanx._internal.engines.base import WorkerMetadata
 
+__all__ = [
+    "CONSECUTIVE",
+    "MIN_EXCESS_S",
+    "SLOWDOWN",
+    "StragglerDetector",
+    "StragglerWatch",
+    "describe",
+    "slow_ranks",
+]
+
 logger = logging.getLogger(__name__)
 
-SLOWDOWN = 1.3  # round time >= this x the median of the other ranks' is slow
 CONSECUTIVE = 5  # slow eligible rounds in a row to flag a rank (and fast ones to clear it)
-MIN_EXCESS_S = 0.01  # and at least this much slower: sub-millisecond rounds jitter by 30 %
+
+CAUSE_HINTS = {
+    "data": "its input pipeline: a slow disk or network from that host, too few DataLoader "
+    "workers, costly map_batches work, an uneven data shard",
+    "compute": "that node: a throttled or failing GPU, a noisy neighbour on its CPUs, or "
+    "uneven work in its batches",
+    "checkpoint": "its checkpoint writes: storage that is slow from that host",
+    "collective": "its network link, or collectives that rank calls on its own",
+}
 
 
 @dataclass
@@ -46,73 +80,107 @@ class _RankState:
     first_round: int = 0  # of the current run of slow rounds
     started: float = 0.0  # the rank's report time in that round
     period: dict[str, Any] | None = None  # open period
+    lockstep: int = 0  # slow rounds named by own time (vs round time)
+    mine: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+    theirs: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+    steps: int = 0  # steps over the slow rounds (0 in any of them: per round)
+    rounds: int = 0
+    counted_steps: bool = True
 
+    def reset(self) -> None:
+        self.ratios = []
+        self.lockstep = self.steps = self.rounds = 0
+        self.counted_steps = True
+        self.mine = dict.fromkeys(PARTS, 0.0)
+        self.theirs = dict.fromkeys(PARTS, 0.0)
 
-def slow_ranks(durations: list[float]) -> dict[int, float]:
-    """``{rank: its round time / the median of the others'}`` for the slow ranks of a round."""
-    slow = {}
-    for rank, took in enumerate(durations):
-        others = statistics.median(durations[:rank] + durations[rank + 1 :])
-        if took >= SLOWDOWN * others and took - others >= MIN_EXCESS_S:
-            slow[rank] = took / others if others > 0 else float("inf")
-    return slow
+    def add(self, parts: list[RankParts], rank: int, slow: Slow) -> None:
+        self.ratios.append(slow.ratio)
+        self.lockstep += slow.lockstep
+        self.rounds += 1
+        self.steps += parts[rank].steps
+        self.counted_steps = self.counted_steps and parts[rank].steps > 0
+        for name in PARTS:
+            values = [p.part(name) for p in parts]
+            self.mine[name] += values[rank]
+            self.theirs[name] += others_median(values, rank)
+
+    def summary(self) -> dict[str, Any]:
+        """The period's cause and its seconds per step (or per round) of the rank and, as the
+        median of theirs, of the other ranks."""
+        per = self.steps if self.counted_steps and self.steps else self.rounds
+        mine = {n: round(v / per, 6) for n, v in self.mine.items()}
+        theirs = {n: round(v / per, 6) for n, v in self.theirs.items()}
+        lockstep = self.lockstep * 2 >= self.rounds
+        named = max(
+            ("data", "compute", "checkpoint") if lockstep else PARTS,
+            key=lambda n: mine[n] - theirs[n],
+        )
+        return {
+            "slowdown": round(statistics.median(self.ratios), 2),
+            "cause": named,
+            "excess_s": round(mine[named] - theirs[named], 6),
+            "per": "step" if self.counted_steps and self.steps else "round",
+            "seconds": mine,
+            "others_seconds": theirs,
+        }
 
 
 class StragglerDetector:
     """Fed every committed round of one attempt; returns the stragglers it newly flags.
 
     ``periods`` lists every period of this attempt (open ones with ``last_round`` so far),
-    as plain data: rank, host, node_id, gpu_ids, slowdown (median ratio), first/last round,
-    started/ended (the rank's report times, seconds since 1970), attempt."""
+    as plain data: rank, host, node_id, gpu_ids, slowdown (median ratio), cause, excess_s
+    (the cause's seconds more than the other ranks', per step or per round as ``per`` says),
+    seconds and others_seconds (each part per step: the rank's, the median of the others'),
+    first/last round, started/ended (the rank's report times, seconds since 1970), attempt."""
 
     def __init__(self, workers: list[WorkerMetadata], attempt: int) -> None:
         self.workers = workers
         self.attempt = attempt
         self.periods: list[dict[str, Any]] = []
         self._states = [_RankState() for _ in workers]
-        self._previous: list[float] | None = None  # each rank's last report time
-        self._after_checkpoint = False
+        self._anatomy = RoundAnatomy()
 
     def observe(self, round_: Round) -> list[dict[str, Any]]:
         reports = round_.reports
         if len(reports) < 2 or len(reports) != len(self._states):
             return []
-        if any(r is None for r in reports):  # a rank had returned: the group is winding down
-            self._previous = None
+        parts = self._anatomy.parts(round_)
+        if parts is None:
             return []
-        times = [r.time for r in reports if r is not None]
-        previous, self._previous = self._previous, times
-        checkpointed = any(r.checkpoint_dir_name for r in reports if r is not None)
-        after_checkpoint, self._after_checkpoint = self._after_checkpoint, checkpointed
-        if previous is None or checkpointed or after_checkpoint:
-            return []
-        slow = slow_ranks([now - before for now, before in zip(times, previous, strict=True)])
+        slow = slow_ranks(parts)
         flagged = []
         for rank, state in enumerate(self._states):
-            if self._update(rank, state, slow.get(rank), round_.index, times[rank]):
+            at = reports[rank].time  # type: ignore[union-attr]
+            if self._update(rank, state, parts, slow.get(rank), round_.index, at):
                 flagged.append(state.period)
         return [p for p in flagged if p is not None]
 
     def _update(
-        self, rank: int, state: _RankState, ratio: float | None, index: int, at: float
+        self,
+        rank: int,
+        state: _RankState,
+        parts: list[RankParts],
+        slow: Slow | None,
+        index: int,
+        at: float,
     ) -> bool:
         """One eligible round of ``rank``; True when it just became a straggler."""
-        if ratio is None:
+        if slow is None:
             state.slow_run, state.fast_run = 0, state.fast_run + 1
             if state.period is None:
-                state.ratios = []
+                state.reset()
             elif state.fast_run >= CONSECUTIVE:
                 state.period = None
-                state.ratios = []
+                state.reset()
             return False
         if state.slow_run == 0 and state.period is None:
             state.first_round, state.started = index, at
         state.slow_run, state.fast_run = state.slow_run + 1, 0
-        state.ratios.append(ratio)
+        state.add(parts, rank, slow)
         if state.period is not None:
-            state.period.update(
-                last_round=index, ended=at, slowdown=round(statistics.median(state.ratios), 2)
-            )
+            state.period.update(last_round=index, ended=at, **state.summary())
             return False
         if state.slow_run < CONSECUTIVE:
             return False
@@ -122,7 +190,7 @@ class StragglerDetector:
             "host": worker.host,
             "node_id": worker.node_id,
             "gpu_ids": list(worker.gpu_ids),
-            "slowdown": round(statistics.median(state.ratios), 2),
+            **state.summary(),
             "first_round": state.first_round,
             "last_round": index,
             "started": state.started,
@@ -132,13 +200,9 @@ class StragglerDetector:
         self.periods.append(state.period)
         return True
 
-    def straggling(self) -> dict[int, float]:
-        """``{rank: slowdown}`` of the ranks flagged now (for the progress view)."""
-        return {
-            rank: state.period["slowdown"]
-            for rank, state in enumerate(self._states)
-            if state.period is not None
-        }
+    def straggling(self) -> dict[int, dict[str, Any]]:
+        """``{rank: its open period}`` of the ranks flagged now (for the progress view)."""
+        return {rank: state.period for rank, state in enumerate(self._states) if state.period}
 
 
 class StragglerWatch:
@@ -162,21 +226,24 @@ class StragglerWatch:
             self.periods.append(period)
             logger.warning(describe(period))
 
-    def straggling(self) -> dict[int, float]:
+    def straggling(self) -> dict[int, dict[str, Any]]:
         return self._detector.straggling() if self._detector is not None else {}
 
 
 def describe(period: dict[str, Any]) -> str:
     """The WARNING for a rank just flagged."""
-    gpus = period["gpu_ids"]
-    where = f"host {period['host']}, node {period['node_id']}" + (
-        f", GPU {', '.join(map(str, gpus))}" if gpus else ""
-    )
+    cause_name = period.get("cause", "compute")
     return (
-        f"Straggler: rank {period['rank']} ({where}) took {period['slowdown']:.2f}x the median "
-        f"round time of the other ranks for {CONSECUTIVE} rounds in a row (rounds "
-        f"{period['first_round']}-{period['last_round']}). A slow rank slows every rank that "
-        "waits for it in a collective.\nHINT: check that node (a throttled or failing GPU, a "
-        "noisy neighbour, an uneven data shard); PHALANX_STRAGGLER_DETECTION=0 silences this "
-        "check."
+        f"Straggler: {where(period)}: {excess_line(period)} than the other ranks for "
+        f"{CONSECUTIVE} rounds in a row (rounds {period['first_round']}-{period['last_round']}; "
+        f"{period['slowdown']:.2f}x their time). A slow rank slows every rank that waits for it "
+        f"in a collective.\nHINT: check {CAUSE_HINTS.get(cause_name, 'that node')}; "
+        "PHALANX_STRAGGLER_DETECTION=0 silences this check."
     )
+
+
+def where(period: dict[str, Any]) -> str:
+    """``rank 2 on host h3 (node n3, GPU 2)``."""
+    gpus = period.get("gpu_ids") or []
+    extra = f"node {period.get('node_id')}" + (f", GPU {', '.join(map(str, gpus))}" if gpus else "")
+    return f"rank {period.get('rank')} on host {period.get('host')} ({extra})"

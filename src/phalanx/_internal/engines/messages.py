@@ -8,7 +8,10 @@ training step, where a tuple is the cheapest thing to pickle, and readable by
                                                              "checkpoint_class": name,
                                                              "checkpoint_s": seconds,
                                                              "data_wait_s": seconds,
-                                                             "started": time}])
+                                                             "started": time,
+                                                             "collective_s": seconds,
+                                                             "steps": count,
+                                                             "replica": (group, sum, steps)}])
     ("preempting", time)          # the local worker got SIGTERM
     ("poll",)                     # wake the driver: a rank waits for a validation to finish
     ("poll", round)               # and: a rank waits until every round before `round` is processed
@@ -48,6 +51,11 @@ class Report:
     started: float | None = None
     # Each data stream's position after this report (``DataPositions.snapshot()``), or None
     data_position: dict[str, Any] | None = None
+    # The step anatomy (worker/step_anatomy.py): seconds waited in collectives and steps taken
+    # since the rank's last report; its replica checksum when the round is one to compare.
+    collective_s: float = 0.0
+    steps: int = 0
+    replica: tuple[str, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +151,9 @@ def decode(wire: tuple[Any, ...]) -> Message:
             extras.get("data_wait_s", 0.0),
             extras.get("started"),
             extras.get("data_position"),
+            extras.get("collective_s", 0.0),
+            extras.get("steps", 0),
+            extras.get("replica"),
         )
     if kind == "ret" and size == 4:
         return Return(wire[1], wire[2], wire[3])
@@ -179,6 +190,9 @@ def in_process_event(wire: tuple[Any, ...]) -> Event:
                 r.data_wait_s,
                 r.started,
                 r.data_position,  # a new dict per report(): snapshot() builds it
+                r.collective_s,
+                r.steps,
+                r.replica,
             )
         case Preempting() | Poll() as event:
             return event

@@ -16,6 +16,7 @@ from typing import Any
 import cloudpickle
 
 from phalanx._internal.storage.run_storage import STAGING_DIR
+from phalanx._internal.worker.step_anatomy import collective_wait
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,15 @@ def _ensure_dir(storage: Any, directory: str) -> None:
 
 
 def _wait_for(storage: Any, relative: str, what: str, rank: int) -> bytes:
+    """The file once it is there; the wait counts as a collective wait (the step anatomy)."""
+    began = time.perf_counter()
+    try:
+        return _poll(storage, relative, what, rank)
+    finally:
+        collective_wait.add(time.perf_counter() - began)
+
+
+def _poll(storage: Any, relative: str, what: str, rank: int) -> bytes:
     delay, started, warned = FIRST_POLL_S, time.monotonic(), 0.0
     while (data := storage.read(relative)) is None:
         time.sleep(delay)

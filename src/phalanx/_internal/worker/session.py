@@ -33,6 +33,7 @@ from phalanx._internal.worker.report_checks import (
 )
 from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
 from phalanx._internal.worker.state_writer import StateWriter, pending_write
+from phalanx._internal.worker.step_anatomy import RankAnatomy
 from phalanx._internal.worker.uploader import (
     BackgroundUploader,
     check_deletable,
@@ -98,6 +99,8 @@ class Session:
         self.state_writer: StateWriter | None = None  # phalanx.torch.save_state's writes
         self.started: float | None = None  # when the training function started, until reported
         self.interrupted = False  # the attempt failed elsewhere: the next report() ends the call
+        self.anatomy = RankAnatomy()  # collective waits, steps, replica checksums (prepare_model)
+        self.profile: Any = None  # a `phalanx profile` request to start at the next report()
 
     def report(
         self,
@@ -125,6 +128,7 @@ class Session:
         message: tuple[Any, ...] = ("report", index, metrics, dir_name, time.time())
         extras = _message_extras(validation, checkpoint)
         self._add_timings(extras)
+        self.anatomy.add_to(extras, index, checkpoint is not None)
         self._add_position(extras)
         if extras:
             message += (extras,)
