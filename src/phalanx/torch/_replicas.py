@@ -6,8 +6,8 @@ the same all-reduced gradients. One whose bits differ (a flipped bit, a bad GPU,
 is not deterministic on one host) would train on and be checkpointed as if nothing happened;
 the driver compares the checksums of a round before it commits (``controller/agreement.py``).
 
-The checksum reads each parameter's bytes as 64-bit integers where its size and alignment
-allow (else 32, 16 or 8 bits) and sums them with wrap-around, on the device the parameter lives
+The checksum reads each parameter's bytes as 64-bit integers where its size allows (else 32,
+16 or 8 bits) and sums them with wrap-around, on the device the parameter lives
 on; the per-parameter sums are combined with odd weights. A single flipped bit changes one sum
 by a power of two below 2**64, times an odd weight: never zero modulo 2**64, so it is always
 seen. It costs one read of the parameters (~10 GB/s on one CPU core), at the rounds compared:
@@ -68,12 +68,14 @@ def _sum(tensor: torch.Tensor) -> torch.Tensor:
     offset = flat.storage_offset() * flat.element_size()
     if nbytes == 0:
         return torch.zeros((), dtype=torch.int64, device=flat.device)
-    for width, dtype in _WIDTHS:
-        if nbytes % width == 0 and offset % width == 0 and width >= flat.element_size():
-            ints = flat.view(dtype)
-            break
-    else:  # element wider than its alignment allows (never for a parameter): bytes
-        ints = flat.view(torch.uint8)
+    # The width depends on the size only, so that equal bits give equal sums wherever they lie
+    # (a view at an odd offset is copied first: a view of other width needs its alignment)
+    width, dtype = next((w, d) for w, d in _WIDTHS if nbytes % w == 0)
+    if width < flat.element_size():  # an element wider than 8 bytes (never a parameter)
+        width, dtype = 1, torch.uint8
+    if offset % width:
+        flat = flat.clone()
+    ints = flat.view(dtype)
     if ints.dtype == torch.uint8:
         return ints.sum().to(torch.int64)
     return ints.sum(dtype=ints.dtype).to(torch.int64)  # wraps: a checksum, not a count

@@ -1,0 +1,142 @@
+"""Stragglers in lockstep DDP: every rank waits for the slowest in each all-reduce, so all report
+at one pace; the step anatomy names the slow rank and its cause anyway.
+
+4 DDP ranks (gloo), one slowed 40 ms per step by (a) its DataLoader, (b) compute before
+backward, (c) its ``phalanx.data`` shard's reads; it is named, with its cause, within 20 steps,
+and a clean run names nobody. One trial per case here (the suite's time); ``bench/anatomy.py``
+runs 10 of each and reports how often the rank and cause were named.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import phalanx as train
+from phalanx import RunConfig, ScalingConfig
+from phalanx.data._dataset import Dataset
+from phalanx.data._source import Source
+
+torch = pytest.importorskip("torch")
+from phalanx.torch import TorchTrainer, prepare_data_loader, prepare_model  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SLOW_S = 0.04
+SLOW_RANK = 2
+STEPS = 24
+BATCH = 8
+
+
+def _rank() -> int:
+    return train.get_context().get_world_rank()
+
+
+class LoaderRows(torch.utils.data.Dataset):
+    """Rows of a map-style dataset; on the slow rank each batch takes SLOW_S to load."""
+
+    def __init__(self, slow: bool) -> None:
+        self.slow = slow
+
+    def __len__(self) -> int:
+        return 4 * STEPS * BATCH
+
+    def __getitem__(self, i: int):
+        if self.slow:
+            time.sleep(SLOW_S / BATCH)
+        return torch.full((6,), float(i % 7)), torch.ones(1)
+
+
+class SlowReads(Source):
+    """A phalanx.data source whose reads take SLOW_S per batch on the slow rank only."""
+
+    def __init__(self, rows: int) -> None:
+        self.schema = pa.schema([("x", pa.float32())])
+        self.fragment_rows = np.full(rows // BATCH, BATCH, dtype=np.int64)
+
+    def read(self, piece, batch_rows):
+        if _rank() == SLOW_RANK:
+            time.sleep(SLOW_S)
+        yield pa.record_batch({"x": np.ones(piece.num_rows, np.float32)}, schema=self.schema)
+
+    def subset(self, fragments):
+        return SlowReads(len(fragments) * BATCH)
+
+    def describe(self) -> str:
+        return "slow reads on one rank"
+
+
+def lockstep_loop(config):
+    slow = config["slow"] if _rank() == SLOW_RANK else None
+    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Linear(16, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    if config["slow"] == "phalanx.data":
+        batches = (
+            (torch.ones(len(b["x"]), 6), torch.ones(len(b["x"]), 1))
+            for b in train.get_dataset_shard("train").iter_batches(
+                batch_size=BATCH, prefetch_batches=0
+            )
+        )
+    else:
+        rows = LoaderRows(slow == "loader")
+        batches = iter(prepare_data_loader(torch.utils.data.DataLoader(rows, batch_size=BATCH)))
+    for step in range(STEPS):
+        x, y = next(batches)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if slow == "compute":
+            time.sleep(SLOW_S)  # extra work before backward: the others wait in its all-reduce
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        time.sleep(0.01)  # the rest of a step
+        train.report({"step": step})
+
+
+def fit(storage, slow, engine="local"):
+    datasets = None
+    if slow == "phalanx.data":
+        datasets = {"train": Dataset(SlowReads(4 * STEPS * BATCH))}
+    resources = {"CPU": 0.25} if engine == "ray" else None
+    return TorchTrainer(
+        lockstep_loop,
+        train_loop_config={"slow": slow},
+        scaling_config=ScalingConfig(num_workers=4, engine=engine, resources_per_worker=resources),
+        run_config=RunConfig(name=f"slow-{slow}", storage_path=storage),
+        datasets=datasets,
+    ).fit()
+
+
+def assert_named(result, cause):
+    assert result.error is None, result.error
+    [period] = result.stragglers
+    assert (period["rank"], period["cause"]) == (SLOW_RANK, cause), period
+    assert period["first_round"] + 5 <= 20 and period["per"] == "step"
+    # the 40 ms that were injected, as seconds per step more than the other ranks
+    assert 0.6 * SLOW_S <= period["excess_s"] <= 1.6 * SLOW_S, period
+    mine, theirs = period["seconds"], period["others_seconds"]
+    assert theirs["collective"] - mine["collective"] >= 0.5 * SLOW_S  # they waited for it
+    # the goodput: most of the others' wait is the straggler's
+    goodput = result.goodput.seconds
+    assert goodput["stragglers"] >= 0.5 * SLOW_S * (STEPS - 6), goodput
+
+
+@pytest.mark.parametrize(
+    ("slow", "cause"),
+    [("loader", "data"), ("compute", "compute"), ("phalanx.data", "data")],
+)
+def test_the_slow_rank_and_its_cause_are_named(storage, slow, cause):
+    assert_named(fit(storage, slow), cause)
+
+
+def test_a_clean_run_names_nobody(storage):
+    result = fit(storage, None)
+    assert result.error is None and result.stragglers == []
+    goodput = result.goodput
+    assert goodput.seconds["stragglers"] <= 0.03 * goodput.wall_s, goodput.seconds
+
+
+def test_on_the_ray_engine(storage, local_ray):
+    assert_named(fit(storage, "compute", engine="ray"), "compute")
