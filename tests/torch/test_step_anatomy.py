@@ -140,3 +140,33 @@ def test_a_clean_run_names_nobody(storage):
 
 def test_on_the_ray_engine(storage, local_ray):
     assert_named(fit(storage, "compute", engine="ray"), "compute")
+
+
+def same_training_loop(config):
+    import copy
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Linear(16, 3))
+    plain = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(module))
+    timed = prepare_model(module)
+    models = (plain, timed)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    data = torch.Generator().manual_seed(_rank())
+    for step in range(6):
+        x, y = torch.randn(5, 6, generator=data), torch.randn(5, 3, generator=data)
+        for model, optimizer in zip(models, optimizers, strict=True):
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+        train.report({"step": step})
+    return [[p.detach().clone() for p in m.parameters()] for m in models]
+
+
+def test_the_timed_all_reduce_trains_bitwise_as_ddps_own(storage):
+    result = TorchTrainer(
+        same_training_loop,
+        scaling_config=ScalingConfig(num_workers=3),
+        run_config=RunConfig(name="same", storage_path=storage),
+    ).fit()
+    plain, timed = result.return_value
+    assert all(torch.equal(a, b) for a, b in zip(plain, timed, strict=True))

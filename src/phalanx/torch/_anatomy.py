@@ -71,16 +71,26 @@ class DDPStepClock:
         else:
             tensor.mul_(self.scale)  # what DDP's own reducer does: bitwise the same result
             work = dist.all_reduce(tensor, group=self.process_group, async_op=True)
+            if not cuda:  # one callback: the all-reduce's own future, its time noted
+                return work.get_future().then(self._reduced_on_host)
             future = work.get_future().then(_first)
         if cuda:
             return future.then(lambda f: self._done_on_device(f, ready))
         return future.then(self._done_on_host)
 
     def _done_on_host(self, future: Any) -> torch.Tensor:
+        self._note_done()
+        return future.value()  # type: ignore[no-any-return]
+
+    def _reduced_on_host(self, future: Any) -> torch.Tensor:
+        self._note_done()
+        return future.value()[0]  # type: ignore[no-any-return]
+
+    def _note_done(self) -> None:
         now = time.perf_counter()
         with self._lock:
-            self._done_at = max(self._done_at, now)
-        return future.value()  # type: ignore[no-any-return]
+            if now > self._done_at:
+                self._done_at = now
 
     def _done_on_device(self, future: Any, ready: Any) -> torch.Tensor:
         if ready is not None:  # the last bucket: its all-reduce is done on this stream
