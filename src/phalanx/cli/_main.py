@@ -7,6 +7,7 @@ phalanx plot <run>... [--metric M ...] [-o FILE]     metric curves (FILE: .png/.
 phalanx compare <run> <run>...                       configs and metrics side by side
 phalanx metrics <run> [--all-ranks]                  the full metrics history as a table
 phalanx serve <checkpoint or run> [--port P] [--ray]  answer HTTP requests with the model
+phalanx profile <run> [--rank R] [--seconds N]       flame graph + torch.profiler trace of a rank
 phalanx migrate <path>... [--write | --check]        port Ray Train code to phalanx
 
 <run> is a run directory (result.path): <storage_path>/<name>, or a run's name as `phalanx ls`
@@ -25,6 +26,7 @@ from phalanx._internal.optional import MissingDependencyError
 from phalanx._version import __version__
 from phalanx.cli import _commands as commands
 from phalanx.cli import _migrate as migrate
+from phalanx.cli import _profile as profile
 from phalanx.cli import _serve as serve
 from phalanx.cli._runs import CLIError, RunView, find_runs, open_run
 from phalanx.errors import StorageError
@@ -66,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     metrics.add_argument("run")
     metrics.add_argument("--all-ranks", action="store_true", help="every rank's reports")
     serve.add_parser(sub)
+    profile.add_parser(sub)
     migrate.add_parser(sub)
     return parser
 
@@ -91,6 +94,8 @@ def _run(args: argparse.Namespace, out: Callable[[str], None]) -> None:
         commands.compare(_open_all(args.runs), args.all, out)
     elif args.command == "serve":
         serve.serve(args)
+    elif args.command == "profile":
+        profile.profile(args, out)
     else:
         commands.metrics(open_run(args.run), args.all_ranks, out)
 

@@ -62,6 +62,7 @@ from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.history import MetricsHistory
 from phalanx._internal.storage.reader import RunReader
 from phalanx._internal.storage.run_storage import RunStorage
+from phalanx._internal.worker.profiling import write_workers
 from phalanx._internal.worker.session import init_session
 from phalanx._internal.worker_group.group import WorkerGroup
 from phalanx.callbacks import Callback
@@ -191,6 +192,7 @@ class Controller:
             ranked = sorted(group.workers, key=lambda w: w.world_rank)
             self.stragglers.on_attempt([w.metadata for w in ranked], attempt.number)
             self.agreement.on_attempt([w.metadata for w in ranked])
+            write_workers(self.storage.local_path, attempt.number, [w.metadata for w in ranked])
         except WorkerGroupError as exc:
             attempt.failures = exc.worker_failures
             if isinstance(exc, WorkerStartupError):  # its message says why nothing started

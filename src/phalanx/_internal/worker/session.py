@@ -25,6 +25,7 @@ from phalanx._internal.worker import checkpoint_wait, data_wait
 from phalanx._internal.worker.code_origins import load_function
 from phalanx._internal.worker.data_position import DataPositions, dataset_key
 from phalanx._internal.worker.metrics import checked_metrics
+from phalanx._internal.worker.profiling import ProfileWatch
 from phalanx._internal.worker.report_checks import (
     check_checkpoint,
     check_upload_fn,
@@ -100,7 +101,8 @@ class Session:
         self.started: float | None = None  # when the training function started, until reported
         self.interrupted = False  # the attempt failed elsewhere: the next report() ends the call
         self.anatomy = RankAnatomy()  # collective waits, steps, replica checksums (prepare_model)
-        self.profile: Any = None  # a `phalanx profile` request to start at the next report()
+        # `phalanx profile`'s requests for a torch.profiler trace of this rank's next steps
+        self.profile = ProfileWatch(self.storage.local_path, self.context.world_rank)
 
     def report(
         self,
@@ -129,6 +131,7 @@ class Session:
         extras = _message_extras(validation, checkpoint)
         self._add_timings(extras)
         self.anatomy.add_to(extras, index, checkpoint is not None)
+        self.profile.poll()
         self._add_position(extras)
         if extras:
             message += (extras,)
@@ -289,6 +292,7 @@ class Session:
 
     def finish(self) -> None:
         """Wait for pending uploads (and the reports behind them); raise an upload's error."""
+        self.profile.close()
         try:
             if self._uploader is not None:
                 try:

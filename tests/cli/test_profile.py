@@ -1,0 +1,98 @@
+"""``phalanx profile <run> --rank R --seconds N`` on a running run: a py-spy flame graph of that
+rank's process and a torch.profiler trace of its next steps land in the run directory, on the
+local and Ray engines; a rank that does not exist, or a run that is not running, is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from _helpers import fit_in_thread, fit_result, wait_for_file
+
+import phalanx as train
+from phalanx import RunConfig, ScalingConfig
+from phalanx.cli import main as cli_main
+
+torch = pytest.importorskip("torch")
+from phalanx.torch import TorchTrainer, prepare_model  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def profiled_loop(config):
+    model = prepare_model(torch.nn.Linear(32, 32))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 32)
+    for step in range(5000):
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+        time.sleep(0.01)
+        train.report({"step": step})
+        if step == 3 and train.get_context().get_world_rank() == 0:
+            open(config["started"], "w").close()
+        if os.path.exists(config["stop"]):
+            return
+
+
+def test_a_flame_graph_and_a_trace_of_one_running_rank(storage, tmp_path, capsys):
+    profile_a_running_rank(storage, tmp_path, capsys, "local")
+
+
+def test_on_the_ray_engine(storage, tmp_path, capsys, local_ray):
+    profile_a_running_rank(storage, tmp_path, capsys, "ray")
+
+
+def profile_a_running_rank(storage, tmp_path, capsys, engine):
+    started, stop = str(tmp_path / "started"), str(tmp_path / "stop")
+    trainer = TorchTrainer(
+        profiled_loop,
+        train_loop_config={"started": started, "stop": stop},
+        scaling_config=ScalingConfig(
+            num_workers=2,
+            engine=engine,
+            resources_per_worker={"CPU": 0.5} if engine == "ray" else None,
+        ),
+        run_config=RunConfig(name="profiled", storage_path=storage, verbose=0),
+    )
+    runner, outcome = fit_in_thread(trainer)
+    run_dir = os.path.join(storage, "profiled")
+    try:
+        wait_for_file(started, timeout_s=120)
+        with open(os.path.join(run_dir, "profile", "workers.json")) as f:
+            pid = json.load(f)["workers"][1]["pid"]
+        capsys.readouterr()
+        code = cli_main(["profile", run_dir, "--rank", "1", "--seconds", "1", "--steps", "3"])
+        said = capsys.readouterr()
+        assert code == 0, said.err
+    finally:
+        open(stop, "w").close()
+    fit_result(runner, outcome, 120)
+    assert f"profiling rank 1 (pid {pid} on " in said.out
+    files = sorted(os.listdir(os.path.join(run_dir, "profile")))
+    [flame] = [f for f in files if f.endswith(".svg")]
+    [trace] = [f for f in files if f.endswith(".trace.json")]
+    assert flame.startswith("rank-1-") and f"wrote {os.path.join(run_dir, 'profile', flame)}" in (
+        said.out
+    )
+    with open(os.path.join(run_dir, "profile", flame)) as f:
+        assert "profiled_loop" in f.read()  # the training function's own frames
+    with open(os.path.join(run_dir, "profile", trace)) as f:
+        events = json.load(f)["traceEvents"]
+    assert any(e.get("name", "").startswith("aten::") for e in events)  # torch's own ops
+
+
+def test_a_rank_that_does_not_exist_or_a_run_that_ended_is_refused(storage, capsys):
+    TorchTrainer(
+        lambda config: train.report({"step": 0}),
+        scaling_config=ScalingConfig(num_workers=2, engine="local"),
+        run_config=RunConfig(name="ended", storage_path=storage, verbose=0),
+    ).fit()
+    run_dir = os.path.join(storage, "ended")
+    assert cli_main(["profile", run_dir, "--rank", "2"]) == 2
+    assert "there is no rank 2" in capsys.readouterr().err
+    assert cli_main(["profile", run_dir, "--rank", "1", "--seconds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "is not running" in err and "HINT:" in err
