@@ -221,8 +221,9 @@ def lockstep_loop(config: dict[str, Any]) -> None:
                 return 4 * DETECT_STEPS * BATCH
 
             def __getitem__(self, i: int) -> Any:
-                if delay:
-                    time.sleep(delay / BATCH)
+                self.calls = getattr(self, "calls", 0) + 1
+                if delay and self.calls % BATCH == 1:  # one sleep per batch: one overshoot
+                    time.sleep(delay)
                 return torch.ones(6), torch.ones(1)
 
         batches = iter(prepare_data_loader(torch.utils.data.DataLoader(Rows(), batch_size=BATCH)))
@@ -377,8 +378,8 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     if "flip" in meta["systems"]:
         trials = _sum(runs, "flip", "flip_trials")
         lines += [
-            f"Flipped bit in one of 3 DDP replicas ({trials:.0f} trials, random step, rank, mantissa bit, "
-            f"parameter, bit): named before the next checkpoint commits "
+            f"Flipped bit in one of 3 DDP replicas ({trials:.0f} trials, random step, rank, "
+            f"parameter and mantissa bit): named before the next checkpoint commits "
             f"{_sum(runs, 'flip', 'flip_named'):.0f}/{trials:.0f}; ended bitwise equal to a run "
             f"restarted from the same checkpoint {_sum(runs, 'flip', 'flip_equal'):.0f}/"
             f"{trials:.0f}.",
