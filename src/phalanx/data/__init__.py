@@ -36,12 +36,14 @@ from phalanx.data._dataset import (
 )
 from phalanx.data._ingest import as_dataset
 from phalanx.data._iterator import DataIterator
+from phalanx.data._mix import MixStoppingCondition
 
 __all__ = [
     "DataIterator",
     "Dataset",
     "ExecutionOptions",
     "ExecutionResources",
+    "MixStoppingCondition",
     "as_dataset",
     "from_arrow",
     "from_items",

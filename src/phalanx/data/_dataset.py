@@ -67,6 +67,33 @@ class Dataset:
         rows) read in a new seeded order every epoch, identically on every rank."""
         return Dataset(self._source, shuffle_files=True, seed=seed)
 
+    def mix(
+        self,
+        *other: Any,
+        weights: Sequence[float] | None = None,
+        stopping_condition: Any = None,
+    ) -> Dataset:
+        """This dataset's rows and ``other``'s in the ratio of ``weights`` (this one's first;
+        default: equal; normalized), as Ray Data's ``mix``. Unlike Ray's, the ratio holds in
+        every global batch (all ranks' batch ``i`` together: each source within one row of its
+        share), the mix is the same in every run, and a mixed dataset resumes exactly from a
+        checkpoint. ``stopping_condition``: ``MixStoppingCondition.STOP_ON_LONGEST_DROP``
+        (default) or ``STOP_ON_SHORTEST``.
+
+        Example::
+
+            ds = phalanx.data.read_parquet("web/").mix(
+                phalanx.data.read_parquet("code/"), weights=[0.75, 0.25]
+            )
+        """
+        from phalanx.data._mix import MixedDataset, MixStoppingCondition, check_parts, make_rule
+
+        if not other:
+            raise ValueError("mix: no other dataset given.\nHINT: a.mix(b, weights=[0.75, 0.25]).")
+        parts = check_parts([self, *other])
+        condition = stopping_condition or MixStoppingCondition.STOP_ON_LONGEST_DROP
+        return MixedDataset(parts, make_rule(len(parts), weights, condition))
+
     def iterator(self) -> DataIterator:
         """One iterator over every row."""
         return self.streaming_split(1, equal=False)[0]

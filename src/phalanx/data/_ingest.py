@@ -111,6 +111,11 @@ def _split(
     if not isinstance(record, dict):
         _log_split(name, dataset.count(), world_size, equal)
         return dataset.streaming_split(world_size, equal=equal)
+    from phalanx.data._mix import MixedDataset, resume_split
+
+    if isinstance(dataset, MixedDataset):
+        _log_split(name, dataset.count(), world_size, equal, resumed=int(record.get("epoch", 0)))
+        return list(resume_split(dataset._parts, dataset._rule, world_size, equal, record, name))
     own_seed = dataset._seed if dataset._shuffle_files else None
     start, seed = resume_start(record, name, dataset.source, own_seed)
     if start.partial:

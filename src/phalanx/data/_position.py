@@ -121,6 +121,11 @@ def combine(shards: list[DataIterator], states: list[dict[str, Any] | None]) -> 
     at one round, ``states[r]`` (None: it had read nothing)."""
     if len(shards) != len(states):
         raise ValueError(f"combine: {len(shards)} shards but {len(states)} states.")
+    from phalanx.data._mix import MixedIterator
+    from phalanx.data._mix import combine as combine_mixed
+
+    if shards and isinstance(shards[0], MixedIterator):
+        return combine_mixed(shards, states)  # type: ignore[arg-type]
     first = shards[0]._assignment
     total = first.total if first.total is not None else shards[0]._source.num_rows
     ranks = [_state(_ended_if_read(s, st)) for s, st in zip(shards, states)]
@@ -271,6 +276,10 @@ def unpack(value: list[list[int]] | str) -> Ranges:
 def describe(record: dict[str, Any]) -> str:
     """Where a record resumes, e.g. ``"epoch 3, sample 91,200 of 120,000"`` (the samples of
     the epoch consumed by all ranks, of the epoch's size)."""
+    if "mix" in record:
+        from phalanx.data._mix import describe as describe_mixed
+
+        return describe_mixed(record)
     text = f"epoch {record['epoch']}, sample {record['consumed']:,} of {record['num_rows']:,}"
     later = record.get("later") or []
     if later:
@@ -286,6 +295,10 @@ def describe(record: dict[str, Any]) -> str:
 
 def progress(record: dict[str, Any]) -> str:
     """A short form for progress lines: ``"epoch 3 76%"``."""
+    if "mix" in record:
+        from phalanx.data._mix import progress as progress_mixed
+
+        return progress_mixed(record)
     total = int(record["num_rows"])
     share = int(record["consumed"]) / total if total else 1.0
     return f"epoch {record['epoch']} {share:.0%}"
