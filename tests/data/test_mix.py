@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import phalanx.data as pdata
 from phalanx.data import MixStoppingCondition
-from phalanx.data._mix import MixedDataset, resume_split
+from phalanx.data._dataset import MixedDataset
+from phalanx.data._mix import resume_split
 from phalanx.data._position import combine, describe, progress
 
 SHORTEST = MixStoppingCondition.STOP_ON_SHORTEST

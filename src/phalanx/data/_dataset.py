@@ -18,12 +18,15 @@ import pyarrow as pa
 from phalanx.data._batching import to_arrow_column
 from phalanx.data._files import file_source
 from phalanx.data._iterator import Assignment, DataIterator, Passes
+from phalanx.data._mix import MixStoppingCondition, make_rule, split_mixed
+from phalanx.data._mix_plan import MixRule
 from phalanx.data._plan import Start, pieces_in_range, rank_range
 from phalanx.data._position import fingerprint
 from phalanx.data._source import Source, TableSource
 
 __all__ = [
     "Dataset",
+    "MixedDataset",
     "from_arrow",
     "from_items",
     "from_numpy",
@@ -86,8 +89,6 @@ class Dataset:
                 phalanx.data.read_parquet("code/"), weights=[0.75, 0.25]
             )
         """
-        from phalanx.data._mix import MixedDataset, MixStoppingCondition, check_parts, make_rule
-
         if not other:
             raise ValueError("mix: no other dataset given.\nHINT: a.mix(b, weights=[0.75, 0.25]).")
         parts = check_parts([self, *other])
@@ -348,3 +349,88 @@ def _with_shuffle(source: Source, shuffle: str | None, seed: int | None) -> Data
     if shuffle not in (None, "files"):
         raise ValueError(f"shuffle={shuffle!r} is invalid: use None or 'files'.")
     return Dataset(source, shuffle_files=shuffle == "files", seed=seed)
+
+
+class MixedDataset(Dataset):
+    """Rows of several datasets in the ratio of their weights (what ``Dataset.mix`` returns).
+
+    Split over the ranks as its sources are (each rank reads its own shard of every source);
+    each global batch (batch ``i`` of every rank together) holds, of each source, within one
+    row of its weight times the global batch's rows."""
+
+    def __init__(self, parts: Sequence[Dataset], rule: MixRule) -> None:
+        super().__init__(parts[0].source)
+        self._parts = list(parts)
+        self._rule = rule
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """The weights, normalized to sum to 1."""
+        return self._rule.weights
+
+    @property
+    def stopping_condition(self) -> MixStoppingCondition:
+        return (
+            MixStoppingCondition.STOP_ON_SHORTEST
+            if self._rule.stop_on_shortest
+            else MixStoppingCondition.STOP_ON_LONGEST_DROP
+        )
+
+    def count(self) -> int:
+        """Rows of one epoch of the mix (for ``STOP_ON_SHORTEST``, fewer than the sources')."""
+        return self._rule.epoch_rows([p.count() for p in self._parts])
+
+    def randomize_block_order(self, seed: int | None = None) -> Dataset:
+        return MixedDataset([p.randomize_block_order(seed) for p in self._parts], self._rule)
+
+    def _split(
+        self,
+        n: int,
+        equal: bool,
+        start: Start | None = None,
+        seed: int | None = None,
+        split: bool = True,
+    ) -> list[DataIterator]:
+        if start is not None and (start.partial or start.epoch):
+            raise ValueError("A mixed dataset resumes through resume_split, not a Start.")
+        return list(split_mixed(self._parts, self._rule, n, equal, split=split))
+
+    def materialize(self) -> Dataset:
+        return MixedDataset([p.materialize() for p in self._parts], self._rule)
+
+    def select_columns(self, cols: list[str]) -> Dataset:
+        return MixedDataset([p.select_columns(cols) for p in self._parts], self._rule)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(repr(p) for p in self._parts)
+        return (
+            f"MixedDataset([{inner}], weights={list(self.weights)}, "
+            f"stopping_condition={self.stopping_condition.name})"
+        )
+
+
+def check_parts(parts: Sequence[Any]) -> list[Dataset]:
+    """The datasets to mix: phalanx datasets of one schema, none itself a mix."""
+    out = []
+    for i, part in enumerate(parts):
+        if isinstance(part, MixedDataset):
+            raise ValueError(
+                f"mix: dataset {i} is itself a mix.\nHINT: mix all the datasets in one call, "
+                "a.mix(b, c, weights=[...]), with the weights multiplied out."
+            )
+        if not isinstance(part, Dataset):
+            raise ValueError(
+                f"mix: dataset {i} is a {type(part).__name__}, not a phalanx dataset.\nHINT: "
+                "turn it into one first: phalanx.data.as_dataset(value) (a table, arrays, "
+                "records or paths)."
+            )
+        out.append(part)
+    names = out[0].columns()
+    for i, part in enumerate(out[1:], 1):
+        if part.columns() != names:
+            raise ValueError(
+                f"mix: dataset {i} has columns {part.columns()}, dataset 0 has {names}; mixed "
+                "datasets must have the same columns.\nHINT: select_columns(...) or "
+                "map_batches(...) each dataset to the same columns before mixing."
+            )
+    return out

@@ -21,10 +21,18 @@ import pyarrow as pa
 
 from phalanx._internal.execution_options import options_for, prefetch_bytes
 from phalanx.config import DataConfig
-from phalanx.data._dataset import Dataset, from_arrow, from_items, from_numpy, from_pandas
+from phalanx.data._dataset import (
+    Dataset,
+    MixedDataset,
+    from_arrow,
+    from_items,
+    from_numpy,
+    from_pandas,
+)
 from phalanx.data._describe import shorten
 from phalanx.data._files import file_source
 from phalanx.data._iterator import DataIterator
+from phalanx.data._mix import resume_split
 from phalanx.data._plan import ranges_len
 from phalanx.data._position import resume_start
 from phalanx.errors import ConfigError
@@ -111,8 +119,6 @@ def _split(
     if not isinstance(record, dict):
         _log_split(name, dataset.count(), world_size, equal)
         return dataset.streaming_split(world_size, equal=equal)
-    from phalanx.data._mix import MixedDataset, resume_split
-
     if isinstance(dataset, MixedDataset):
         _log_split(name, dataset.count(), world_size, equal, resumed=int(record.get("epoch", 0)))
         return list(resume_split(dataset._parts, dataset._rule, world_size, equal, record, name))

@@ -16,21 +16,23 @@ import dataclasses
 import enum
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from phalanx._internal.worker import data_wait
 from phalanx.data._batching import BlockOps
-from phalanx.data._dataset import Dataset
 from phalanx.data._iterator import DataIterator
 from phalanx.data._mix_plan import MixRule, PassPlan, pass_rows
 from phalanx.data._pass import _size_of, read, read_rows
 from phalanx.data._plan import Start, as_ranges, ranges_len
 from phalanx.data._position import DataPosition, PassPosition
 
-__all__ = ["MixStoppingCondition", "MixedDataset", "MixedIterator", "make_rule"]
+if TYPE_CHECKING:
+    from phalanx.data._dataset import Dataset
+
+__all__ = ["MixStoppingCondition", "MixedIterator", "make_rule", "resume_split", "split_mixed"]
 
 _END = object()
 
@@ -138,87 +140,6 @@ def resume_split(
     return split_mixed(parts, rule, n, equal, fixed)
 
 
-class MixedDataset(Dataset):
-    """Rows of several datasets in the ratio of their weights (what ``Dataset.mix`` returns).
-
-    Split over the ranks as its sources are (each rank reads its own shard of every source);
-    each global batch (batch ``i`` of every rank together) holds, of each source, within one
-    row of its weight times the global batch's rows."""
-
-    def __init__(self, parts: Sequence[Dataset], rule: MixRule) -> None:
-        super().__init__(parts[0].source)
-        self._parts = list(parts)
-        self._rule = rule
-
-    @property
-    def weights(self) -> tuple[float, ...]:
-        """The weights, normalized to sum to 1."""
-        return self._rule.weights
-
-    @property
-    def stopping_condition(self) -> MixStoppingCondition:
-        return (
-            MixStoppingCondition.STOP_ON_SHORTEST
-            if self._rule.stop_on_shortest
-            else MixStoppingCondition.STOP_ON_LONGEST_DROP
-        )
-
-    def count(self) -> int:
-        """Rows of one epoch of the mix (for ``STOP_ON_SHORTEST``, fewer than the sources')."""
-        return self._rule.epoch_rows([p.count() for p in self._parts])
-
-    def randomize_block_order(self, seed: int | None = None) -> Dataset:
-        return MixedDataset([p.randomize_block_order(seed) for p in self._parts], self._rule)
-
-    def _split(
-        self,
-        n: int,
-        equal: bool,
-        start: Start | None = None,
-        seed: int | None = None,
-        split: bool = True,
-    ) -> list[DataIterator]:
-        if start is not None and (start.partial or start.epoch):
-            raise ValueError("A mixed dataset resumes through resume_split, not a Start.")
-        return list(split_mixed(self._parts, self._rule, n, equal, split=split))
-
-    def materialize(self) -> Dataset:
-        return MixedDataset([p.materialize() for p in self._parts], self._rule)
-
-    def select_columns(self, cols: list[str]) -> Dataset:
-        return MixedDataset([p.select_columns(cols) for p in self._parts], self._rule)
-
-    def __repr__(self) -> str:
-        inner = ", ".join(repr(p) for p in self._parts)
-        return (
-            f"MixedDataset([{inner}], weights={list(self.weights)}, "
-            f"stopping_condition={self.stopping_condition.name})"
-        )
-
-
-def check_parts(parts: Sequence[Any]) -> list[Dataset]:
-    """The datasets to mix: phalanx datasets of one schema, none itself a mix."""
-    from phalanx.data._ingest import as_dataset
-
-    out = []
-    for i, part in enumerate(parts):
-        if isinstance(part, MixedDataset):
-            raise ValueError(
-                f"mix: dataset {i} is itself a mix.\nHINT: mix all the datasets in one call, "
-                "a.mix(b, c, weights=[...]), with the weights multiplied out."
-            )
-        out.append(part if isinstance(part, Dataset) else as_dataset(part, f"mix[{i}]"))
-    names = out[0].columns()
-    for i, part in enumerate(out[1:], 1):
-        if part.columns() != names:
-            raise ValueError(
-                f"mix: dataset {i} has columns {part.columns()}, dataset 0 has {names}; mixed "
-                "datasets must have the same columns.\nHINT: select_columns(...) or "
-                "map_batches(...) each dataset to the same columns before mixing."
-            )
-    return out
-
-
 class MixedIterator(DataIterator):
     """One rank's shard of a mixed dataset: its shards of every source, read in the ratio of
     the weights (what ``get_dataset_shard`` returns for a ``Dataset.mix``). Each batch holds the
@@ -260,6 +181,12 @@ class MixedIterator(DataIterator):
         if all(s is None for s in states):
             return None
         return {"mix": states}
+
+    def combine_positions(
+        self, shards: list[DataIterator], states: list[dict[str, Any] | None]
+    ) -> dict[str, Any]:
+        """What ``_position.combine`` gives for the mixed shards ``shards`` (this one's)."""
+        return combine(shards, states)  # type: ignore[arg-type]
 
     def limit_prefetch_bytes(self, limit: int | None) -> None:
         self._prefetch_bytes = limit
@@ -454,7 +381,7 @@ def _handed_out(
 def combine(shards: list[MixedIterator], states: list[dict[str, Any] | None]) -> dict[str, Any]:
     """The record of a mixed dataset: each source's record (``_position.combine``) under
     ``"mix"``, and the epoch and counts of the whole (for the progress line)."""
-    from phalanx.data._position import VERSION
+    from phalanx.data._position import VERSION, mixed_consumed
     from phalanx.data._position import combine as combine_one
 
     records = []
@@ -465,33 +392,7 @@ def combine(shards: list[MixedIterator], states: list[dict[str, Any] | None]) ->
         "version": VERSION,
         "epoch": min(int(r["epoch"]) for r in records),
         "num_rows": sum(int(r["num_rows"]) for r in records),
-        "consumed": sum(_consumed_of(r, records) for r in records),
+        "consumed": sum(mixed_consumed(r, records) for r in records),
         "mix": records,
         "weights": list(shards[0]._rule.weights),
     }
-
-
-def _consumed_of(record: dict[str, Any], records: list[dict[str, Any]]) -> int:
-    """Rows of the mixed epoch's source consumed (a source ahead: all of it)."""
-    epoch = min(int(r["epoch"]) for r in records)
-    return int(record["num_rows"]) if int(record["epoch"]) > epoch else int(record["consumed"])
-
-
-def describe(record: dict[str, Any]) -> str:
-    """E.g. ``"epoch 2, source 0 900 of 1,000, source 1 120 of 400"``."""
-    records = record["mix"]
-    each = ", ".join(
-        f"source {i} {_consumed_of(r, records):,} of {int(r['num_rows']):,}"
-        for i, r in enumerate(records)
-    )
-    return f"epoch {record['epoch']}, {each}"
-
-
-def progress(record: dict[str, Any]) -> str:
-    """E.g. ``"epoch 2 [90% 30%]"``: each source's share of its rows consumed."""
-    records = record["mix"]
-    shares = []
-    for r in records:
-        total = int(r["num_rows"])
-        shares.append(f"{_consumed_of(r, records) / total if total else 1.0:.0%}")
-    return f"epoch {record['epoch']} [{' '.join(shares)}]"

@@ -53,6 +53,7 @@ __all__ = [
     "combine",
     "describe",
     "fingerprint",
+    "mixed_consumed",
     "pack",
     "progress",
     "resume_start",
@@ -121,11 +122,9 @@ def combine(shards: list[DataIterator], states: list[dict[str, Any] | None]) -> 
     at one round, ``states[r]`` (None: it had read nothing)."""
     if len(shards) != len(states):
         raise ValueError(f"combine: {len(shards)} shards but {len(states)} states.")
-    from phalanx.data._mix import MixedIterator
-    from phalanx.data._mix import combine as combine_mixed
-
-    if shards and isinstance(shards[0], MixedIterator):
-        return combine_mixed(shards, states)  # type: ignore[arg-type]
+    mixed = getattr(shards[0], "combine_positions", None) if shards else None
+    if mixed is not None:  # a Dataset.mix: one record per source (_mix.combine)
+        return mixed(shards, states)  # type: ignore[no-any-return]
     first = shards[0]._assignment
     total = first.total if first.total is not None else shards[0]._source.num_rows
     ranks = [_state(_ended_if_read(s, st)) for s, st in zip(shards, states)]
@@ -277,9 +276,7 @@ def describe(record: dict[str, Any]) -> str:
     """Where a record resumes, e.g. ``"epoch 3, sample 91,200 of 120,000"`` (the samples of
     the epoch consumed by all ranks, of the epoch's size)."""
     if "mix" in record:
-        from phalanx.data._mix import describe as describe_mixed
-
-        return describe_mixed(record)
+        return _describe_mixed(record)
     text = f"epoch {record['epoch']}, sample {record['consumed']:,} of {record['num_rows']:,}"
     later = record.get("later") or []
     if later:
@@ -296,9 +293,36 @@ def describe(record: dict[str, Any]) -> str:
 def progress(record: dict[str, Any]) -> str:
     """A short form for progress lines: ``"epoch 3 76%"``."""
     if "mix" in record:
-        from phalanx.data._mix import progress as progress_mixed
-
-        return progress_mixed(record)
+        return _progress_mixed(record)
     total = int(record["num_rows"])
     share = int(record["consumed"]) / total if total else 1.0
     return f"epoch {record['epoch']} {share:.0%}"
+
+
+# -- a mixed dataset's record (Dataset.mix: one record per source under "mix") ----------
+
+
+def mixed_consumed(record: dict[str, Any], records: list[dict[str, Any]]) -> int:
+    """Rows of the mixed epoch's source consumed (a source ahead: all of it)."""
+    epoch = min(int(r["epoch"]) for r in records)
+    return int(record["num_rows"]) if int(record["epoch"]) > epoch else int(record["consumed"])
+
+
+def _describe_mixed(record: dict[str, Any]) -> str:
+    """E.g. ``"epoch 2, source 0 900 of 1,000, source 1 120 of 400"``."""
+    records = record["mix"]
+    each = ", ".join(
+        f"source {i} {mixed_consumed(r, records):,} of {int(r['num_rows']):,}"
+        for i, r in enumerate(records)
+    )
+    return f"epoch {record['epoch']}, {each}"
+
+
+def _progress_mixed(record: dict[str, Any]) -> str:
+    """E.g. ``"epoch 2 [90% 30%]"``: each source's share of its rows consumed."""
+    records = record["mix"]
+    shares = []
+    for r in records:
+        total = int(r["num_rows"])
+        shares.append(f"{mixed_consumed(r, records) / total if total else 1.0:.0%}")
+    return f"epoch {record['epoch']} [{' '.join(shares)}]"
