@@ -10,6 +10,13 @@ then ``torch.from_numpy(column[i:i + b])`` per column) vs plain Ray Data 2.60
     python bench/ingest.py                      # 3 reps, 250 MiB of data (B8 asks for 1 GiB)
     python bench/ingest.py --rows 2684354       # the full 1 GiB file
     python bench/ingest.py --systems phalanx,inmem --reps 5
+    python bench/ingest.py --systems phalanx,phalanx_mix,raydata_mix   # Dataset.mix (issue 48)
+    python bench/ingest.py --before-src /tmp/before/src     # adds phalanx_before: that src's phalanx
+
+``phalanx_mix`` / ``raydata_mix`` read a mix (weights 0.5, 0.5) of two Parquet sources (the
+file read as two datasets); ``phalanx_before`` is ``phalanx`` run with ``PYTHONPATH`` at
+``--before-src`` (a ``git worktree add /tmp/before <sha>`` of an older commit), interleaved with
+the others, for before/after figures.
 
 Every run is a fresh Python subprocess (this script with ``--one``), interleaved
 A B C A B C ... ; results go to bench/results/ingest.{md,json}. Time to first batch counts from
@@ -34,7 +41,8 @@ import harness
 from common import median
 
 REPO = Path(__file__).resolve().parent.parent
-SYSTEMS = ("phalanx", "phalanx_mem", "inmem", "raydata")
+SYSTEMS = ("phalanx", "phalanx_mix", "phalanx_mem", "inmem", "raydata", "raydata_mix")
+BEFORE = "phalanx_before"
 COLUMNS = 100
 ROW_GROUP = 65536
 THREADS = 2
@@ -52,7 +60,7 @@ def measure(system: str, path: str, batch_size: int, max_rows: int) -> dict[str,
     import phalanx.data  # noqa: F401
 
     torch.set_num_threads(THREADS)
-    if system == "raydata":
+    if system.startswith("raydata"):
         import ray
         import ray.data
 
@@ -83,7 +91,20 @@ def measure(system: str, path: str, batch_size: int, max_rows: int) -> dict[str,
 
 
 def open_batches(system: str, path: str, batch_size: int) -> Any:
-    if system == "phalanx":
+    if system == "phalanx_mix":
+        import phalanx.data
+
+        mixed = phalanx.data.read_parquet(path).mix(
+            phalanx.data.read_parquet(path), weights=[0.5, 0.5]
+        )
+        (shard,) = mixed.streaming_split(1)
+        return shard.iter_torch_batches(batch_size=batch_size)
+    if system == "raydata_mix":
+        import ray
+
+        mixed = ray.data.read_parquet(path).mix(ray.data.read_parquet(path), weights=[0.5, 0.5])
+        return iter(mixed.iter_torch_batches(batch_size=batch_size))
+    if system in ("phalanx", BEFORE):
         import phalanx.data
 
         (shard,) = phalanx.data.read_parquet(path).streaming_split(1)
@@ -144,6 +165,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", default=SIZES, help="each --systems entry runs at each size")
     p.add_argument("--small-rows", type=int, default=131_072)
     p.add_argument("--data", help="an existing Parquet file to read")
+    p.add_argument("--before-src", help="adds phalanx_before: phalanx imported from this src")
 
 
 def workload(meta: dict[str, Any]) -> list[str]:
@@ -161,6 +183,11 @@ def workload(meta: dict[str, Any]) -> list[str]:
         "`{c: torch.from_numpy(col[i:i+b])}`; its time to first batch is the load.",
         "- raydata: plain Ray Data `ray.data.read_parquet(path).iter_torch_batches(batch_size=b)` "
         "after `ray.init(num_cpus=2)` (not inside Ray Train; Train adds `streaming_split`).",
+        "- phalanx_mix / raydata_mix: the same file read as two datasets mixed with weights "
+        "(0.5, 0.5): `a.mix(b, weights=[0.5, 0.5])`, phalanx's split for one worker, Ray's "
+        "`iter_torch_batches` on the mixed dataset (an epoch is twice the file's rows).",
+        "- phalanx_before (when run with --before-src): `phalanx` with PYTHONPATH at that "
+        "older checkout's src, interleaved with the others.",
         f"- batch size 32 reads the first {meta['small_rows']:,} rows only (all systems); the "
         "others read the whole file.",
     ]
@@ -169,7 +196,7 @@ def workload(meta: dict[str, Any]) -> list[str]:
 def _split(meta: dict[str, Any]) -> tuple[list[int], list[str]]:
     runs = [name.rsplit("-", 1) for name in meta["systems"]]
     sizes = sorted({int(size) for _, size in runs})
-    systems = [s for s in SYSTEMS if any(r[0] == s for r in runs)]
+    systems = [s for s in (*SYSTEMS, BEFORE) if any(r[0] == s for r in runs)]
     return sizes, systems
 
 
@@ -204,7 +231,11 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
         ("e2e_rows_per_s", "phalanx", "inmem"),
         ("rows_per_s", "phalanx", "raydata"),
         ("ttfb_s", "phalanx", "raydata"),
+        ("rows_per_s", "phalanx_mix", "phalanx"),
+        ("rows_per_s", "phalanx_mix", "raydata_mix"),
+        ("rows_per_s", "phalanx", BEFORE),
     ]
+    pairs = [(m, a, b) for m, a, b in pairs if a in systems and b in systems]
     names = {"rows_per_s": "rows/s", "e2e_rows_per_s": "rows/s incl. TTFB", "ttfb_s": "TTFB"}
     lines += ["| batch size | " + " | ".join(f"{names[m]}: {a} / {b}" for m, a, b in pairs) + " |"]
     lines += ["| --- " * (len(pairs) + 1) + "|"]
@@ -214,9 +245,10 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     return lines
 
 
-def make_bench(sizes: str) -> harness.Bench:
+def make_bench(sizes: str, before: bool = False) -> harness.Bench:
     """The runs are (system, batch size) pairs, ``phalanx-256``, size by size."""
-    runs = [f"{system}-{size}" for size in sizes.split(",") for system in SYSTEMS]
+    systems = (*SYSTEMS, BEFORE) if before else SYSTEMS
+    runs = [f"{system}-{size}" for size in sizes.split(",") for system in systems]
     return harness.Bench.of(
         sys.modules[__name__],
         name="ingest",
@@ -226,18 +258,30 @@ def make_bench(sizes: str) -> harness.Bench:
         ok=lambda rec: "ttfb_s" in rec,
         extra_versions=("pyarrow", "numpy"),
         env={**THREAD_ENV, "RAY_DEDUP_LOGS": "0"},
+        run_env=_run_env,
     )
+
+
+def _run_env(name: str, args: argparse.Namespace) -> dict[str, str]:
+    """``phalanx_before`` imports phalanx from ``--before-src``."""
+    src = getattr(args, "before_src", None)
+    if name.startswith(BEFORE + "-") and src:
+        return {"PYTHONPATH": os.pathsep.join([str(REPO / "bench"), src])}
+    return {}
 
 
 def main() -> None:
     sizes = argparse.ArgumentParser(add_help=False)
     sizes.add_argument("--batch-sizes", default=SIZES)
-    bench = make_bench(sizes.parse_known_args()[0].batch_sizes)
+    sizes.add_argument("--before-src")
+    known = sizes.parse_known_args()[0]
+    bench = make_bench(known.batch_sizes, before=bool(known.before_src))
     args = harness.parse_args(bench)
     if args.one or args.render:
         harness.main(bench, args)
         return
-    given = SYSTEMS if args.systems == ",".join(bench.systems) else args.systems.split(",")
+    given = (*SYSTEMS, BEFORE) if args.before_src else SYSTEMS
+    given = given if args.systems == ",".join(bench.systems) else args.systems.split(",")
     args.systems = ",".join(
         s if "-" in s else f"{s}-{size}" for size in args.batch_sizes.split(",") for s in given
     )

@@ -207,3 +207,24 @@ def test_a_source_used_up_before_the_checkpoint_stays_used_up():
     assert len(ids) == len(set(ids)) and set(range(40)) <= set(ids)
     assert len(set(range(100_000, 100_400)) - set(ids)) <= 2  # the 3-way split's remainder
     assert all((s == 1).all() for s in steps)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    world=st.integers(1, 3),
+    batch=st.integers(1, 40),
+    sizes=st.lists(st.integers(0, 300), min_size=2, max_size=3),
+    raw=st.lists(st.floats(0.05, 1.0), min_size=3, max_size=3),
+    before=st.lists(st.integers(0, 50), min_size=3, max_size=3),
+)
+def test_the_plans_fast_path_gives_the_steps_of_the_exact_one(world, batch, sizes, raw, before):
+    from phalanx.data import _mix_plan as mp
+
+    weights = np.array(raw[: len(sizes)]) / sum(raw[: len(sizes)])
+    shards = np.tile(np.array(sizes, dtype=np.int64), (world, 1))
+    consumed = np.array(before[: len(sizes)], dtype=np.int64)
+    rule = mp.MixRule(tuple(weights.tolist()), False)
+    plans = [mp.PassPlan(rule, shards, consumed, shards.sum(axis=1), batch) for _ in range(2)]
+    plans[1]._safe_steps = lambda most: 0  # type: ignore[method-assign]
+    fast, exact = (p.counts(0, p.total_steps) for p in plans)
+    assert np.array_equal(fast, exact)

@@ -25,6 +25,7 @@ shortest source (for its weight) would run out.
 from __future__ import annotations
 
 import bisect
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -194,13 +195,66 @@ class PassPlan:
         return total
 
     def _plan(self, n: int) -> None:
-        out = []
-        for _ in range(min(n, self.total_steps - self.steps)):
-            out.append(self._step())
+        out: list[np.ndarray] = []
+        todo = min(n, self.total_steps - self.steps)
+        while len(out) < todo:
+            safe = self._safe_steps(todo - len(out))
+            if safe:
+                out.extend(self._fast_steps(safe))
+            else:
+                out.append(self._step())
         if out:
             self._starts.append(self.steps)
             self._chunks.append(np.stack(out))
             self.steps += len(out)
+
+    def _safe_steps(self, most: int) -> int:
+        """Steps no constraint can bind in: every rank has at least a batch of rows per step
+        left of every source not used up, and of its pass."""
+        batch = self.batch
+        left = self._left_in_shard
+        used_up = (left == 0).all(axis=0)
+        if len(self.weights) >= 8 or used_up.all():
+            return 0
+        k = min(int(left[:, ~used_up].min()), int(self._left.min())) // batch
+        return min(k, most)
+
+    def _fast_steps(self, k: int) -> list[np.ndarray]:
+        """``k`` steps as ``_step`` computes them (the same arithmetic, in plain Python: numpy's
+        cost per call dominates on arrays of a few items), where ``_safe_steps`` allows."""
+        batch, world = self.batch, self.world
+        used_up = (self._left_in_shard == 0).all(axis=0).tolist()
+        free = [i for i, u in enumerate(used_up) if not u]
+        weights = [0.0 if u else w for w, u in zip(self.weights.tolist(), used_up)]
+        wsum = sum(weights)
+        v = [w / wsum for w in weights]
+        consumed = self._consumed.tolist()
+        taken = self._taken.tolist()
+        rows = batch * world
+        sources = range(len(v))
+        out = []
+        for _ in range(k):
+            counts = [math.floor(x * rows) for x in v]
+            extra = rows - sum(counts)
+            if extra:
+                total = float(sum(consumed[i] for i in free)) + rows
+                behind = {i: v[i] * total - consumed[i] - counts[i] for i in free}
+                for i in sorted(free, key=lambda i: (-behind[i], -v[i], i))[:extra]:
+                    counts[i] += 1
+            step = _deal_lists(counts, world, taken)
+            for r in range(world):
+                row = step[r]
+                for s in sources:
+                    taken[r][s] += row[s]
+            for s in sources:
+                consumed[s] += counts[s]
+            out.append(step)
+        dealt = np.array(out, dtype=np.int64).reshape(k, world, len(v))
+        self._left_in_shard -= dealt.sum(axis=0)
+        self._taken = np.array(taken, dtype=np.int64).reshape(world, len(v))
+        self._consumed = np.array(consumed, dtype=np.int64)
+        self._left -= k * batch
+        return list(dealt)
 
     def _step(self) -> np.ndarray:
         need = np.minimum(self._left, self.batch)
@@ -217,8 +271,29 @@ class PassPlan:
                     for r in range(self.world)
                 ]
             )
+        self._update(dealt, need)
+        return dealt
+
+    def _update(self, dealt: np.ndarray, need: np.ndarray) -> None:
         self._left_in_shard -= dealt
         self._taken += dealt
         self._consumed += dealt.sum(axis=0)
         self._left -= need
-        return dealt
+
+
+def _deal_lists(counts: list[int], world: int, taken: list[list[int]]) -> list[list[int]]:
+    """``deal`` on lists, for a step whose counts add up (``_fast_steps``)."""
+    base = [c // world for c in counts]
+    spare = [c - b * world for c, b in zip(counts, base)]
+    per_rank = sum(spare) // world
+    step = [list(base) for _ in range(world)]
+    if per_rank:
+        room = [per_rank] * world
+        for s in sorted(range(len(counts)), key=lambda i: (-spare[i], i)):
+            if not spare[s]:
+                continue
+            ranked = sorted(range(world), key=lambda r: (-room[r], taken[r][s], r))
+            for r in ranked[: spare[s]]:
+                step[r][s] += 1
+                room[r] -= 1
+    return step
