@@ -140,12 +140,19 @@ class DataIterator:
         drop_last: bool = False,
         local_shuffle_buffer_size: int | None = None,
         local_shuffle_seed: int | None = None,
+        stack_columns: dict[str, Any] | None = None,
     ) -> Passes:
         """Batches as a dict of column -> ``torch.Tensor`` on ``device`` (``"auto"``: this
         worker's device). ``dtypes``: one torch dtype or a dict per column. ``collate_fn`` gets
         each numpy batch (pyarrow/pandas for Ray's ``ArrowBatchCollateFn`` /
         ``PandasBatchCollateFn`` subclasses) and returns the batch; tensors in what it returns
-        are moved to ``device``."""
+        are moved to ``device``.
+
+        ``stack_columns``: ``{"features": ["c0", "c1", ...]}`` gives those numeric columns as
+        one ``(rows, columns)`` tensor named ``features`` (in that order, their common dtype or
+        ``dtypes["features"]``) instead of a tensor each: stacked once per block read, so
+        handing out a batch is a slice (the fastest way to feed a wide table, and one
+        transfer per block to a GPU)."""
         from phalanx.data import _torch_batches as tb
 
         _check_args(batch_size, prefetch_batches, local_shuffle_buffer_size)
@@ -154,6 +161,14 @@ class DataIterator:
                 "iter_torch_batches: collate_fn cannot be used with dtypes.\nHINT: convert the "
                 "tensors to the dtypes you want inside collate_fn."
             )
+        stack = None
+        if stack_columns is not None:
+            if collate_fn is not None:
+                raise ValueError(
+                    "iter_torch_batches: collate_fn cannot be used with stack_columns.\nHINT: "
+                    "stack the columns inside collate_fn."
+                )
+            stack = tb.check_stack_columns(stack_columns, self.schema())
         target = tb.resolve_device(device)
         # Tensors share the memory of the rows they come from: copy rows that are not ours.
         numpy_ops = NUMPY if self._source.private_buffers else NUMPY_WRITABLE
@@ -161,7 +176,7 @@ class DataIterator:
         finish: Callable[[Any], Any]
         if collate_fn is None:
             # on CUDA, blocks travel to the device whole, in the read-ahead thread (staged)
-            tensor_ops = tb.TensorOps(dtypes, self._source.private_buffers, target)
+            tensor_ops = tb.TensorOps(dtypes, self._source.private_buffers, target, stack)
             ops, finish = tensor_ops, tensor_ops.finish
 
         else:

@@ -93,16 +93,26 @@ class TensorOps(BlockOps[TensorBlock]):
     where batches go; with a CUDA device blocks are staged there as they are read, and
     :meth:`finish` hands a batch to the calling thread's stream."""
 
-    def __init__(self, dtypes: Any, private: bool, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        dtypes: Any,
+        private: bool,
+        device: torch.device | None = None,
+        stack_columns: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:
         self.dtypes = dtypes
         self.private = private
         self.device = device
+        self.stack_columns = stack_columns or {}
+        self._grouped = {c for cols in self.stack_columns.values() for c in cols}
         self.feed: CudaFeed | None = None
         if device is not None and device.type == "cuda" and torch.cuda.is_available():
             self.feed = CudaFeed(device)
 
     def from_arrow(self, batch: pa.RecordBatch) -> TensorBlock:
         arrays = arrow_to_numpy(batch)
+        if self.stack_columns:
+            arrays = self._stacked(arrays, batch.num_rows)
         stacks: dict[tuple[str, Any], list[str]] = {}
         others: list[tuple[str, np.ndarray]] = []
         for name, array in arrays.items():
@@ -123,6 +133,19 @@ class TensorOps(BlockOps[TensorBlock]):
                 array = array.copy()
             tensors.append((name, _tensor(name, array, self._dtype(name))))
         return TensorBlock(tuple(arrays), tuple(groups), tuple(tensors), batch.num_rows)
+
+    def _stacked(self, arrays: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+        """The columns of each ``stack_columns`` group as one row-major ``(rows, columns)``
+        array (one copy per block), so a batch of it is a slice: one tensor, no per-column
+        work when it is handed out, one transfer to a GPU."""
+        out = {k: v for k, v in arrays.items() if k not in self._grouped}
+        for name, columns in self.stack_columns.items():
+            parts = [arrays[c] for c in columns]
+            block = np.empty((rows, len(parts)), dtype=np.result_type(*parts))
+            for j, part in enumerate(parts):
+                block[:, j] = part
+            out[name] = block
+        return out
 
     def _dtype(self, name: str) -> Any:
         return self.dtypes.get(name) if isinstance(self.dtypes, dict) else self.dtypes
@@ -255,3 +278,48 @@ def to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(to_device(v, device) for v in value)
     return value
+
+
+def check_stack_columns(stack_columns: Any, schema: pa.Schema) -> dict[str, tuple[str, ...]]:
+    """``iter_torch_batches(stack_columns=...)`` checked against the columns: a dict of new
+    name -> the numeric columns (at least one, each in one group only) it stacks."""
+    if not isinstance(stack_columns, dict) or not stack_columns:
+        raise ValueError(
+            f"stack_columns={stack_columns!r} is invalid: use a dict of name -> list of "
+            "columns.\nHINT: stack_columns={'features': ['c0', 'c1', 'c2']}."
+        )
+    names = list(schema.names)
+    seen: dict[str, str] = {}
+    out = {}
+    for key, columns in stack_columns.items():
+        columns = (columns,) if isinstance(columns, str) else tuple(columns)
+        if not isinstance(key, str) or not columns:
+            raise ValueError(
+                f"stack_columns: {key!r} -> {columns!r} is invalid: each name (a str) stacks "
+                "a non-empty list of columns.\nHINT: stack_columns={'features': ['c0', 'c1']}."
+            )
+        for column in columns:
+            if column not in names:
+                raise ValueError(
+                    f"stack_columns[{key!r}] names column {column!r}, which the data does not "
+                    f"have; its columns are {shorten(str(names))}.\nHINT: check the spelling."
+                )
+            if column in seen:
+                raise ValueError(
+                    f"stack_columns: column {column!r} is in both {seen[column]!r} and "
+                    f"{key!r}.\nHINT: put each column in one group."
+                )
+            kind = schema.field(column).type
+            if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+                raise ValueError(
+                    f"stack_columns[{key!r}]: column {column!r} is {kind}, not a number.\n"
+                    "HINT: stack only integer and floating-point columns."
+                )
+            seen[column] = key
+        if key in names and key not in columns:
+            raise ValueError(
+                f"stack_columns: the name {key!r} is a column of the data already.\nHINT: "
+                "give the stacked tensor a new name."
+            )
+        out[key] = columns
+    return out
