@@ -176,14 +176,15 @@ def test_a_resume_at_any_world_size_trains_every_row_once(before, after, sizes, 
     weights = [1.0 + i for i in range(len(sizes))]
     ds = mixed(sizes, weights)
     seen, record = read_some(ds, before, batch, at)
-    rest, _ = read_rest(ds, record, after, batch)
+    # a checkpoint after the epoch's last batch resumes at the next epoch: nothing left of 0
+    rest = read_rest(ds, record, after, batch)[0] if record["epoch"] == 0 else []
     ids = seen + rest
     assert len(ids) == len(set(ids)), "a row trained twice"
     missing = sum(sizes) - len(ids)
     # only the equal split's remainders are left out (of each source, at each size)
     assert 0 <= missing <= len(sizes) * (before - 1 + after - 1)
-    assert record["epoch"] == 0 and "source 0" in describe(record)
-    assert progress(record).startswith("epoch 0 [")
+    assert "source 0" in describe(record)
+    assert progress(record).startswith(f"epoch {record['epoch']} [")
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

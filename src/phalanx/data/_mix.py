@@ -254,7 +254,12 @@ class MixedIterator(DataIterator):
         rank = self._rank
         parts = self._parts
 
-        def produce() -> Iterator[tuple[list[int], Any]]:
+        block_rows = max(read_rows(p._source, batch_size) for p in parts)
+
+        # The thread reads each source and builds mixed blocks of many steps (one take per
+        # block puts every step's rows of each source together); the caller's thread only
+        # slices batches from them, as for one dataset.
+        def produce() -> Iterator[tuple[np.ndarray, Any]]:
             streams = [
                 _Stream(ops, read(p._source, pc, read_rows(p._source, batch_size)))
                 for p, pc in zip(parts, pieces)
@@ -263,18 +268,21 @@ class MixedIterator(DataIterator):
             while step < plan.total_steps:
                 chunk = plan.counts(step, step + 512)[:, rank, :]
                 step += len(chunk)
-                for counts in chunk.tolist():
-                    n = sum(counts)
-                    if not n or (drop_last and n < batch_size):
-                        continue
-                    taken = [streams[s].take(c) for s, c in enumerate(counts) if c]
-                    yield counts, taken[0] if len(taken) == 1 else ops.concat(taken)
+                rows = chunk.sum(axis=1)
+                keep = rows > 0
+                if drop_last:
+                    keep &= rows == batch_size
+                chunk = chunk[keep]
+                per = max(1, block_rows // batch_size)
+                for lo in range(0, len(chunk), per):
+                    counts = chunk[lo : lo + per]
+                    yield counts, _mixed_block(ops, streams, counts)
 
         ahead = max(1, prefetch_batches)
         from phalanx.data._prefetch import prefetched
 
         items = prefetched(produce, ahead, lambda item: _size_of(item[1]))
-        return _handed_out(items, positions, finish)
+        return _handed_out(items, positions, finish, ops)
 
     def count(self) -> int:
         """Rows of this shard in a whole epoch (what the plan gives this rank)."""
@@ -351,10 +359,31 @@ class _Stream:
         return out[0] if len(out) == 1 else ops.concat(out)
 
 
+def _mixed_block(ops: BlockOps[Any], streams: list[_Stream], counts: np.ndarray) -> Any:
+    """The rows of steps ``counts`` (steps x sources), step by step, each step's rows source
+    by source: each source's rows of all the steps taken at once, then one take."""
+    totals = counts.sum(axis=0)
+    used = [s for s in range(counts.shape[1]) if totals[s]]
+    taken = [streams[s].take(int(totals[s])) for s in used]
+    if len(used) == 1:
+        return taken[0]
+    whole = ops.concat(taken)
+    sub = counts[:, used]
+    # row j of source s in step i sits at start[s] + (rows of s in steps before i) + j
+    start = np.concatenate(([0], np.cumsum(totals[used])[:-1]))
+    before = np.cumsum(sub, axis=0) - sub
+    flat = sub.ravel()
+    base = (start + before).ravel()
+    offsets = np.cumsum(flat) - flat
+    index = np.repeat(base - offsets, flat) + np.arange(int(flat.sum()))
+    return ops.take(whole, index)
+
+
 def _handed_out(
-    items: Iterator[tuple[list[int], Any]],
+    items: Iterator[tuple[np.ndarray, Any]],
     positions: list[PassPosition],
     finish: Callable[[Any], Any] | None,
+    ops: BlockOps[Any],
 ) -> Iterator[Any]:
     try:
         while True:
@@ -365,12 +394,22 @@ def _handed_out(
                     p.done = True
                 data_wait.add(time.perf_counter() - asked)
                 return
-            counts: list[int] = item[0]  # type: ignore[index]
-            for p, c in zip(positions, counts):
-                p.consumed += c
-            batch = item[1] if finish is None else finish(item[1])  # type: ignore[index]
-            data_wait.add(time.perf_counter() - asked)
-            yield batch
+            counts: np.ndarray = item[0]  # type: ignore[index]
+            block = item[1]  # type: ignore[index]
+            if len(counts) == 1:
+                steps, cuts = [counts[0].tolist()], [0, ops.length(block)]
+            else:
+                steps = counts.tolist()
+                cuts = [0, *np.cumsum(counts.sum(axis=1)).tolist()]
+            for i, step in enumerate(steps):
+                if i:
+                    asked = time.perf_counter()
+                for p, c in zip(positions, step):
+                    p.consumed += c
+                batch = ops.slice(block, cuts[i], cuts[i + 1]) if len(steps) > 1 else block
+                batch = batch if finish is None else finish(batch)
+                data_wait.add(time.perf_counter() - asked)
+                yield batch
     finally:
         items.close()  # type: ignore[attr-defined]
 
