@@ -112,3 +112,26 @@ def test_a_mixed_dataset_resumes_exactly_after_a_failure_and_at_another_size(tmp
 
     resumed = trainer(tmp_path, 2, "resumed", resume_from_checkpoint=checkpoint).fit()
     assert_each_row_once(resumed.checkpoint, (3, 2))
+
+
+def scaled(config: dict[str, Any]) -> None:
+    shard = train.get_dataset_shard("train")
+    ids = sorted(int(i) for b in shard.iter_batches(batch_size=BATCH) for i in b["id"])
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, f"ids_{train.get_context().get_world_rank()}.json"), "w") as f:
+            json.dump([ids, []], f)
+        train.report({}, checkpoint=Checkpoint.from_directory(d))
+
+
+def test_a_preprocessor_reads_every_source_of_a_mix(tmp_path):
+    from phalanx.preprocess import BatchMapper
+
+    result = DataParallelTrainer(
+        scaled,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="pre", storage_path=str(tmp_path), verbose=0),
+        datasets={"train": mixed()},
+        preprocessor=BatchMapper(lambda df: df.assign(id=df["id"] * 10), batch_format="pandas"),
+    ).fit()
+    (ids, _) = load(result.checkpoint)
+    assert sorted(ids) == [10 * i for i in [*range(SIZES[0]), *range(1000, 1000 + SIZES[1])]]

@@ -188,6 +188,19 @@ class MixedIterator(DataIterator):
         """What ``_position.combine`` gives for the mixed shards ``shards`` (this one's)."""
         return combine(shards, states)  # type: ignore[arg-type]
 
+    def map_parts(self, fn: Callable[[DataIterator], DataIterator]) -> MixedIterator:
+        """The same mixed shard over ``fn`` of each source's shard (e.g. read through a
+        preprocessor)."""
+        out = MixedIterator(
+            [fn(p) for p in self._parts],
+            self._rule,
+            rank=self._rank,
+            world_size=self._world,
+            equal=self._equal,
+        )
+        out.limit_prefetch_bytes(self._prefetch_bytes)
+        return out
+
     def limit_prefetch_bytes(self, limit: int | None) -> None:
         self._prefetch_bytes = limit
         for part in self._parts:

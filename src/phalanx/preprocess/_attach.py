@@ -84,6 +84,9 @@ def preprocess_shards(shards: list[dict[str, Any]], preprocessor: Any) -> list[d
 
 
 def _wrap(iterator: Any, preprocessor: Any) -> Any:
+    map_parts = getattr(iterator, "map_parts", None)
+    if map_parts is not None:  # a Dataset.mix shard: each source read through it
+        return map_parts(lambda part: _wrap(part, preprocessor))
     if isinstance(iterator, DataIterator):
         wrapped = DataIterator(
             PreprocessedSource(iterator._source, preprocessor), iterator._assignment
