@@ -41,7 +41,15 @@ import harness
 from common import median
 
 REPO = Path(__file__).resolve().parent.parent
-SYSTEMS = ("phalanx", "phalanx_mix", "phalanx_mem", "inmem", "raydata", "raydata_mix")
+SYSTEMS = (
+    "phalanx",
+    "phalanx_stack",
+    "phalanx_mix",
+    "phalanx_mem",
+    "inmem",
+    "raydata",
+    "raydata_mix",
+)
 BEFORE = "phalanx_before"
 COLUMNS = 100
 ROW_GROUP = 65536
@@ -73,7 +81,7 @@ def measure(system: str, path: str, batch_size: int, max_rows: int) -> dict[str,
     for batch in batches:
         if first_at is None:
             first_at = time.perf_counter()
-        rows += len(batch["c0"])
+        rows += len(next(iter(batch.values())))
         if rows >= max_rows:
             break
     end = time.perf_counter()
@@ -91,6 +99,12 @@ def measure(system: str, path: str, batch_size: int, max_rows: int) -> dict[str,
 
 
 def open_batches(system: str, path: str, batch_size: int) -> Any:
+    if system == "phalanx_stack":
+        import phalanx.data
+
+        (shard,) = phalanx.data.read_parquet(path).streaming_split(1)
+        columns = {"x": shard.columns()}
+        return shard.iter_torch_batches(batch_size=batch_size, stack_columns=columns)
     if system == "phalanx_mix":
         import phalanx.data
 
@@ -183,6 +197,8 @@ def workload(meta: dict[str, Any]) -> list[str]:
         "`{c: torch.from_numpy(col[i:i+b])}`; its time to first batch is the load.",
         "- raydata: plain Ray Data `ray.data.read_parquet(path).iter_torch_batches(batch_size=b)` "
         "after `ray.init(num_cpus=2)` (not inside Ray Train; Train adds `streaming_split`).",
+        "- phalanx_stack: `phalanx` with `stack_columns={'x': [every column]}` (one "
+        "`(rows, columns)` tensor per batch, a slice of a block stacked once).",
         "- phalanx_mix / raydata_mix: the same file read as two datasets mixed with weights "
         "(0.5, 0.5): `a.mix(b, weights=[0.5, 0.5])`, phalanx's split for one worker, Ray's "
         "`iter_torch_batches` on the mixed dataset (an epoch is twice the file's rows).",
@@ -231,6 +247,8 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
         ("e2e_rows_per_s", "phalanx", "inmem"),
         ("rows_per_s", "phalanx", "raydata"),
         ("ttfb_s", "phalanx", "raydata"),
+        ("rows_per_s", "phalanx_stack", "inmem"),
+        ("rows_per_s", "phalanx_stack", "phalanx"),
         ("rows_per_s", "phalanx_mix", "phalanx"),
         ("rows_per_s", "phalanx_mix", "raydata_mix"),
         ("rows_per_s", "phalanx", BEFORE),

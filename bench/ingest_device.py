@@ -5,6 +5,8 @@ One worker's view, no trainer: an in-memory table of ``--rows`` rows x ``--colum
 columns (default 1M x 256 = 1 GB), batches of ``--batch-size`` (4,096), on ``--device``:
 
   phalanx   ``from_arrow(table).iterator().iter_torch_batches(batch_size=b, device=d)``
+  phalanx_stack  the same with ``stack_columns={"x": [every column]}``: one ``(rows, columns)``
+            tensor per batch, a slice of a block stacked once (issue 48's copy-floor path)
   floor     the same bytes, batch by batch, copied into a preallocated tensor: on the CPU
             ``np.copyto`` (a memcpy) from a row-major array; on CUDA torch's
             ``copy_(..., non_blocking=True)`` from a pinned row-major buffer (the host->device
@@ -32,7 +34,7 @@ from typing import Any
 
 import harness
 
-SYSTEMS = ("phalanx", "floor", "naive")
+SYSTEMS = ("phalanx", "phalanx_stack", "floor", "naive")
 THREADS = 2
 THREAD_ENV = {"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
 WARM_ROWS = 65_536
@@ -52,7 +54,9 @@ def make_rows(rows: int, columns: int) -> Any:
     return data
 
 
-def run_phalanx(data: Any, batch_size: int, device: Any, limit: int) -> tuple[int, Any, bool]:
+def run_phalanx(
+    data: Any, batch_size: int, device: Any, limit: int, stack: bool = False
+) -> tuple[int, Any, bool]:
     import pyarrow as pa
 
     from phalanx.data import from_arrow
@@ -60,6 +64,18 @@ def run_phalanx(data: Any, batch_size: int, device: Any, limit: int) -> tuple[in
     table = pa.table({f"c{i}": column for i, column in enumerate(data)})
     shard = from_arrow(table).iterator()
     rows, last = 0, None
+    if stack:
+        columns = {"x": list(table.column_names)}
+        batches = shard.iter_torch_batches(
+            batch_size=batch_size, device=device, stack_columns=columns
+        )
+        for batch in batches:
+            rows, last = rows + len(batch["x"]), batch
+            if rows >= limit:
+                break
+        batches.close()
+        assert last is not None
+        return rows, last["x"][:, 1], device.type == "cuda"
     batches = shard.iter_torch_batches(batch_size=batch_size, device=device)
     for batch in batches:
         rows, last = rows + len(batch["c0"]), batch
@@ -121,7 +137,7 @@ def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
         torch.empty(1, device=device)  # the CUDA context, outside the timings
     data = make_rows(args.rows, args.columns)
     source: Any = None
-    if system != "phalanx":
+    if not system.startswith("phalanx"):
         source = torch.from_numpy(data.T.copy())  # row-major rows, as a user would hold them
         if system == "floor" and cuda:
             source = source.pin_memory()
@@ -129,8 +145,9 @@ def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
 
     def one_pass(limit: int) -> tuple[int, Any]:
         nonlocal staged
-        if system == "phalanx":
-            rows, last, staged = run_phalanx(data, args.batch_size, device, limit)
+        if system.startswith("phalanx"):
+            stack = system == "phalanx_stack"
+            rows, last, staged = run_phalanx(data, args.batch_size, device, limit, stack)
             return rows, last
         run = run_floor if system == "floor" else run_naive
         return run(source, args.batch_size, device, limit)
@@ -183,6 +200,8 @@ def workload(meta: dict[str, Any]) -> list[str]:
         "- phalanx: `from_arrow(table).iterator().iter_torch_batches(batch_size=b, device=d)` "
         "(default prefetch_batches=1); `staged`: whether the batches came through the pinned "
         "staging path (CUDA) rather than a copy per column.",
+        "- phalanx_stack: the same with `stack_columns={'x': [every column]}` (one "
+        "`(rows, columns)` tensor per batch, sliced from a block stacked once).",
         "- floor: each batch's bytes from a row-major source into a preallocated tensor: "
         "`np.copyto` on the CPU; on CUDA torch `copy_(non_blocking=True)` from pinned memory.",
         "- naive: `DataLoader(TensorDataset(rows), batch_size=b, pin_memory=<cuda>)`, each "
@@ -199,7 +218,11 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     staged = sorted({str(r.get("staged")) for r in runs if r["system"] == "phalanx" and r["ok"]})
     gpus = sorted({r["gpu"] for r in runs if "gpu" in r})
     lines += ["", f"phalanx staged: {', '.join(staged) or '-'}; GPU: {', '.join(gpus) or '-'}", ""]
-    pairs = harness.pairs_of(systems, [("phalanx", "floor"), ("phalanx", "naive")])
+    pairs = harness.pairs_of(
+        systems,
+        [("phalanx", "floor"), ("phalanx_stack", "floor"), ("phalanx_stack", "phalanx")],
+    )
+    pairs += harness.pairs_of(systems, [("phalanx", "naive")])
     lines += harness.ratio_table(runs, pairs, [("rows_per_s", "rows/s")])
     if meta["device"].startswith("cuda"):
         lines += ["", "Target: phalanx / floor >= 0.5 (numeric columns, pinned staging)."]

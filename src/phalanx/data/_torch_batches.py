@@ -141,7 +141,12 @@ class TensorOps(BlockOps[TensorBlock]):
         out = {k: v for k, v in arrays.items() if k not in self._grouped}
         for name, columns in self.stack_columns.items():
             parts = [arrays[c] for c in columns]
-            block = np.empty((rows, len(parts)), dtype=np.result_type(*parts))
+            kind = np.result_type(*parts)
+            if all(p.dtype == kind for p in parts):
+                # columns one after the other (a memcpy each), then one transposing copy
+                out[name] = np.ascontiguousarray(_stack(parts).T)
+                continue
+            block = np.empty((rows, len(parts)), dtype=kind)
             for j, part in enumerate(parts):
                 block[:, j] = part
             out[name] = block
