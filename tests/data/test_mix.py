@@ -104,6 +104,9 @@ def test_the_mix_is_the_same_in_every_run_and_every_epoch_reads_every_row():
     epochs = [sorted(np.concatenate([b["id"] for b in batches]).tolist()) for _ in range(2)]
     assert epochs[0] == epochs[1] == list(range(500)) + list(range(100_000, 100_200))
     assert it.position().epoch == 1
+    whole = it.to_arrow()  # the last epoch's rows, without starting a pass
+    assert whole.num_rows == 700 and it.position().epoch == 1
+    assert ds.take_all()[0] == {"id": 0, "src": 0}
 
 
 def test_mixing_composes_with_file_shuffles_and_map_batches():

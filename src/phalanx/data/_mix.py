@@ -311,7 +311,19 @@ class MixedIterator(DataIterator):
 
     def to_arrow(self) -> pa.Table:
         """One whole epoch of this shard, in the mixed order (batches of 256 rows)."""
-        batches = self.iter_batches(batch_size=256, batch_format="pyarrow", prefetch_batches=0)
+        # the rows of the last pass (never a resumed partial one), read by a copy of the shard
+        # so that this shard's own passes and positions stay as they are
+        index = max(self._passes - 1, len(self._parts[0]._assignment.start.partial))
+        parts = []
+        for part in self._parts:
+            fresh = DataIterator(part._source, part._assignment)
+            fresh._passes = index
+            parts.append(fresh)
+        copy = MixedIterator(
+            parts, self._rule, rank=self._rank, world_size=self._world, equal=self._equal
+        )
+        copy._passes = index
+        batches = copy.iter_batches(batch_size=256, batch_format="pyarrow", prefetch_batches=0)
         tables = list(batches)
         return pa.concat_tables(tables) if tables else self.schema().empty_table()
 
