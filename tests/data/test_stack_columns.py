@@ -63,3 +63,15 @@ def test_only_numbers_stack():
     ds = pdata.from_items([{"s": "a", "v": 1.0}])
     with pytest.raises(ValueError, match="not a number"):
         ds.iter_torch_batches(batch_size=4, stack_columns={"x": ["s", "v"]})
+
+
+def test_a_mix_gives_the_same_rows_as_torch_batches_as_numpy_batches():
+    a, b, c = (pdata.from_numpy(table(n)) for n in (500, 300, 200))
+    ds = a.mix(b, c, weights=[0.5, 0.3, 0.2])
+    arrays = list(ds.iter_batches(batch_size=30))
+    tensors = list(ds.iter_torch_batches(batch_size=30, device="cpu"))
+    stacked = list(ds.iter_torch_batches(batch_size=30, device="cpu", stack_columns={"x": ["c2"]}))
+    assert len(arrays) == len(tensors) == len(stacked)
+    for x, t, s in zip(arrays, tensors, stacked):
+        assert np.array_equal(x["label"], t["label"].numpy())
+        assert np.array_equal(x["c2"], s["x"][:, 0].numpy())

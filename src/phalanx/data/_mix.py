@@ -392,6 +392,9 @@ def _mixed_block(ops: BlockOps[Any], streams: list[_Stream], counts: np.ndarray)
     taken = [streams[s].take(int(totals[s])) for s in used]
     if len(used) == 1:
         return taken[0]
+    interleave = getattr(ops, "interleave", None)
+    if interleave is not None:  # torch batches: runs concatenated, no gather
+        return interleave(taken, counts[:, used])
     whole = ops.concat(taken)
     sub = counts[:, used]
     # row j of source s in step i sits at start[s] + (rows of s in steps before i) + j

@@ -206,6 +206,32 @@ class TensorOps(BlockOps[TensorBlock]):
             return blocks[0]
         return self._on_device(blocks, lambda: _concat(blocks))
 
+    def interleave(self, blocks: list[TensorBlock], counts: np.ndarray) -> TensorBlock:
+        """Rows ``counts[i, s]`` of ``blocks[s]`` for each step ``i`` in turn, each step's rows
+        block by block (a mixed dataset's block of steps): one ``torch.cat`` of the runs per
+        tensor, far cheaper than a gather."""
+        ends = np.cumsum(counts, axis=0)
+        runs = [
+            (s, int(e - c), int(e))
+            for row_c, row_e in zip(counts.tolist(), ends.tolist())
+            for s, (c, e) in enumerate(zip(row_c, row_e))
+            if c
+        ]
+
+        def work() -> TensorBlock:
+            first = blocks[0]
+            groups = tuple(
+                (names, torch.cat([blocks[s].groups[g][1][:, a:b] for s, a, b in runs], dim=1))
+                for g, (names, _) in enumerate(first.groups)
+            )
+            others = tuple(
+                (name, torch.cat([blocks[s].others[o][1][a:b] for s, a, b in runs]))
+                for o, (name, _) in enumerate(first.others)
+            )
+            return TensorBlock(first.names, groups, others, int(counts.sum()))
+
+        return self._on_device(blocks, work)
+
     def take(self, block: TensorBlock, indices: np.ndarray) -> TensorBlock:
         def take() -> TensorBlock:
             index = torch.from_numpy(indices)
