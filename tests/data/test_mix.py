@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -109,6 +110,13 @@ def test_the_mix_is_the_same_in_every_run_and_every_epoch_reads_every_row():
     assert ds.take_all()[0] == {"id": 0, "src": 0}
 
 
+def test_sources_whose_schemas_differ_only_in_nullability_mix():
+    a = pdata.from_arrow(pa.table({"id": pa.array([1, 2], pa.int64())}))
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    b = pdata.from_arrow(pa.table({"id": [3, 4]}, schema=schema))
+    assert sorted(r["id"] for r in a.mix(b).take_all()) == [1, 2, 3, 4]
+
+
 def test_mixing_composes_with_file_shuffles_and_map_batches():
     a, b = sources([600, 600])
     a = pdata.from_arrow(a.to_arrow()).randomize_block_order(seed=3)
@@ -132,6 +140,10 @@ def test_bad_arguments_say_what_to_change():
         a.mix(b, stopping_condition="soon")
     with pytest.raises(ValueError, match="same columns"):
         a.mix(pdata.from_numpy({"other": np.arange(3)}))
+    with pytest.raises(ValueError, match="same column types"):
+        a.mix(pdata.from_numpy({"id": np.arange(3.0), "src": np.zeros(3, dtype=np.int64)}))
+    with pytest.raises(ValueError, match="not a phalanx dataset"):
+        a.mix({"id": np.arange(3), "src": np.zeros(3, dtype=np.int64)})
     with pytest.raises(ValueError, match="itself a mix"):
         a.mix(a.mix(b))
     with pytest.raises(ValueError, match="HINT: shuffle the sources"):

@@ -433,4 +433,13 @@ def check_parts(parts: Sequence[Any]) -> list[Dataset]:
                 "datasets must have the same columns.\nHINT: select_columns(...) or "
                 "map_batches(...) each dataset to the same columns before mixing."
             )
+        mine, first = part.schema(), out[0].schema()
+        differ = [n for n in names if mine.field(n).type != first.field(n).type]
+        if differ:
+            n = differ[0]
+            raise ValueError(
+                f"mix: column {n!r} is {mine.field(n).type} in dataset {i} but "
+                f"{first.field(n).type} in dataset 0; mixed datasets must have the same column "
+                "types.\nHINT: map_batches(...) the datasets to the same types before mixing."
+            )
     return out

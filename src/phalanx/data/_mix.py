@@ -272,9 +272,11 @@ class MixedIterator(DataIterator):
         # The thread reads each source and builds mixed blocks of many steps (one take per
         # block puts every step's rows of each source together); the caller's thread only
         # slices batches from them, as for one dataset.
+        schema = parts[0]._source.schema
+
         def produce() -> Iterator[tuple[np.ndarray, Any]]:
             streams = [
-                _Stream(ops, read(p._source, pc, read_rows(p._source, batch_size)))
+                _Stream(ops, read(p._source, pc, read_rows(p._source, batch_size)), schema)
                 for p, pc in zip(parts, pieces)
             ]
             step = 0
@@ -360,9 +362,12 @@ class MixedIterator(DataIterator):
 class _Stream:
     """A source's blocks, taken from ``c`` rows at a time."""
 
-    def __init__(self, ops: BlockOps[Any], batches: Iterator[pa.RecordBatch]) -> None:
+    def __init__(
+        self, ops: BlockOps[Any], batches: Iterator[pa.RecordBatch], schema: pa.Schema
+    ) -> None:
         self._ops = ops
-        self._batches = batches
+        # the first source's schema (types are checked equal; nullability, metadata may differ)
+        self._batches = (b if b.schema.equals(schema) else b.cast(schema) for b in batches)
         self._block: Any = None
         self._pos = 0
         self._len = 0
