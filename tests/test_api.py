@@ -57,6 +57,7 @@ PUBLIC_MODULES = {
     "phalanx.tensorflow": "ray.train.tensorflow",
     "phalanx.torch": "ray.train.torch",
     "phalanx.serve": "phalanx serve / Ray Serve deployments of predictors",
+    "phalanx.ui": "phalanx ui: the run viewer (start() serves it from a notebook)",
     "phalanx.sklearn": "ray.train.sklearn (AIR's SklearnTrainer)",
     "phalanx.xgboost": "ray.train.xgboost",
     # Modules inside packages that mirror a Ray module path.

@@ -9,6 +9,7 @@ phalanx metrics <run> [--all-ranks]                  the full metrics history as
 phalanx serve <checkpoint or run> [--port P] [--ray]  answer HTTP requests with the model
 phalanx profile <run> [--rank R] [--seconds N]       flame graph + torch.profiler trace of a rank
 phalanx migrate <path>... [--write | --check]        port Ray Train code to phalanx
+phalanx ui [<storage_path>] [--port P]               the runs in a browser (charts, logs, live)
 
 <run> is a run directory (result.path): <storage_path>/<name>, or a run's name as `phalanx ls`
 prints it for the default storage ($PHALANX_STORAGE_PATH or ~/phalanx_results): `phalanx show
@@ -28,6 +29,7 @@ from phalanx.cli import _commands as commands
 from phalanx.cli import _migrate as migrate
 from phalanx.cli import _profile as profile
 from phalanx.cli import _serve as serve
+from phalanx.cli import _ui as ui
 from phalanx.cli._runs import CLIError, RunView, find_runs, open_run
 from phalanx.errors import StorageError
 
@@ -70,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_parser(sub)
     profile.add_parser(sub)
     migrate.add_parser(sub)
+    ui.add_parser(sub)
     return parser
 
 
@@ -96,6 +99,8 @@ def _run(args: argparse.Namespace, out: Callable[[str], None]) -> None:
         serve.serve(args)
     elif args.command == "profile":
         profile.profile(args, out)
+    elif args.command == "ui":
+        ui.ui(args, out)
     else:
         commands.metrics(open_run(args.run), args.all_ranks, out)
 
