@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import phalanx as train
@@ -19,16 +21,14 @@ def make_runs(storage: str, tmp: str) -> None:
         ctx = train.get_context()
         start = 0
         if train.get_checkpoint() is not None:
-            with train.get_checkpoint().as_directory() as d:
-                start = int(open(f"{d}/step").read())
+            with train.get_checkpoint().as_directory() as d, open(f"{d}/step") as f:
+                start = int(f.read())
         for step in range(start, 12):
             metrics = {"loss": 1.0 / (1 + step * config["lr"]), "accuracy": step / 12}
             if config.get("crash_at") == step and ctx.get_world_rank() == 0 and start == 0:
                 raise RuntimeError("lost the node (on purpose)")
             if step % 4 == 3:
                 path = f"{tmp}/{config['lr']}-{step}-{start}"
-                import os
-
                 os.makedirs(path, exist_ok=True)
                 with open(f"{path}/step", "w") as f:
                     f.write(str(step + 1))
