@@ -1,16 +1,36 @@
-"""Real runs for the viewer's tests: made by fit() on the thread engine in a module's storage."""
+"""Real runs for the viewer's tests: made by fit() on the thread engine in a package's storage.
+
+The browser tests share one chromium (and Playwright's driver) for their module: this
+directory's ``no_leaks`` lets those outlive a test, and nothing else.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
+from _leaks import any_child
+from _leaks import no_leaks as check_no_leaks
 
 import phalanx as train
 from phalanx import DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
 from phalanx.errors import TrainingFailedError
 
 pytest.importorskip("starlette")
+
+
+BROWSER_PROCESSES = ("chromium", "chrome", "node")  # node: Playwright's driver
+
+
+def browser_tolerant(name: str) -> bool:
+    return any_child(name) and not name.startswith(BROWSER_PROCESSES)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(isolated_home: str) -> Iterator[None]:
+    with check_no_leaks(browser_tolerant):
+        yield
 
 
 def make_runs(storage: str, tmp: str) -> None:
