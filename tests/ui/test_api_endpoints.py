@@ -159,3 +159,29 @@ def test_phalanx_ui_serves_on_loopback_prints_its_address_and_stops_on_sigterm(r
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_a_directory_of_runs_is_a_sweep_with_its_trials(runs, tmp_path):
+    import json
+    import shutil
+
+    storage = tmp_path / "storage"
+    for trial in ("good", "other"):
+        shutil.copytree(runs / trial, storage / "lr-sweep" / f"trial_{trial}")
+    (storage / "lr-sweep" / "tuner_state.json").write_text(
+        json.dumps({"metric": "loss", "mode": "min", "secret": {"pickle": "x"}})
+    )
+    with TestClient(
+        build_app(Viewer(StorageRoot.open(str(storage)))), base_url="http://127.0.0.1"
+    ) as c:
+        _, listing = get(c, "runs")
+        assert listing["runs"] == []
+        assert listing["sweeps"] == [
+            {"name": "lr-sweep", "trials": 2, "state": {"metric": "loss", "mode": "min"}}
+        ]
+        code, sweep = get(c, "sweep", sweep="lr-sweep")
+        assert code == 200
+        assert [t["id"] for t in sweep["trials"]] == ["lr-sweep/trial_good", "lr-sweep/trial_other"]
+        assert [t["config"]["lr"] for t in sweep["trials"]] == [0.1, 0.2]
+        assert get(c, "run", run="lr-sweep/trial_good")[1]["status"] == "finished"
+        assert get(c, "sweep", sweep="nope")[0] == 404

@@ -87,7 +87,7 @@ class StorageRoot:
                 continue
             trials = [
                 f"{name}/{trial}"
-                for trial in self._directories(self._join(self.path, name))
+                for trial in sorted(self._directories(self._join(self.path, name)))
                 if self.names(self._join(self.path, name, trial)) & RUN_FILES
             ]
             if trials:

@@ -142,8 +142,10 @@ async function runPage(id) {
       r.checkpoint_list.map((c) => row([c.name, Object.entries(c.metrics).map(([n, v]) => `${n}=${fmtValue(v)}`).join(" "), fmtBytes(c.size),
         [c.rank === 1 ? "best" : "", c.latest ? "latest" : "", c.validation || ""].filter(Boolean).join(", ")]))) : h("p", { class: "muted", text: "No checkpoint yet." })));
     if (r.stragglers.length) {
-      parts.push(section("stragglers", "Stragglers", table(["Rank", "Slowdown", "Cause", "From", "To"],
-        r.stragglers.map((s) => row([fmtValue(s.rank), fmtValue(s.slowdown), fmtValue(s.cause ?? s.causes), fmtValue(s.start_iteration ?? s.start), fmtValue(s.end_iteration ?? s.end)])))));
+      parts.push(section("stragglers", "Stragglers", table(["Attempt", "Rank", "Host", "Slowdown", "Cause", "Excess", "Rounds"],
+        r.stragglers.map((s) => row([fmtValue(s.attempt), fmtValue(s.rank), fmtValue(s.host), `×${fmtValue(s.slowdown)}`, fmtValue(s.cause),
+          typeof s.excess_s === "number" ? `${fmtValue(s.excess_s * 1000)} ms per ${s.per || "step"}` : "-",
+          `${fmtValue(s.first_round)}–${fmtValue(s.last_round)}`])))));
     }
     if (r.goodput) {
       parts.push(section("goodput", "Goodput", h("p", { text: r.goodput.summary }),
