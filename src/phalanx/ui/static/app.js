@@ -8,6 +8,12 @@ const POINTS = 1000;
 let charts = [];
 onResize(() => charts);
 
+// The best checkpoint and its score ("-" for none; the latest, unscored, where the run has no score).
+function bestText(best) {
+  if (!best) return "-";
+  return best.metric ? `${best.checkpoint} (${best.metric} ${fmtValue(best.value)})` : best.checkpoint;
+}
+
 function failed(error) {
   clear(app, h("p", { class: "error", role: "alert", text: error.message }));
 }
@@ -54,7 +60,7 @@ async function runsPage() {
       fmtTime(r.started),
       fmtDuration(liveDuration(r, Date.now() / 1000)),
       fmtValue(r.iteration),
-      r.best ? `${r.best.checkpoint}${r.best.metric ? ` (${r.best.metric} ${fmtValue(r.best.value)})` : ""}` : "-",
+      bestText(r.best),
       r.goodput ? fmtShare(r.goodput.goodput) : "-",
     ], { dataset: { run: r.id } }));
     const parts = [table(header, rows, { class: "runs", id: "runs" })];
@@ -231,7 +237,7 @@ async function comparePage() {
   const data = await api("compare", { runs: chosen.join(","), points: POINTS });
   const box = h("div", { class: "charts", id: "charts" });
   clear(app, h("h1", { text: `Compare ${chosen.length} runs` }), picker,
-    section("summary", "Runs", table(["Run", "Status", "Iteration", "Best", "Goodput"], data.runs.map((r) => row([runLink(r.id), statusBadge(r.status, r.verified), fmtValue(r.iteration), r.best ? `${r.best.checkpoint} ${fmtValue(r.best.value)}` : "-", r.goodput ? fmtShare(r.goodput.goodput) : "-"])))),
+    section("summary", "Runs", table(["Run", "Status", "Iteration", "Best", "Goodput"], data.runs.map((r) => row([runLink(r.id), statusBadge(r.status, r.verified), fmtValue(r.iteration), bestText(r.best), r.goodput ? fmtShare(r.goodput.goodput) : "-"])))),
     section("metrics", "Metrics", box),
     section("config", "Configuration differences", data.config.length ? table(["Key", ...data.runs.map((r) => r.id)], data.config.map((c) => row([c.key, ...c.values.map(fmtValue)], { class: c.differs ? "differs" : "" }))) : h("p", { class: "muted", text: "The configurations are the same." })));
   charts = Object.entries(data.metrics).map(([name, byRun]) => new OverlayChart(box, name, Object.entries(byRun)));
@@ -248,7 +254,7 @@ async function sweepPage(name) {
   clear(app, h("h1", { text: `Sweep ${name}` }), stateText ? h("p", { class: "muted", text: stateText }) : null,
     section("trials", "Trials", table(["Trial", "Status", ...keys, "Iteration", "Best", "Metrics"], data.trials.map((t) => row([
       runLink(t.id, t.name), statusBadge(t.status, t.verified), ...keys.map((k) => fmtValue(t.config[k])), fmtValue(t.iteration),
-      t.best ? `${t.best.checkpoint} ${fmtValue(t.best.value)}` : "-",
+      bestText(t.best),
       Object.entries(t.metrics).slice(0, 4).map(([n, v]) => `${n}=${fmtValue(v)}`).join(" "),
     ])))),
     h("p", {}, h("a", { href: `/compare?runs=${data.trials.map((t) => encodeURIComponent(t.id)).join(",")}`, text: "Compare these trials" })));
