@@ -1,12 +1,14 @@
-"""Every shell command in README.md runs as written after the quick start's demo, as a new user
-would run them: in a fresh HOME (so ``~/phalanx_results`` is this test's), from a directory
-holding a copy of ``examples/``, through the installed ``phalanx`` script and bash.
+"""Every shell command of the documentation (README.md and every page under docs/) runs as
+written after the quick start's demo, as a new user would run them: in a fresh HOME (so
+``~/phalanx_results`` is this test's), from a directory holding a copy of ``examples/``, through
+the installed ``phalanx`` script and bash.
 
-The rule for ```bash blocks: the first is the set-up (install, then ``python examples/demo.py``,
-which this test runs; and the whole suite); every later one runs, line by line, unless an HTML
+The rule for ```bash blocks (tests/_helpers/doc_blocks.py finds them, README.md first, then the
+pages in path order): README.md's first is the set-up (install, then ``python examples/demo.py``,
+which this test runs; and the whole suite); every other one runs, line by line, unless an HTML
 comment ``<!-- not run: why -->`` stands just before it. Comment lines are skipped, and so are
 ``pip install`` lines (the environment is installed). ``my_project/``, the reader's own code in
-the README, is a small Ray Train script here. A ``phalanx serve`` line starts the server in the
+the docs, is a small Ray Train script here. A ``phalanx serve`` line starts the server in the
 background and waits until it answers ``/readyz``; later ``curl`` lines query it; it is stopped
 with SIGINT (as Ctrl-C would) when another server takes its port or the block ends, and must exit
 0 saying so. Ports are mapped to free ones, so the test runs beside anything on port 8000.
@@ -25,11 +27,7 @@ from pathlib import Path
 
 import pytest
 from _helpers import free_port, wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
-BLOCK = re.compile(r"(?:<!-- not run: (?P<why>.*?) -->\n)?```bash\n(?P<code>.*?)```", re.S)
-# The blocks the README keeps from this test, with why: keep this list short.
-NOT_RUN = ["starts Ray Serve on a new local Ray instance (a minute or more on 2 cores)"]
+from _helpers.doc_blocks import ROOT, blocks
 
 RAY_TRAIN_SCRIPT = """\
 import ray.train
@@ -40,14 +38,14 @@ from ray.train.torch import TorchTrainer
 pytestmark = pytest.mark.slow
 
 
-def readme_blocks() -> list[tuple[str | None, list[str]]]:
-    """(why it is not run or None, its commands) for each ```bash block, in order."""
-    text = (ROOT / "README.md").read_text()
-    blocks = []
-    for match in BLOCK.finditer(text):
-        lines = [line.strip() for line in match["code"].splitlines()]
-        blocks.append((match["why"], [ln for ln in lines if ln and not ln.startswith("#")]))
-    return blocks
+def doc_blocks() -> list[tuple[str, str | None, list[str]]]:
+    """(where, why it is not run or None, its commands) for each ```bash block, in order."""
+    found = []
+    for block in blocks("bash"):
+        lines = [line.strip() for line in block.code.splitlines()]
+        commands = [ln for ln in lines if ln and not ln.startswith("#")]
+        found.append((block.id, block.not_run, commands))
+    return found
 
 
 @dataclass
@@ -62,7 +60,7 @@ class Shell:
     def port(self, readme_port: int) -> int:
         return self.ports.setdefault(readme_port, free_port())
 
-    def run(self, line: str) -> str:
+    def run(self, line: str, where: str = "") -> str:
         if line.startswith("pip install "):
             return ""
         if line.startswith("phalanx serve "):
@@ -73,8 +71,9 @@ class Shell:
             ["bash", "-c", line], cwd=self.cwd, env=self.env, capture_output=True, text=True,
             timeout=120,
         )  # fmt: skip
-        assert done.returncode == 0, f"{line}\nexit {done.returncode}\n{done.stdout}{done.stderr}"
-        assert (done.stdout + done.stderr).strip(), f"{line} printed nothing"
+        said = f"{where}: {line}"
+        assert done.returncode == 0, f"{said}\nexit {done.returncode}\n{done.stdout}{done.stderr}"
+        assert (done.stdout + done.stderr).strip(), f"{said} printed nothing"
         return done.stdout
 
     def serve(self, line: str) -> str:
@@ -124,9 +123,9 @@ class Shell:
 
 
 def test_every_readme_command_runs_as_written_after_the_demo(tmp_path):
-    setup, *blocks = readme_blocks()
-    assert "python examples/demo.py" in setup[1][0], setup
-    assert [why for why, _ in blocks if why] == NOT_RUN
+    setup, *rest = doc_blocks()
+    assert setup[0].startswith("README.md:") and "python examples/demo.py" in setup[2][0], setup
+    assert all(why != "" for _, why, _ in rest), "`<!-- not run: -->` needs its reason"
     home, cwd = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     shutil.copytree(ROOT / "examples", cwd / "examples")
@@ -139,11 +138,11 @@ def test_every_readme_command_runs_as_written_after_the_demo(tmp_path):
     assert (home / "phalanx_results" / "demo" / "run.json").exists()
     outputs = {}
     try:
-        for why, commands in blocks:
+        for where, why, commands in rest:
             if why:
                 continue
             for line in commands:
-                outputs[line] = shell.run(line)
+                outputs[line] = shell.run(line, where)
             shell.stop_all()
     finally:
         shell.kill_all()
