@@ -14,7 +14,7 @@ attempt rank 1 sends itself SIGTERM after step ``--sigterm-step`` (what a spot r
 its own budget). Two loops:
 
 - ``notice``: also checkpoints (rank 0) in every round once ``phalanx.get_preemption_info()``
-  is not None, so the stop round carries a checkpoint (the README's recipe).
+  is not None, so the stop round carries a checkpoint (docs/guides/failures.md's recipe).
 - ``periodic``: ignores the notice: the run resumes from the last periodic checkpoint.
 
 Measured:

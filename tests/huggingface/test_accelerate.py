@@ -1,5 +1,5 @@
-"""The Accelerate recipe (README, "Hugging Face"): an ``Accelerator`` inside ``TorchTrainer``,
-``accelerator.save_state`` checkpoints reported through phalanx and restored with
+"""The Accelerate recipe (docs/guides/frameworks/huggingface.md): an ``Accelerator`` inside
+``TorchTrainer``, ``accelerator.save_state`` checkpoints reported through phalanx and restored with
 ``load_state`` after a worker is killed. Real processes, 2 ranks, gloo."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""save_state from a Lightning callback (the README's example): real Lightning, 2 CPU workers
-(DDP, gloo); a resumed run loads the model, the optimizer and the epoch back."""
+"""save_state from a Lightning callback (docs/guides/checkpoints.md's example): real Lightning,
+2 CPU workers (DDP, gloo); a resumed run loads the model, the optimizer and the epoch back."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from phalanx.torch import load_state, save_state  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-# -- the README's example -------------------------------------------------------------------------
+# -- the checkpoints guide's example ---------------------------------------------------------------
 class SaveState(pl.Callback):
     """At each epoch's end: the model, the optimizer and the epochs done as a save_state
     checkpoint. When the run resumes, they are loaded back as training starts."""

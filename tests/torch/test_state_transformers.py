@@ -1,6 +1,6 @@
-"""save_state from a Hugging Face TrainerCallback (the README's example): real transformers, a
-tiny BERT built from a config, 2 CPU workers (DDP, gloo); a resumed run loads the model, the
-optimizer, the LR scheduler and the step back."""
+"""save_state from a Hugging Face TrainerCallback (docs/guides/checkpoints.md's example): real
+transformers, a tiny BERT built from a config, 2 CPU workers (DDP, gloo); a resumed run loads the
+model, the optimizer, the LR scheduler and the step back."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from phalanx.torch import load_state, save_state  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-# -- the README's example -------------------------------------------------------------------------
+# -- the checkpoints guide's example ---------------------------------------------------------------
 class SaveState(TrainerCallback):
     """Every ``every`` steps: the model, the optimizer, the LR scheduler and the step as a
     save_state checkpoint. When the run resumes, they are loaded back as training begins."""

@@ -25,7 +25,7 @@ HOROVOD_UNAVAILABLE_MESSAGE = (
     "then call TorchTrainer(...) with the same arguments, without horovod_config. "
     "hvd.allreduce(t) becomes torch.distributed.all_reduce(t) (a sum; divide by the world size "
     "for hvd.Average), hvd.rank()/hvd.size() become phalanx.get_context().get_world_rank()/"
-    "get_world_size(). See the README's Horovod section."
+    "get_world_size(). See docs/guides/frameworks/horovod.md."
 )
 
 

@@ -171,20 +171,20 @@ UNSUPPORTED: dict[str, str] = {
 _AIR_TRAINER = (
     "{name} is AIR's {framework} trainer API (removed from Ray since): it runs as written "
     "and warns (DeprecationWarning) with the two-line TorchTrainer form to move to; see "
-    "README, {section}"
+    "docs/guides/frameworks/{page}.md"
 )
 DEPRECATED: dict[str, str] = {
     "phalanx.huggingface.TransformersTrainer": _AIR_TRAINER.format(
-        name="TransformersTrainer", framework="Transformers", section="Hugging Face"
+        name="TransformersTrainer", framework="Transformers", page="huggingface"
     ),
     "phalanx.huggingface.AccelerateTrainer": _AIR_TRAINER.format(
-        name="AccelerateTrainer", framework="Accelerate", section="Hugging Face"
+        name="AccelerateTrainer", framework="Accelerate", page="huggingface"
     ),
     "phalanx.lightning.LightningTrainer": _AIR_TRAINER.format(
-        name="LightningTrainer", framework="Lightning", section="Lightning"
+        name="LightningTrainer", framework="Lightning", page="lightning"
     ),
     "phalanx.lightning.LightningConfigBuilder": _AIR_TRAINER.format(
-        name="LightningConfigBuilder", framework="Lightning", section="Lightning"
+        name="LightningConfigBuilder", framework="Lightning", page="lightning"
     ),
 }
 
