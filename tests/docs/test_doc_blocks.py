@@ -26,7 +26,7 @@ RUN = [block for block in PYTHON if block.not_run is None]
 def test_every_block_kept_from_running_says_why():
     for block in blocks("python") + blocks("bash"):
         assert block.not_run != "", f"{block.id}: `<!-- not run: -->` needs its reason"
-    assert len(RUN) >= 20, "the pages' Python blocks are found"
+    assert len(RUN) >= 10, "the pages' Python blocks are found"
 
 
 @pytest.mark.parametrize("block", RUN, ids=[block.id for block in RUN])

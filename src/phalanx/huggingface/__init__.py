@@ -6,13 +6,19 @@ so ``import phalanx.huggingface`` works without ``transformers`` installed.
 
 Accelerate needs no helper (Ray removed its ``AccelerateTrainer`` too): create an
 ``accelerate.Accelerator()`` inside a :class:`phalanx.torch.TorchTrainer` training function; the
-README's "Hugging Face" section shows the recipe, with checkpoints.
+Hugging Face guide (docs/guides/frameworks/huggingface.md) shows the recipe, with checkpoints.
 
 AIR's deprecated ``TransformersTrainer`` and ``AccelerateTrainer`` (``ray.train.huggingface``'s
 names in Ray 2.5-2.7) are here too, imported on first use.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for type checkers and the API reference; imported on use below
+    from phalanx.huggingface._accelerate_trainer import AccelerateTrainer
+    from phalanx.huggingface._transformers_trainer import TransformersTrainer
 
 __all__ = ["AccelerateTrainer", "TransformersTrainer"]
 

@@ -45,6 +45,9 @@ from phalanx.tensorflow._trainer import TensorflowTrainer
 # A TensorflowCheckpoint pickled before the module was renamed names this path.
 _keep_old_paths(__name__, ["checkpoint"])
 
+if _typing.TYPE_CHECKING:  # for type checkers and the API reference; imported on use below
+    from phalanx.tensorflow.keras import ReportCheckpointCallback
+
 __all__ = [
     "ReportCheckpointCallback",
     "TensorflowCheckpoint",

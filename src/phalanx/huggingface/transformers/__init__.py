@@ -22,6 +22,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from phalanx._internal.optional import missing as _missing_extra
 
 if _missing := _missing_extra(
@@ -36,6 +38,9 @@ if _missing := _missing_extra(
 
 from phalanx.huggingface.transformers._callback import RayTrainReportCallback
 from phalanx.huggingface.transformers._data import prepare_trainer
+
+if TYPE_CHECKING:  # for type checkers and the API reference; imported on use below
+    from phalanx.huggingface._transformers_trainer import TransformersTrainer
 
 __all__ = ["RayTrainReportCallback", "TransformersTrainer", "prepare_trainer"]
 
