@@ -25,11 +25,23 @@ __all__ = ["barrier", "broadcast_from_rank_zero"]
 
 
 def barrier() -> None:
-    """Wait until every rank has called ``barrier()``."""
+    """Wait until every rank has called ``barrier()``.
+
+    Example::
+
+        if phalanx.get_context().get_world_rank() == 0:
+            download_dataset()
+        phalanx.collective.barrier()  # the others wait for rank 0's download
+    """
     barrier_on(require_session("collective.barrier"))
 
 
 def broadcast_from_rank_zero(data: Any) -> Any:
     """Return rank 0's ``data`` on every rank (it must pickle; other ranks' ``data`` is
-    ignored)."""
+    ignored).
+
+    Example::
+
+        run_id = phalanx.collective.broadcast_from_rank_zero(uuid.uuid4().hex)  # one id on all
+    """
     return broadcast_on(require_session("collective.broadcast_from_rank_zero"), data)

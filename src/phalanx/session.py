@@ -91,13 +91,27 @@ def report(
 
 
 def get_context() -> TrainContext:
-    """This worker's ranks, world size, experiment name and storage."""
+    """This worker's ranks, world size, experiment name and storage.
+
+    Example::
+
+        context = phalanx.get_context()
+        if context.get_world_rank() == 0:
+            print(f"{context.get_world_size()} workers")
+    """
     return require_session("get_context").context
 
 
 def get_checkpoint() -> Checkpoint | None:
     """The latest committed checkpoint when this worker started (after a retry or a resume), or
-    the last checkpoint this worker reported since; None on a fresh run."""
+    the last checkpoint this worker reported since; None on a fresh run.
+
+    Example::
+
+        if checkpoint := phalanx.get_checkpoint():
+            with checkpoint.as_directory() as d:
+                model.load_state_dict(torch.load(f"{d}/model.pt"))
+    """
     return require_session("get_checkpoint").latest_checkpoint
 
 
@@ -106,6 +120,12 @@ def get_dataset_shard(dataset_name: str | None = None) -> Any:
 
     Without a name: the only dataset, or ``"train"`` when there are several; None when the
     trainer was given no datasets.
+
+    Example::
+
+        shard = phalanx.get_dataset_shard("train")
+        for batch in shard.iter_torch_batches(batch_size=64):
+            ...
     """
     shards = require_session("get_dataset_shard").dataset_shards
     name = dataset_name
@@ -135,6 +155,13 @@ def get_preemption_info() -> PreemptionInfo | None:
     stop right after its ``report()`` of round ``stop_round``: save a checkpoint before then.
 
     A cheap attribute read: call it every step.
+
+    Example::
+
+        checkpoint = None
+        if phalanx.get_preemption_info() is not None:  # every rank stops after round stop_round
+            checkpoint = save(model)
+        phalanx.report(metrics, checkpoint=checkpoint)
     """
     return require_session("get_preemption_info").preemption
 

@@ -133,6 +133,13 @@ def _print_err(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``phalanx`` command: runs ``argv`` (``sys.argv[1:]`` when None), returns the exit status.
+
+    Example::
+
+        from phalanx.cli import main
+        main(["show", "demo"])  # as `phalanx show demo`
+    """
     args = _parser().parse_args(argv)
     try:
         if args.command == "migrate":

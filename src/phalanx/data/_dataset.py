@@ -288,7 +288,13 @@ def read_parquet(
 ) -> Dataset:
     """Parquet files or folders (local paths or URIs; ``filesystem``: an fsspec or pyarrow
     filesystem). Workers read only the row groups of their shard. ``shuffle="files"``: a new
-    seeded order of the row groups every epoch."""
+    seeded order of the row groups every epoch.
+
+    Example::
+
+        train = phalanx.data.read_parquet("s3://bucket/train/", shuffle="files", seed=0)
+        TorchTrainer(train_func, datasets={"train": train}, ...)
+    """
     source = file_source(
         paths, label="read_parquet", format="parquet", filesystem=filesystem, columns=columns
     )
@@ -303,7 +309,12 @@ def read_csv(
     shuffle: str | None = None,
     seed: int | None = None,
 ) -> Dataset:
-    """CSV files or folders (with a header line; ``.gz``/``.bz2``/``.zst`` read as such)."""
+    """CSV files or folders (with a header line; ``.gz``/``.bz2``/``.zst`` read as such).
+
+    Example::
+
+        dataset = phalanx.data.read_csv(["data/a.csv", "data/b.csv.gz"], columns=["x", "y"])
+    """
     source = file_source(
         paths, label="read_csv", format="csv", filesystem=filesystem, columns=columns
     )
@@ -318,7 +329,12 @@ def read_json(
     shuffle: str | None = None,
     seed: int | None = None,
 ) -> Dataset:
-    """JSON-lines files or folders (one object per line)."""
+    """JSON-lines files or folders (one object per line).
+
+    Example::
+
+        dataset = phalanx.data.read_json("logs/", shuffle="files", seed=1)
+    """
     source = file_source(
         paths, label="read_json", format="json", filesystem=filesystem, columns=columns
     )
@@ -326,22 +342,45 @@ def read_json(
 
 
 def from_arrow(table: pa.Table) -> Dataset:
+    """A dataset of a pyarrow table's rows (held in memory, sharded by rows across workers).
+
+    Example::
+
+        dataset = phalanx.data.from_arrow(pa.table({"x": [1.0, 2.0], "y": [0, 1]}))
+    """
     return Dataset(TableSource(table))
 
 
 def from_pandas(df: Any) -> Dataset:
+    """A dataset of a pandas DataFrame's rows (its index is dropped).
+
+    Example::
+
+        dataset = phalanx.data.from_pandas(pd.DataFrame({"x": [1.0, 2.0], "y": [0, 1]}))
+    """
     return Dataset(TableSource(pa.Table.from_pandas(df, preserve_index=False)))
 
 
 def from_numpy(arrays: np.ndarray | dict[str, Any]) -> Dataset:
     """A dict of equal-length arrays (one column each), or one array (column ``"data"``).
-    Arrays with more than one dimension become tensor columns, given back with their shape."""
+    Arrays with more than one dimension become tensor columns, given back with their shape.
+
+    Example::
+
+        dataset = phalanx.data.from_numpy({"image": np.zeros((8, 28, 28)), "label": np.arange(8)})
+    """
     if isinstance(arrays, np.ndarray):
         arrays = {"data": arrays}
     return Dataset(TableSource(pa.table({k: to_arrow_column(v) for k, v in arrays.items()})))
 
 
 def from_items(items: list[dict[str, Any]]) -> Dataset:
+    """A dataset of a list of rows (dicts of column to value).
+
+    Example::
+
+        dataset = phalanx.data.from_items([{"x": i, "y": i % 2} for i in range(100)])
+    """
     return Dataset(TableSource(pa.Table.from_pylist(items)))
 
 

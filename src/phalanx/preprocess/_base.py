@@ -29,6 +29,14 @@ class PreprocessorNotFittedError(RuntimeError):
 
 
 class FitStatus(str, enum.Enum):  # enum.StrEnum from Python 3.11 on; Ray's is (str, Enum) too
+    """Whether a preprocessor has been fitted (``Preprocessor.fit_status()``), as Ray's.
+
+    Example::
+
+        scaler = StandardScaler(columns=["x"])
+        assert scaler.fit_status() == FitStatus.NOT_FITTED
+    """
+
     NOT_FITTABLE = "NOT_FITTABLE"
     NOT_FITTED = "NOT_FITTED"
     PARTIALLY_FITTED = "PARTIALLY_FITTED"

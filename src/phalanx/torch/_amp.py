@@ -49,7 +49,17 @@ def _run_state() -> _AmpState:
 
 
 def accelerate(amp: bool = False) -> None:
-    """Turn on automatic mixed precision for the models and optimizers prepared afterwards."""
+    """Turn on automatic mixed precision for the models and optimizers prepared afterwards.
+
+    Example::
+
+        phalanx.torch.accelerate(amp=True)  # first, in the training function
+        model = phalanx.torch.prepare_model(model)
+        optimizer = phalanx.torch.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        loss = model(x).sum()
+        phalanx.torch.backward(loss)  # loss.backward(), scaled under AMP on a GPU
+        optimizer.step()
+    """
     state = _run_state()
     if state.prepared:
         raise RuntimeError(
@@ -89,7 +99,17 @@ class AutocastForward:
 
 
 def prepare_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """With AMP on a GPU, make ``optimizer.step()`` unscale gradients and update the scaler."""
+    """With AMP on a GPU, make ``optimizer.step()`` unscale gradients and update the scaler.
+
+    Example::
+
+        phalanx.torch.accelerate(amp=True)  # first, in the training function
+        model = phalanx.torch.prepare_model(model)
+        optimizer = phalanx.torch.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        loss = model(x).sum()
+        phalanx.torch.backward(loss)  # loss.backward(), scaled under AMP on a GPU
+        optimizer.step()
+    """
     mark_prepared()
     scaler = _scaler(get_device())
     if scaler is None:
@@ -98,7 +118,17 @@ def prepare_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer
 
 
 def backward(tensor: torch.Tensor) -> None:
-    """``tensor.backward()``, with the loss scaled when AMP runs on a GPU."""
+    """``tensor.backward()``, with the loss scaled when AMP runs on a GPU.
+
+    Example::
+
+        phalanx.torch.accelerate(amp=True)  # first, in the training function
+        model = phalanx.torch.prepare_model(model)
+        optimizer = phalanx.torch.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        loss = model(x).sum()
+        phalanx.torch.backward(loss)  # loss.backward(), scaled under AMP on a GPU
+        optimizer.step()
+    """
     scaler = _scaler(tensor.device)
     if scaler is not None:
         scaler.scale(tensor).backward()

@@ -24,5 +24,11 @@ def get_device() -> torch.device:
 
 
 def get_devices() -> list[torch.device]:
-    """All of this worker's torch devices (one per assigned GPU), or ``[cpu]`` without GPUs."""
+    """All of this worker's torch devices (one per assigned GPU), or ``[cpu]`` without GPUs.
+
+    Example::
+
+        devices = phalanx.torch.get_devices()  # ScalingConfig(resources_per_worker={"GPU": 2})
+        encoder, decoder = encoder.to(devices[0]), decoder.to(devices[-1])
+    """
     return torch_devices()
