@@ -46,7 +46,14 @@ __all__ = ["Backend", "BackendConfig", "WorkerGroup", "WorkerInfo"]
 
 class WorkerInfo(Protocol):
     """One started worker: ``worker_group.workers[rank]``. Ranks are assigned as torchrun does:
-    workers grouped by node, nodes in the order their first worker started."""
+    workers grouped by node, nodes in the order their first worker started.
+
+    Example::
+
+        def on_start(self, worker_group, backend_config):
+            for worker in worker_group.workers:
+                print(worker.world_rank, worker.local_rank, worker.node_rank, worker.host)
+    """
 
     @property
     def world_rank(self) -> int: ...
@@ -77,6 +84,21 @@ class WorkerGroup(Protocol):
     A function given to ``execute*`` runs in the worker (pickled by cloudpickle on process
     engines); the calls raise ``phalanx.WorkerGroupError`` naming the ranks that failed or did
     not answer within ``timeout_s``.
+
+    Example::
+
+        class MyBackend(Backend):
+            def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+                hosts = [worker.host for worker in worker_group.workers]
+                worker_group.execute(os.environ.__setitem__, "MY_HOSTS", ",".join(hosts))
+
+        @dataclass
+        class MyConfig(BackendConfig):
+            @property
+            def backend_cls(self):
+                return MyBackend
+
+        DataParallelTrainer(train_func, backend_config=MyConfig(), ...).fit()
     """
 
     @property
@@ -124,7 +146,23 @@ class WorkerGroup(Protocol):
 
 
 class Backend:
-    """Framework set-up hooks; all default to doing nothing."""
+    """Framework set-up hooks; all default to doing nothing.
+
+    Example::
+
+        class MyBackend(Backend):
+            def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+                hosts = [worker.host for worker in worker_group.workers]
+                worker_group.execute(os.environ.__setitem__, "MY_HOSTS", ",".join(hosts))
+
+        @dataclass
+        class MyConfig(BackendConfig):
+            @property
+            def backend_cls(self):
+                return MyBackend
+
+        DataParallelTrainer(train_func, backend_config=MyConfig(), ...).fit()
+    """
 
     share_cuda_visible_devices: bool = False
     # In-place recovery (Ray engine): run in each surviving worker once its training call ended,
@@ -148,7 +186,23 @@ class Backend:
 
 @dataclass
 class BackendConfig(KeywordChecked):
-    """Configuration of a framework's backend; ``backend_cls`` names the Backend to use."""
+    """Configuration of a framework's backend; ``backend_cls`` names the Backend to use.
+
+    Example::
+
+        class MyBackend(Backend):
+            def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+                hosts = [worker.host for worker in worker_group.workers]
+                worker_group.execute(os.environ.__setitem__, "MY_HOSTS", ",".join(hosts))
+
+        @dataclass
+        class MyConfig(BackendConfig):
+            @property
+            def backend_cls(self):
+                return MyBackend
+
+        DataParallelTrainer(train_func, backend_config=MyConfig(), ...).fit()
+    """
 
     @property
     def backend_cls(self) -> type[Backend]:

@@ -39,7 +39,14 @@ __all__ = ["Callback", "ReportInfo", "TrainRunContext", "UserCallback"]
 
 @dataclass(frozen=True)
 class TrainRunContext:
-    """What a callback knows about the run."""
+    """What a callback knows about the run.
+
+    Example::
+
+        class Announce(phalanx.Callback):
+            def before_run(self, run_context):
+                print(run_context.run_name, run_context.run_path, run_context.train_loop_config)
+    """
 
     run_config: RunConfig
     train_loop_config: dict[str, Any] | None
@@ -59,6 +66,12 @@ class ReportInfo:
     a ``step``. Log against ``step``; ``training_iteration`` is the round's position in the
     trajectory (what Ray calls it) and ``attempt`` is ``get_context().get_attempt()`` of the
     workers that reported it (0 for the first attempt of a ``fit()``).
+
+    Example::
+
+        class Tracker(phalanx.Callback):
+            def on_report(self, run_context, report):
+                log(report.run_metrics, step=report.step, iteration=report.training_iteration)
     """
 
     step: int
@@ -75,7 +88,16 @@ class ReportInfo:
 
 
 class Callback:
-    """Driver-side hooks. Override the ones you need."""
+    """Driver-side hooks. Override the ones you need.
+
+    Example::
+
+        class PrintLoss(phalanx.Callback):
+            def on_report(self, run_context, report):
+                print(report.step, report.run_metrics.get("loss"))
+
+        RunConfig(name="exp", callbacks=[PrintLoss()])
+    """
 
     def before_run(self, run_context: TrainRunContext) -> None:
         """Once, before the first worker starts."""

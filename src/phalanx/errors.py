@@ -88,6 +88,14 @@ class WorkerFailure:
     ``kind`` is ``"exception"`` (user code raised), ``"signal"`` (killed by a signal),
     ``"exit"`` (the process exited without finishing), ``"hang"`` (no progress),
     ``"preempted"`` (stopped by SIGTERM) or ``"startup"`` (the worker could not be started).
+
+    Example::
+
+        try:
+            trainer.fit()
+        except phalanx.WorkerGroupError as error:
+            for rank, failure in error.worker_failures.items():
+                print(rank, failure.kind, failure.type_name, failure.message)
     """
 
     rank: int

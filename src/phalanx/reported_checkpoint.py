@@ -17,6 +17,10 @@ class CheckpointConsistencyMode(enum.Enum):
     ``COMMITTED``: every round this rank reported is processed (its checkpoint, from whichever
     rank passed it, committed). ``VALIDATED``: and every validation requested with
     ``report(validation=...)`` has finished.
+
+    Example::
+
+        reported = phalanx.get_all_reported_checkpoints(CheckpointConsistencyMode.COMMITTED)
     """
 
     COMMITTED = "COMMITTED"
@@ -25,7 +29,14 @@ class CheckpointConsistencyMode(enum.Enum):
 
 class ReportedCheckpointStatus(enum.Enum):
     """``COMMITTED`` (no validation asked), ``PENDING_VALIDATION``, ``VALIDATED``,
-    ``VALIDATION_TIMEOUT`` or ``VALIDATION_FAILED``."""
+    ``VALIDATION_TIMEOUT`` or ``VALIDATION_FAILED``.
+
+    Example::
+
+        for reported in phalanx.get_all_reported_checkpoints():
+            if reported.status == ReportedCheckpointStatus.VALIDATED:
+                print(reported.checkpoint, reported.metrics)
+    """
 
     COMMITTED = "COMMITTED"
     PENDING_VALIDATION = "PENDING_VALIDATION"

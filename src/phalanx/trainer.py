@@ -37,7 +37,14 @@ LARGE_TRAIN_FN_BYTES = 50_000_000
 
 class BaseTrainer(KeywordChecked):
     """Shared by every trainer: configuration checks at construction, ``fit()``, and Ray's
-    ``restore``/``can_restore`` (a run resumes from its directory)."""
+    ``restore``/``can_restore`` (a run resumes from its directory).
+
+    Example::
+
+        path = "~/phalanx_results/exp"
+        if TorchTrainer.can_restore(path):
+            result = TorchTrainer.restore(path, train_loop_per_worker=train_func).fit()
+    """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         from phalanx._internal.restore import init_arguments

@@ -34,7 +34,18 @@ __all__ = ["ValidationConfig", "ValidationFn", "ValidationTaskConfig"]
 
 
 class ValidationFn(Protocol):
-    """A function that takes a checkpoint (and keyword arguments) and returns a dict of metrics."""
+    """A function that takes a checkpoint (and keyword arguments) and returns a dict of metrics.
+
+    Example::
+
+        def validate(checkpoint, batches=10):
+            return {"val_loss": evaluate(checkpoint, batches)}
+
+        trainer = TorchTrainer(train_func, validation_config=ValidationConfig(validate), ...)
+        # in train_func:
+        phalanx.report(metrics, checkpoint=checkpoint,
+                       validation=ValidationTaskConfig(fn_kwargs={"batches": 100}, timeout_s=600))
+    """
 
     def __call__(self, checkpoint: Checkpoint, **kwargs: Any) -> dict[str, Any]: ...
 
@@ -45,6 +56,16 @@ class ValidationTaskConfig(KeywordChecked):
 
     ``fn_kwargs`` override the trainer's defaults; ``timeout_s`` (None: no limit) marks the
     checkpoint ``VALIDATION_TIMEOUT`` when the function takes longer.
+
+    Example::
+
+        def validate(checkpoint, batches=10):
+            return {"val_loss": evaluate(checkpoint, batches)}
+
+        trainer = TorchTrainer(train_func, validation_config=ValidationConfig(validate), ...)
+        # in train_func:
+        phalanx.report(metrics, checkpoint=checkpoint,
+                       validation=ValidationTaskConfig(fn_kwargs={"batches": 100}, timeout_s=600))
     """
 
     fn_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -71,6 +92,16 @@ class ValidationConfig(KeywordChecked):
 
     ``ray_remote_kwargs`` is accepted for Ray scripts: phalanx runs the function in a thread of
     the driver, where Ray task options do not apply.
+
+    Example::
+
+        def validate(checkpoint, batches=10):
+            return {"val_loss": evaluate(checkpoint, batches)}
+
+        trainer = TorchTrainer(train_func, validation_config=ValidationConfig(validate), ...)
+        # in train_func:
+        phalanx.report(metrics, checkpoint=checkpoint,
+                       validation=ValidationTaskConfig(fn_kwargs={"batches": 100}, timeout_s=600))
     """
 
     def __init__(

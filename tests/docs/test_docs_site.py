@@ -80,3 +80,27 @@ def test_every_page_is_in_the_navigation_and_built(site):
     assert sorted(pages - listed) == [], "pages a reader cannot reach: add them to mkdocs.yml's nav"
     for page in listed:
         assert (site / page.removesuffix(".md").removesuffix("index") / "index.html").exists()
+
+
+def test_every_public_class_and_function_has_a_docstring_with_an_example():
+    import griffe
+
+    loader = griffe.GriffeLoader(search_paths=[str(ROOT / "src")])
+    package = loader.load("phalanx")
+    loader.resolve_aliases(implicit=False, external=False)
+    undocumented, without_example = set(), set()
+    for module in ["phalanx", *sorted(PUBLIC_MODULES)]:
+        found = package[module.removeprefix("phalanx.")] if module != "phalanx" else package
+        for name in _exported(module):
+            obj = found[name]
+            obj = obj.final_target if obj.is_alias else obj
+            if obj.kind.value not in ("class", "function"):
+                continue
+            doc = obj.docstring.value if obj.docstring else ""
+            if not doc:
+                undocumented.add(obj.path)
+            # An error is raised by phalanx, not built by the user: its message is its example.
+            elif "Example" not in doc and not name.endswith("Error"):
+                without_example.add(obj.path)
+    assert sorted(undocumented) == [], "public names without a docstring"
+    assert sorted(without_example) == [], "docstrings without an `Example::` section"

@@ -26,7 +26,13 @@ __all__ = ["ExecutionOptions", "ExecutionResources", "default_ingest_options", "
 
 @dataclass
 class ExecutionResources:
-    """Ray Data's ``ExecutionResources`` (None: no limit)."""
+    """Ray Data's ``ExecutionResources`` (None: no limit).
+
+    Example::
+
+        limits = ExecutionResources(cpu=4, gpu=0)
+        fewer = limits.copy(cpu=2)
+    """
 
     cpu: float | None = None
     gpu: float | None = None
@@ -41,7 +47,14 @@ class ExecutionResources:
 @dataclass
 class ExecutionOptions:
     """Ray Data's ``ExecutionOptions`` (Ray 2.60's fields), for code that builds one without
-    Ray Data in use."""
+    Ray Data in use.
+
+    Example::
+
+        options = ExecutionOptions(resource_limits=ExecutionResources(cpu=4))
+        config = DataConfig(execution_options=options)
+        trainer = TorchTrainer(train_func, dataset_config=config, ...)
+    """
 
     resource_limits: ExecutionResources = field(default_factory=ExecutionResources)
     exclude_resources: ExecutionResources = field(default_factory=ExecutionResources)

@@ -16,6 +16,12 @@ class CheckpointConfig(KeywordChecked):
     With ``checkpoint_score_attribute`` the ``num_to_keep`` best by that metric are kept (the
     latest is always kept until a newer one commits); without it, the newest ``num_to_keep``.
     ``checkpoint_frequency``/``checkpoint_at_end`` apply to trainers that own the loop (GBDT).
+
+    Example::
+
+        RunConfig(checkpoint_config=CheckpointConfig(
+            num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min",
+        ))  # keep the 2 with the lowest loss
     """
 
     num_to_keep: int | None = None

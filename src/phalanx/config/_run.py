@@ -60,6 +60,10 @@ class SyncConfig(KeywordChecked):
 
     Every checkpoint goes to ``storage_path`` as it is reported, and every log and metric is
     written there directly, so there is nothing to sync on a timer.
+
+    Example::
+
+        RunConfig(sync_config=SyncConfig(sync_period=300))  # accepted, not needed
     """
 
     sync_period: int = 300

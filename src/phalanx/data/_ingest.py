@@ -132,7 +132,12 @@ def _split(
 
 
 def as_dataset(value: Any, name: str = "dataset") -> Dataset:
-    """``value`` (any accepted kind of data) as a :class:`Dataset`."""
+    """``value`` (any accepted kind of data) as a :class:`Dataset`.
+
+    Example::
+
+        dataset = as_dataset(pandas_frame, name="train")  # as Trainer(datasets=...) does
+    """
     label = _label(name)
     if _is_paths(value):
         return Dataset(file_source(value, label=label))

@@ -43,7 +43,12 @@ class _HorovodBackend(Backend):
 
 @dataclass
 class HorovodConfig(BackendConfig):
-    """Ray's ``HorovodConfig`` fields; constructing it raises :class:`HorovodUnavailableError`."""
+    """Ray's ``HorovodConfig`` fields; constructing it raises :class:`HorovodUnavailableError`.
+
+    Example::
+
+        HorovodConfig()  # raises HorovodUnavailableError, with the TorchTrainer form to use
+    """
 
     nics: set[str] | None = None
     verbose: int = 1
@@ -68,7 +73,12 @@ class HorovodConfig(BackendConfig):
 
 class HorovodTrainer(DataParallelTrainer):
     """Ray's ``HorovodTrainer`` signature; constructing it raises
-    :class:`HorovodUnavailableError`, which says how to switch to ``TorchTrainer``."""
+    :class:`HorovodUnavailableError`, which says how to switch to ``TorchTrainer``.
+
+    Example::
+
+        HorovodTrainer(train_func, scaling_config=ScalingConfig(num_workers=2))  # raises
+    """
 
     def __init__(
         self,

@@ -75,6 +75,10 @@ class CSVLoggerCallback(_FileLogger):
 
     Unlike Ray's, a metric that first appears mid-run gets a column (the file is rewritten with
     the wider header) instead of being dropped.
+
+    Example::
+
+        RunConfig(name="exp", callbacks=[CSVLoggerCallback()])  # ~/phalanx_results/exp/progress.csv
     """
 
     filename = "progress.csv"
@@ -112,7 +116,12 @@ def _rewrite(path: str, columns: list[str], row: dict[str, Any]) -> None:
 
 class JsonLoggerCallback(_FileLogger):
     """One JSON object per round in ``<run>/result.json`` (nested metrics kept nested), and the
-    ``train_loop_config`` in ``<run>/params.json`` (written once; a resumed run keeps it)."""
+    ``train_loop_config`` in ``<run>/params.json`` (written once; a resumed run keeps it).
+
+    Example::
+
+        RunConfig(name="exp", callbacks=[JsonLoggerCallback()])  # ~/phalanx_results/exp/result.json
+    """
 
     filename = "result.json"
 

@@ -45,6 +45,10 @@ class MLflowLoggerCallback(Callback):
     ``experiment_name=None`` MLflow's Default experiment, otherwise it is created if missing.
     A resumed phalanx run continues its MLflow run (found by the ``phalanx.run_uri`` tag), so
     one phalanx run is one MLflow run with one monotonic metric history.
+
+    Example::
+
+        RunConfig(callbacks=[MLflowLoggerCallback(experiment_name="exp", save_artifact=True)])
     """
 
     def __init__(

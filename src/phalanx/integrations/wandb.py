@@ -52,6 +52,10 @@ class WandbLoggerCallback(Callback):
     (``mode="offline"``, ``entity=``, ``tags=``, ...). Unlike Ray's, it logs in the driver process
     (no logging actor): ``upload_timeout`` is accepted and unused, and ``log_config`` is accepted
     for compatibility (the config is always logged at the start).
+
+    Example::
+
+        RunConfig(callbacks=[WandbLoggerCallback(project="exp", mode="offline")])
     """
 
     def __init__(

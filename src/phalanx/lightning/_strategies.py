@@ -56,11 +56,29 @@ class RayDDPStrategy(_RayPlacement, pl.strategies.DDPStrategy):  # type: ignore[
 
 class RayFSDPStrategy(_RayPlacement, pl.strategies.FSDPStrategy):  # type: ignore[misc,name-defined]
     """Lightning's ``FSDPStrategy`` for a phalanx worker; takes the same arguments
-    (``sharding_strategy``, ``auto_wrap_policy``, ``state_dict_type``...)."""
+    (``sharding_strategy``, ``auto_wrap_policy``, ``state_dict_type``...).
+
+    Example::
+
+        trainer = pl.Trainer(
+            strategy=RayFSDPStrategy(), plugins=[RayLightningEnvironment()],
+            callbacks=[RayTrainReportCallback()], devices="auto", accelerator="auto",
+        )
+        trainer = prepare_trainer(trainer)
+    """
 
 
 class RayDeepSpeedStrategy(_RayPlacement, pl.strategies.DeepSpeedStrategy):  # type: ignore[misc,name-defined]
-    """Lightning's ``DeepSpeedStrategy`` for a phalanx worker; needs the ``deepspeed`` package."""
+    """Lightning's ``DeepSpeedStrategy`` for a phalanx worker; needs the ``deepspeed`` package.
+
+    Example::
+
+        trainer = pl.Trainer(
+            strategy=RayDeepSpeedStrategy(), plugins=[RayLightningEnvironment()],
+            callbacks=[RayTrainReportCallback()], devices="auto", accelerator="auto",
+        )
+        trainer = prepare_trainer(trainer)
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if importlib.util.find_spec("deepspeed") is None:

@@ -15,7 +15,15 @@ __all__ = ["Migration", "migrate_source"]
 @dataclass(frozen=True)
 class Migration:
     """One file's migration: the new ``code``, what needs the user (``attention``, by line) and
-    what was done that the user should know (``notes``, ``"<line>: <what>"``)."""
+    what was done that the user should know (``notes``, ``"<line>: <what>"``).
+
+    Example::
+
+        migration = migrate_source("from ray import train\n")
+        print(migration.code)  # import phalanx as train
+        for item in migration.attention:
+            print(item.line, item.name, item.advice)
+    """
 
     code: str
     attention: tuple[Attention, ...]
@@ -23,7 +31,15 @@ class Migration:
 
 
 def migrate_source(code: str) -> Migration:
-    """Migrate one module's source. Raises ``libcst.ParserSyntaxError`` on invalid Python."""
+    """Migrate one module's source. Raises ``libcst.ParserSyntaxError`` on invalid Python.
+
+    Example::
+
+        migration = migrate_source("from ray import train\n")
+        print(migration.code)  # import phalanx as train
+        for item in migration.attention:
+            print(item.line, item.name, item.advice)
+    """
     wrapper = cst.MetadataWrapper(cst.parse_module(code))
     plan = collect(wrapper)
     new = wrapper.module.visit(Rewriter(plan))

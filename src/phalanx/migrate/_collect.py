@@ -23,7 +23,15 @@ _LIFECYCLE = ("ray.init", "ray.shutdown")
 
 @dataclass(frozen=True)
 class Attention:
-    """Something left as it was that the user must look at: ``line``, the Ray ``name``, ``advice``."""
+    """Something left as it was that the user must look at: ``line``, the Ray ``name``, ``advice``.
+
+    Example::
+
+        migration = migrate_source("from ray import train\n")
+        print(migration.code)  # import phalanx as train
+        for item in migration.attention:
+            print(item.line, item.name, item.advice)
+    """
 
     line: int
     name: str

@@ -33,7 +33,13 @@ class PredictorNotSerializableError(RuntimeError):
 
 def checkpoint_framework(checkpoint: Checkpoint) -> str | None:
     """``"torch"``, ``"xgboost"``, ``"lightgbm"`` (from the metadata's ``framework`` or the
-    model file it holds), or None if unknown."""
+    model file it holds), or None if unknown.
+
+    Example::
+
+        if checkpoint_framework(result.checkpoint) == "xgboost":
+            predictor = XGBoostPredictor.from_checkpoint(result.checkpoint)
+    """
     return framework_of(checkpoint)
 
 

@@ -44,7 +44,12 @@ class ModelSpec:
     ``"torch"``/``"xgboost"``/``"lightgbm"`` or ``"module:Class"``; None reads the framework from
     the checkpoint. ``predictor_kwargs`` go to ``from_checkpoint`` (e.g. ``model=Net()``),
     ``predict_kwargs`` to every ``predict`` call. ``columns``: the input columns a request must
-    have (checked before batching; None: taken from the model where it names them)."""
+    have (checked before batching; None: taken from the model where it names them).
+
+    Example::
+
+        spec = ModelSpec(result.path, "torch", predictor_kwargs={"model": Net()}, choice="latest")
+    """
 
     checkpoint: Any
     predictor: Any = None

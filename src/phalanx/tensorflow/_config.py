@@ -22,6 +22,10 @@ class TensorflowConfig(BackendConfig):
     TensorFlow right before the training function starts. ``TF_USE_LEGACY_KERAS=1`` is set
     unless the worker's environment already has it (Keras 3 does not support
     ``MultiWorkerMirroredStrategy`` in ``model.fit``; Ray sets it too).
+
+    Example::
+
+        TensorflowTrainer(train_func, tensorflow_config=TensorflowConfig(), ...)  # the default
     """
 
     @property

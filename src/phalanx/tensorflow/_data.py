@@ -20,6 +20,12 @@ def prepare_dataset_shard(tf_dataset_shard: Any) -> Any:
     step (batch by ``global_batch_size``; each worker then takes ``global / num_workers`` rows
     of its own shard per step). The result has an unknown length, so ``model.fit`` reads the
     whole shard every epoch (with a known length Keras would stop after ``1/num_workers`` of it).
+
+    Example::
+
+        shard = phalanx.get_dataset_shard("train")
+        dataset = prepare_dataset_shard(shard.to_tf("x", "y", batch_size=64))
+        model.fit(dataset, epochs=3)
     """
     import tensorflow as tf
 
