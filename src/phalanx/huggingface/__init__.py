@@ -14,9 +14,9 @@ names in Ray 2.5-2.7) are here too, imported on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import typing as _typing
 
-if TYPE_CHECKING:  # for type checkers and the API reference; imported on use below
+if _typing.TYPE_CHECKING:  # for type checkers and the API reference; imported on use below
     from phalanx.huggingface._accelerate_trainer import AccelerateTrainer
     from phalanx.huggingface._transformers_trainer import TransformersTrainer
 

@@ -22,7 +22,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import typing as _typing
 
 from phalanx._internal.optional import missing as _missing_extra
 
@@ -39,7 +39,7 @@ if _missing := _missing_extra(
 from phalanx.huggingface.transformers._callback import RayTrainReportCallback
 from phalanx.huggingface.transformers._data import prepare_trainer
 
-if TYPE_CHECKING:  # for type checkers and the API reference; imported on use below
+if _typing.TYPE_CHECKING:  # for type checkers and the API reference; imported on use below
     from phalanx.huggingface._transformers_trainer import TransformersTrainer
 
 __all__ = ["RayTrainReportCallback", "TransformersTrainer", "prepare_trainer"]
