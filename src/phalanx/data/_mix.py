@@ -44,6 +44,11 @@ class MixStoppingCondition(enum.Enum):
     other sources is left out of that epoch. ``STOP_ON_LONGEST_DROP`` (the default): when every
     source has run out; a source that runs out drops out and the batches after it are drawn from
     the others, by their weights.
+
+    Example::
+
+        mixed = web.mix(code, weights=[0.7, 0.3],
+                        stopping_condition=MixStoppingCondition.STOP_ON_SHORTEST)
     """
 
     STOP_ON_SHORTEST = "stop_on_shortest"

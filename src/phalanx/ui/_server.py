@@ -75,7 +75,14 @@ class UIServer:
 
 def start(storage_path: str | None = None, *, host: str = "127.0.0.1", port: int = 0) -> UIServer:
     """Serve the viewer of ``storage_path`` (default: where runs go by default) on a thread and
-    return once it listens; ``port=0`` takes a free port."""
+    return once it listens; ``port=0`` takes a free port.
+
+    Example::
+
+        viewer = phalanx.ui.start("~/phalanx_results")
+        print(viewer.url)  # open it in a browser
+        viewer.stop()
+    """
     root, _ = open_storage(storage_path)
     sock = bind(host, port, tries=1)
     server = _uvicorn(root, host)
