@@ -7,7 +7,13 @@
    (on loopback when all workers share a node) and answers with its port;
 2. *join*: ``MASTER_ADDR``/``MASTER_PORT`` and ``init_process_group``.
 
-A rank that does not answer a step in time is named in the error as the rank that never joined.
+A group across nodes binds gloo's and NCCL's sockets to the interface holding the address the
+engine reports for each rank's node (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``, unless the
+user set them); each rank's choice is in the driver's debug log and in a rendezvous error.
+
+A rank whose step fails fails the setup at once, with its own error as the root cause: the
+ranks still waiting for it are named as waiting, not as the cause. A rank that does not answer a
+step in time is named in the error as the rank that never joined.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from concurrent.futures import FIRST_EXCEPTION, Future
+from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING, Any, cast
 
 from phalanx.backend import Backend, BackendConfig, WorkerGroup
-from phalanx.errors import ConfigError, WorkerFailure, WorkerGroupError
+from phalanx.errors import LOST_PEER_GRACE_S, ConfigError, WorkerFailure, WorkerGroupError
+from phalanx.torch._abort import abort_process_group
 from phalanx.torch._environment import (
     LOOPBACK_ADDRESS,
     gpus_shared_by_ranks,
@@ -29,6 +38,7 @@ from phalanx.torch._environment import (
 )
 from phalanx.torch._worker_setup import (
     TorchWorkerSpec,
+    WorkerNetwork,
     init_process_group,
     setup_worker,
     shutdown_worker,
@@ -43,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 30.0
 STACKS_TIMEOUT_S = 2.0
+# After the first rank's step failed: how long the others get to report their own failure (a
+# rank that failed a moment later is named with its error, not as waiting).
+FAIL_FAST_GRACE_S = 0.5
 
 
 THREAD_ENGINE_MESSAGE = (
@@ -53,9 +66,16 @@ THREAD_ENGINE_MESSAGE = (
 )
 
 
+def abort_collectives() -> None:
+    """In-place recovery: free a survivor stuck in a collective with a lost peer (its training
+    call can then end and the process is kept)."""
+    abort_process_group()
+
+
 class TorchBackend(Backend):
     share_cuda_visible_devices: bool = True
     reset_worker = staticmethod(shutdown_worker)
+    abort_worker = staticmethod(abort_collectives)
 
     def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         if not isinstance(self, backend_config.backend_cls):
@@ -73,9 +93,10 @@ class TorchBackend(Backend):
         )
         specs = self.worker_specs(worker_group, backend, addr, timeout_s)
         started = time.time()
-        ports = _execute_naming_stragglers(
+        networks: list[WorkerNetwork] = _execute_naming_stragglers(
             worker_group, timeout_s, started, setup_worker, specs, stage="setup"
         )
+        _log_networks(networks)
         # torch's own timeout fires first on the ranks that did join; the grace lets their error
         # (which says what they waited for) arrive before the driver gives up on the others.
         started = time.time()
@@ -87,9 +108,10 @@ class TorchBackend(Backend):
             backend,
             backend_config.init_method,
             addr,
-            ports[0],
+            networks[0].port,
             timeout_s,
             stage="join",
+            networks=networks,
         )
 
     def worker_specs(
@@ -102,7 +124,8 @@ class TorchBackend(Backend):
         if self.share_cuda_visible_devices and any(w.gpu_ids for w in workers):
             visible = shared_visible_devices(node_ids, [w.gpu_ids for w in workers])
         defaults = {}
-        if addr == LOOPBACK_ADDRESS:  # keep gloo's own sockets on loopback too
+        across_nodes = addr != LOOPBACK_ADDRESS
+        if not across_nodes:  # keep gloo's own sockets on loopback too
             defaults["GLOO_SOCKET_IFNAME"] = loopback_interface()
         cpus = (scaling.resources_per_worker or {}).get("CPU") or None
         specs = []
@@ -125,6 +148,8 @@ class TorchBackend(Backend):
                     nccl=_uses_nccl(backend),
                     open_store_on=addr if rank == 0 else None,
                     store_timeout_s=timeout_s,
+                    node_address=worker.host if across_nodes and worker.host else None,
+                    master_address=addr,
                 )
             )
         return specs
@@ -171,6 +196,14 @@ def _check_engine(worker_group: WorkerGroup) -> None:
         raise ConfigError(THREAD_ENGINE_MESSAGE)
 
 
+def _log_networks(networks: list[WorkerNetwork]) -> None:
+    for rank, network in enumerate(networks):
+        if network.host:  # a group across nodes
+            logger.debug(
+                "rank %d (host %s): collectives on %s", rank, network.host, network.describe()
+            )
+
+
 def _execute_naming_stragglers(
     worker_group: WorkerGroup,
     timeout_s: float,
@@ -178,23 +211,68 @@ def _execute_naming_stragglers(
     fn: Any,
     *args: Any,
     stage: str,
+    networks: list[WorkerNetwork] | None = None,
 ) -> list[Any]:
-    """``worker_group.execute`` that turns "no answer in time" into "rank N never joined"."""
+    """``fn`` on every rank; the first rank that fails fails the step at once (the others are
+    named as waiting for it), and "no answer in time" becomes "rank N never joined"."""
+    futures = worker_group.execute_async(fn, *args)
+    _, pending = wait_futures(futures, timeout=timeout_s, return_when=FIRST_EXCEPTION)
+    failed = [r for r, f in enumerate(futures) if f.done() and f.exception() is not None]
+    if failed and pending:  # a rank failing a moment later is named with its own error
+        wait_futures(pending, timeout=FAIL_FAST_GRACE_S, return_when=FIRST_EXCEPTION)
     try:
-        return list(worker_group.execute(fn, *args, timeout_s=timeout_s))
+        return _results(worker_group, futures, timeout_s)
     except WorkerGroupError as exc:
         failures = exc.worker_failures
         hung = [rank for rank, f in failures.items() if f.kind == "hang"]
         if not hung:
             raise
         stacks = _stacks(worker_group)
-        explained = {
-            rank: _never_joined(f, stage, timeout_s, started, stacks.get(rank, ""))
-            if rank in hung
-            else f
-            for rank, f in failures.items()
-        }
+        if any(f.kind != "hang" for f in failures.values()):
+            explained = _waiting_for_others(failures, stage, stacks)
+        else:
+            explained = {
+                rank: _never_joined(
+                    f, stage, timeout_s, started, stacks.get(rank, ""), _network(networks, rank)
+                )
+                for rank, f in failures.items()
+            }
         raise WorkerGroupError(explained) from exc
+
+
+def _results(worker_group: WorkerGroup, futures: list[Future[Any]], timeout_s: float) -> list[Any]:
+    """What ``worker_group.gather`` says of ``futures`` now: a rank still running is "hang"."""
+    gather = getattr(worker_group, "gather", None)
+    if gather is not None:
+        return list(gather(futures, 0.0 if any(not f.done() for f in futures) else None))
+    return [f.result(timeout=timeout_s) for f in futures]  # a WorkerGroup of another kind
+
+
+def _network(networks: list[WorkerNetwork] | None, rank: int) -> WorkerNetwork | None:
+    return networks[rank] if networks is not None and rank < len(networks) else None
+
+
+def _waiting_for_others(
+    failures: dict[int, WorkerFailure], stage: str, stacks: dict[int, str]
+) -> dict[int, WorkerFailure]:
+    """The ranks that were only waiting when others failed: named so, and dated after every
+    failure (a lost-peer error's grace included), so the root cause is a rank that failed."""
+    failed = {r: f for r, f in failures.items() if f.kind != "hang"}
+    after = max(f.time for f in failed.values()) + LOST_PEER_GRACE_S + 1.0
+    names = ", ".join(str(r) for r in sorted(failed))
+    step = "joining the torch process group" if stage == "join" else "setting up torch"
+    explained = dict(failed)
+    for rank, failure in failures.items():
+        if rank in failed:
+            continue
+        stack = stacks.get(rank, "")
+        explained[rank] = dataclasses.replace(
+            failure,
+            message=f"still {step} when rank(s) {names} failed (it was waiting for them)",
+            traceback=f"Stack of rank {rank}:\n{stack}" if stack else failure.traceback,
+            time=after,
+        )
+    return explained
 
 
 def _stacks(worker_group: WorkerGroup) -> dict[int, str]:
@@ -212,16 +290,29 @@ def _stacks(worker_group: WorkerGroup) -> dict[int, str]:
 
 
 def _never_joined(
-    failure: WorkerFailure, stage: str, timeout_s: float, started: float, stack: str
+    failure: WorkerFailure,
+    stage: str,
+    timeout_s: float,
+    started: float,
+    stack: str,
+    network: WorkerNetwork | None = None,
 ) -> WorkerFailure:
     where = (
         "it did not answer (busy or stuck before init_process_group)"
         if stage == "setup"
         else "it was still inside init_process_group"
     )
+    hint = "HINT: raise TorchConfig(timeout_s=...) if this rank is only slow."
+    if network is not None and network.host:  # across hosts: the network may be the cause
+        where += f"; its collectives use {network.describe()} on host {network.host}"
+        hint = (
+            "HINT: if the hosts reach each other on another interface, set GLOO_SOCKET_IFNAME "
+            "(gloo) or NCCL_SOCKET_IFNAME (NCCL) to it on every node; raise "
+            "TorchConfig(timeout_s=...) if this rank is only slow."
+        )
     message = (
         f"rank {failure.rank} never joined the torch process group within {timeout_s:g} s: "
-        f"{where}. HINT: raise TorchConfig(timeout_s=...) if this rank is only slow."
+        f"{where}. {hint}"
     )
     # Dated when the wait began, so the error names this rank as the root cause rather than the
     # ranks whose own timeouts fired because of it; its stack shows where it was instead.

@@ -20,8 +20,9 @@ import torch.distributed as dist
 
 import phalanx.session as session
 from phalanx._internal import env
+from phalanx.torch._abort import forget_sockets, tracking_sockets
 from phalanx.torch._devices import get_device
-from phalanx.torch._environment import cpu_share
+from phalanx.torch._environment import INTERFACE_VARIABLES, collective_interface, cpu_share
 
 logger = logging.getLogger(__name__)
 
@@ -45,15 +46,41 @@ class TorchWorkerSpec:
     open_store_on: str | None = None
     """Rank 0 only: the address its store listens on."""
     store_timeout_s: float = 1800.0
+    node_address: str | None = None
+    """A group across nodes: the address the engine reports for this rank's node (its
+    collectives bind to the interface holding it); None on one node (loopback)."""
+    master_address: str = ""
 
 
-def setup_worker(specs: list[TorchWorkerSpec]) -> int | None:
-    """Apply this rank's spec; rank 0 also starts the store and returns its port."""
+@dataclass(frozen=True)
+class WorkerNetwork:
+    """What a rank's setup answers: rank 0's store port, and the interface its collectives use
+    (``chosen``: phalanx set the variables; else the user's values, or the libraries' choice)."""
+
+    port: int | None
+    host: str
+    interface: str | None = None
+    chosen: str | None = None  # NetworkChoice.describe() when phalanx chose the interface
+    variables: dict[str, str] = field(default_factory=dict)  # INTERFACE_VARIABLES in effect
+
+    def describe(self) -> str:
+        """``eth0 (10.0.0.5, the address Ray reports for this node)``, or what decided."""
+        if self.chosen is not None:
+            return self.chosen
+        if self.variables:
+            shown = ", ".join(f"{k}={v}" for k, v in sorted(self.variables.items()))
+            return f"as set by the user ({shown})"
+        return "the libraries' own choice (no interface found for this node's address)"
+
+
+def setup_worker(specs: list[TorchWorkerSpec]) -> WorkerNetwork:
+    """Apply this rank's spec; rank 0 also starts the store (its port is in the answer)."""
     ctx = session.get_context()
     spec = specs[ctx.get_world_rank()]
     env.update(spec.env)
     for key, value in spec.env_defaults.items():
         env.set_default(key, value)
+    chosen = _choose_interface(spec)
     if spec.nccl and not any(env.is_set(k) for k in _NCCL_ERROR_HANDLING):
         # A failed or stuck NCCL collective then raises instead of hanging the worker forever.
         env.set_var("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
@@ -65,9 +92,32 @@ def setup_worker(specs: list[TorchWorkerSpec]) -> int | None:
         # separate single-process runs (no gradient sync) and HF's Trainer looks for a GPU.
         env.set_default("ACCELERATE_USE_CPU", "true")
     _forget_inherited_accelerate_state()
-    if spec.open_store_on is None:
+    port = None
+    if spec.open_store_on is not None:
+        port = _open_store(spec.open_store_on, ctx.get_world_size(), spec.store_timeout_s)
+    variables = {k: v for k in INTERFACE_VARIABLES if (v := env.get(k) or "")}
+    interface = variables.get("GLOO_SOCKET_IFNAME") or variables.get("NCCL_SOCKET_IFNAME")
+    return WorkerNetwork(port, spec.node_address or "", interface, chosen, variables)
+
+
+def _choose_interface(spec: TorchWorkerSpec) -> str | None:
+    """A group across nodes: gloo's and NCCL's socket interface is the one holding the node's
+    address (else the one routing to the master), unless the user set the variable. Without
+    it gloo binds to whatever the host name resolves to, often 127.0.x.x in containers, and
+    the ranks of other hosts cannot connect. Returns the choice's description, if made."""
+    if spec.node_address is None:
         return None
-    return _open_store(spec.open_store_on, ctx.get_world_size(), spec.store_timeout_s)
+    if all(env.is_set(k) for k in INTERFACE_VARIABLES):
+        return None
+    choice = collective_interface(spec.node_address, spec.master_address)
+    if choice is None:
+        logger.debug(
+            "no interface holds %s or routes to %s", spec.node_address, spec.master_address
+        )
+        return None
+    for key in INTERFACE_VARIABLES:
+        env.set_default(key, choice.interface)
+    return choice.describe()
 
 
 def _forget_inherited_accelerate_state() -> None:
@@ -141,12 +191,29 @@ def init_process_group(
     env.set_var("MASTER_PORT", str(master_port))
     host = f"[{master_addr}]" if ":" in master_addr else master_addr
     url = "env://" if init_method == "env" else f"tcp://{host}:{master_port}"
-    dist.init_process_group(
-        backend=backend,
-        init_method=url,
-        rank=ctx.get_world_rank(),
-        world_size=ctx.get_world_size(),
-        timeout=datetime.timedelta(seconds=timeout_s),
+    try:
+        with tracking_sockets(master_port):  # the group's sockets, for abort_process_group
+            dist.init_process_group(
+                backend=backend,
+                init_method=url,
+                rank=ctx.get_world_rank(),
+                world_size=ctx.get_world_size(),
+                timeout=datetime.timedelta(seconds=timeout_s),
+            )
+    except RuntimeError as exc:  # torch's DistError family: a rendezvous that failed
+        raise RuntimeError(f"{exc}\n{_rendezvous_hint(master_addr, master_port)}") from exc
+
+
+def _rendezvous_hint(master_addr: str, master_port: int) -> str:
+    """Where this rank tried to meet the others, and the variables that change it."""
+    variables = ", ".join(f"{k}={env.get(k) or '(unset)'}" for k in INTERFACE_VARIABLES)
+    return (
+        f"The process group's rendezvous failed on rank {session.get_context().get_world_rank()}"
+        f" (host {socket.gethostname()}, store at {master_addr}:{master_port}; {variables}).\n"
+        "HINT: the ranks' hosts must reach each other on the interface their collectives use: "
+        "set GLOO_SOCKET_IFNAME (gloo) or NCCL_SOCKET_IFNAME (NCCL) to it on every node (phalanx "
+        "picks the interface of the address Ray reports for each node when they are unset), "
+        "and let the ranks' ports through the firewall."
     )
 
 
@@ -155,6 +222,7 @@ def shutdown_worker() -> None:
     global _store
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    forget_sockets()
     _store = None
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()

@@ -38,6 +38,7 @@ def group_spec(spec: RunSpec, storage: RunStorage, attempt_index: int) -> Worker
         runtime_env=dict(runtime_env),
         min_workers=scaling.min_workers if scaling.elasticity_enabled else None,
         reset_worker=_reset_worker(spec.backend_config.backend_cls),
+        abort_worker=getattr(spec.backend_config.backend_cls, "abort_worker", None),
     )
 
 

@@ -44,6 +44,10 @@ class WorkerGroupSpec:
     # ended, so the next attempt can reuse the process (the backend's ``reset_worker``). None:
     # a failed attempt's workers are all replaced.
     reset_worker: Callable[[], None] | None = None
+    # In-place recovery: what frees a worker whose training call waits in a collective with a
+    # lost peer (the backend's ``abort_worker``: the framework's process group aborted), so the
+    # call ends and the process is kept. None: such a worker is replaced.
+    abort_worker: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)

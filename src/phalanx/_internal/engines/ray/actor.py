@@ -27,6 +27,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -39,6 +40,8 @@ from phalanx._internal.worker.runtime import dumps, run_call, set_outbox
 # What waits in ``send`` until the driver has it: a report (with or without a checkpoint part)
 # is what the run loses if the process dies right after report() returned.
 CONFIRMED_KINDS = frozenset({"report"})
+# A training call not ended this long after its interrupt waits in C code: abort its collectives
+ABORT_AFTER_S = 0.2
 
 
 class MessageBuffer:
@@ -140,12 +143,24 @@ class PhalanxWorker:
         exist or after ``wait_s``; the driver has handled the first ``confirmed``."""
         return self._buffer.take(wait_s, confirmed)
 
-    def reset(self, timeout_s: float, reset_payload: bytes) -> tuple[bool, int, str]:
+    def reset(
+        self, timeout_s: float, reset_payload: bytes, abort_payload: bytes | None = None
+    ) -> tuple[bool, int, str]:
         """Make this worker reusable by the next attempt (in-place recovery): end its training
         call, kill what the call started, leave the framework's process group
-        (``reset_payload``: a pickled function). Returns ``(ok, sent, why)``: ``sent`` counts
-        the messages sent so far, all of the old attempt's; ``why`` says what failed."""
-        if not self._calls.end_current(timeout_s):
+        (``reset_payload``: a pickled function). A call that does not end at once waits in C
+        code (a collective whose peer is gone): ``abort_payload`` (a pickled function) aborts
+        the process group so it raises. Returns ``(ok, sent, why)``: ``sent`` counts the
+        messages sent so far, all of the old attempt's; ``why`` says what failed."""
+        deadline = time.monotonic() + timeout_s
+        ended = self._calls.end_current(min(ABORT_AFTER_S, timeout_s))
+        if not ended and abort_payload is not None:
+            ok, value = run_call(abort_payload)
+            if not ok:
+                return False, 0, f"aborting its process group failed: {value.message}"
+        if not ended:
+            ended = self._calls.end_current(max(0.0, deadline - time.monotonic()))
+        if not ended:
             return False, 0, f"its training call did not end within {timeout_s:g} s"
         kill_descendants(os.getpid())
         gc.collect()  # the ended call's objects (reference cycles too), before the reset frees memory

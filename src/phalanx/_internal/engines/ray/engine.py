@@ -162,7 +162,9 @@ class RayEngine(Engine):
         else:
             group = starter.placement_group(spec.num_workers, avoid)
         reset = None if env.restore_mode() == "full" else spec.reset_worker
-        attempt = Attempt(group, [], bundle if elastic else None, reset, starter=starter)
+        attempt = Attempt(
+            group, [], bundle if elastic else None, reset, starter=starter, abort=spec.abort_worker
+        )
         self._attempts.append(attempt)
         try:
             # The actors and their hellos go out before the group is placed: Ray queues them
@@ -237,7 +239,7 @@ class RayEngine(Engine):
         self._note_lost_nodes(ours)
         early = self._prestart(attempt, [h for h in ours if not h.is_alive()])
         logger.debug("park: ending the training calls of %d actor(s)", len(ours))
-        kept, why = reset_survivors(ours, attempt.reset_worker, env.reuse_stop_s())
+        kept, why = reset_survivors(ours, attempt.reset_worker, env.reuse_stop_s(), attempt.abort)
         logger.debug("park: %d actor(s) reset and kept", len(kept))
         log_reuse(kept, len(ours), why)
         gone = [h for h in ours if h not in kept]

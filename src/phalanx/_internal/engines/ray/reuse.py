@@ -2,9 +2,12 @@
 
 A failed attempt's group is *parked* instead of killed: each live actor ends its training call
 (the session's next ``report()`` raises, and the call's Python code at once), kills what the call
-started and leaves the framework's process group (the backend's ``reset_worker``). An actor that
-does not manage within ``PHALANX_REUSE_STOP_S`` (a call blocked in a collective or in C code), or
-whose messages cannot be read, is killed like a lost one. The placement group stays: the next
+started and leaves the framework's process group (the backend's ``reset_worker``). A call that
+does not end at once is waiting in C code, typically in a collective with a peer that is gone
+(whose host was cut off: nothing tells the survivors): the backend's ``abort_worker`` aborts the
+process group (``phalanx.torch._abort``), the collective raises and the call ends. An actor that
+still does not manage within ``PHALANX_REUSE_STOP_S``, or whose messages cannot be read, is
+killed like a lost one. The placement group stays: the next
 launch (module ``relaunch``) starts actors only for the lost ranks, in their old bundles (Ray
 places a dead node's bundles again on the nodes that remain) or, for a node lost but not yet
 declared dead by the GCS (~15-30 s with Ray's default health checks), in a new group placed off
@@ -68,6 +71,8 @@ class Attempt:
     # What started its actors (``start.ActorStarter``): park starts the lost workers' new
     # actors with it while the survivors' training calls end
     starter: Any = None
+    # The backend's abort_worker: frees a survivor waiting in a collective (None: none)
+    abort: Callable[[], None] | None = None
 
 
 @dataclass
@@ -96,13 +101,17 @@ def can_park(handles: list[RayWorkerHandle], reset_worker: Callable[[], None] | 
 
 
 def reset_survivors(
-    handles: list[RayWorkerHandle], reset_worker: Callable[[], None], timeout_s: float
+    handles: list[RayWorkerHandle],
+    reset_worker: Callable[[], None],
+    timeout_s: float,
+    abort: Callable[[], None] | None = None,
 ) -> tuple[list[RayWorkerHandle], dict[int, str]]:
-    """Reset every live actor for reuse; returns those that are ready, and why each other (by
-    rank) is not."""
+    """Reset every live actor for reuse (``abort``: frees one waiting in a collective); returns
+    those that are ready, and why each other (by rank) is not."""
     payload = cloudpickle.dumps((reset_worker, (), {}))
+    abort_payload = cloudpickle.dumps((abort, (), {})) if abort is not None else None
     alive = [h for h in handles if h.is_alive() and h.broken is None]
-    refs = {h: h.actor.reset.remote(timeout_s, payload) for h in alive}
+    refs = {h: h.actor.reset.remote(timeout_s, payload, abort_payload) for h in alive}
     deadline = time.monotonic() + timeout_s + RESET_SLACK_S
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s + 1.0)
     kept, why = [], {}
