@@ -1,0 +1,75 @@
+"""The namespace hosts (tests/_helpers/hosts.py): each host its own address on one bridge, a cut
+link silences a host without closing its sockets, and everything made is removed after."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from phalanx.torch._environment import collective_interface, interface_addresses
+from tests._helpers.hosts import Hosts, namespaces_unavailable
+
+pytestmark = pytest.mark.slow
+
+_unavailable = namespaces_unavailable()
+needs_namespaces = pytest.mark.skipif(_unavailable is not None, reason=_unavailable or "")
+
+CONNECT = (
+    "import socket, sys\n"
+    "s = socket.socket(); s.settimeout(float(sys.argv[3]))\n"
+    "try:\n"
+    "    s.connect((sys.argv[1], int(sys.argv[2]))); print('connected')\n"
+    "except OSError as exc:\n"
+    "    print(type(exc).__name__)\n"
+)
+LISTEN = (
+    "import socket, sys\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(8); print('ready', flush=True)\n"
+    "while True:\n"
+    "    s.accept()\n"
+)
+INTERFACE = (
+    "import sys\n"
+    "from phalanx.torch._environment import collective_interface\n"
+    "print(collective_interface(sys.argv[1], sys.argv[2]).interface)\n"
+)
+
+
+@needs_namespaces
+def test_hosts_reach_each_other_until_cut_and_are_removed_after() -> None:
+    with Hosts(2) as hosts:
+        a, b = hosts[0], hosts[1]
+        server = hosts.popen(
+            0, [sys.executable, "-c", LISTEN, a.address, "29511"], stdout=subprocess.PIPE, text=True
+        )
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        assert server.pid in hosts.pids(0)
+        reach = [sys.executable, "-c", CONNECT, a.address, "29511", "1.0"]
+        assert hosts.run(1, reach).strip() == "connected"
+        hosts.cut(1)  # no RST, no FIN: the connect just gets no answer
+        assert hosts.run(1, reach).strip() in {"TimeoutError", "timeout"}
+        hosts.heal(1)
+        assert hosts.run(1, reach).strip() == "connected"
+        # the interface a torch rank on host 1 binds its collectives to: the namespace's eth0
+        chosen = hosts.run(1, [sys.executable, "-c", INTERFACE, b.address, a.address])
+        assert chosen.strip() == "eth0"
+        netns = [a.netns, b.netns]
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(name in listed for name in netns)
+    assert server.poll() is not None
+    server.stdout.close()
+
+
+def test_interface_choice_never_loopback_and_prefers_the_nodes_address() -> None:
+    interfaces = {"lo": ["127.0.0.1"], "eth0": ["10.213.41.11"], "eth1": ["192.168.0.5"]}
+    choice = collective_interface("10.213.41.11", "10.213.41.10", interfaces, lambda _: None)
+    assert choice is not None and choice.interface == "eth0"
+    by_route = collective_interface("127.0.1.1", "192.168.0.1", interfaces, lambda _: "192.168.0.5")
+    assert by_route is not None and by_route.interface == "eth1"
+    assert (
+        collective_interface("127.0.1.1", "10.0.0.1", {"lo": ["127.0.0.1"]}, lambda _: None) is None
+    )
+    assert "lo" in interface_addresses()
