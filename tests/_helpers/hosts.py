@@ -320,6 +320,8 @@ class RayHosts:
             "--temp-dir",
             self.temp_dir(index),
             "--disable-usage-stats",
+            # a Python process per node less to start: phalanx sends the workers' output itself
+            "--include-log-monitor=false",
         ]
         if index == self.head:
             extra = ["--system-config", self.system_config] if self.system_config else []
@@ -353,8 +355,20 @@ class RayHosts:
         """The head, then every other node at once; returns once the GCS lists them all."""
         self.hosts.run(self.head, self._start_args(self.head))
         with ThreadPoolExecutor(len(self.cpus) or 1) as pool:
-            list(pool.map(lambda i: self.hosts.run(i, self._start_args(i)), sorted(self.cpus)))
+            list(pool.map(self._start_node, sorted(self.cpus)))
         self.wait_for_nodes(1 + len(self.cpus))
+
+    def _start_node(self, index: int, tries: int = 3) -> None:
+        """Start host ``index``'s raylet; on a loaded machine its registration with the GCS can
+        miss Ray's deadline: then its processes are killed and it starts again."""
+        for attempt in range(tries):
+            try:
+                self.hosts.run(index, self._start_args(index))
+                return
+            except RuntimeError:
+                if attempt == tries - 1:
+                    raise
+                self.hosts.kill(index)
 
     def start_node(self, index: int) -> None:
         """Start host ``index``'s raylet again (after ``kill``)."""

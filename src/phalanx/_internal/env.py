@@ -82,6 +82,22 @@ def reuse_stop_s() -> float:
     return float(os.environ.get("PHALANX_REUSE_STOP_S", "10"))
 
 
+def host_silent_s() -> float:
+    """The longest a host whose Ray workers all stopped answering the driver is waited for
+    before it is declared lost (the cap of the adaptive bound, engines/ray/liveness.py)."""
+    value = os.environ.get("PHALANX_HOST_SILENT_S", "3")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(
+            f"PHALANX_HOST_SILENT_S={value!r} is invalid. HINT: set it to a number of seconds "
+            "above 0 (default 3)."
+        )
+    return seconds
+
+
 NOTICE_FILE_VAR = "PHALANX_NOTICE_FILE"
 
 
@@ -243,6 +259,12 @@ VARIABLES: tuple[Variable, ...] = (
         "PHALANX_REUSE_STOP_S",
         "10",
         "Seconds a surviving Ray actor gets to end its training call before it is replaced too.",
+    ),
+    Variable(
+        "PHALANX_HOST_SILENT_S",
+        "3",
+        "Seconds at most a host whose Ray workers all stop answering the driver is waited for "
+        "before it is declared lost (the bound adapts below it; see the networks guide).",
     ),
     Variable(
         "PHALANX_PROGRESS_INTERVAL_S",

@@ -22,6 +22,9 @@ Sooner still: a node whose raylet is gone (shut down, preempted, raylet killed) 
 :class:`~phalanx._internal.engines.ray.probe.RayletProbe` within milliseconds (its idle connection
 closes and the raylet refuses a new one), and all its workers are lost at once (``NodeDown``); a
 node that stops answering altogether is left to the bound above.
+
+A host cut off the network (nothing fails, nothing closes) is found by phalanx's own liveness
+on the drain answers (``liveness.py``): silent past a bound of at most 3 s, it is lost.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import cloudpickle
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
+from phalanx._internal import env
 from phalanx._internal.engines.base import WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.calls import PendingCalls
 from phalanx._internal.engines.messages import (
@@ -55,12 +59,15 @@ from phalanx._internal.engines.messages import (
 )
 from phalanx._internal.engines.rank_output import RankOutput, reader_error
 from phalanx._internal.engines.ray import gcs
+from phalanx._internal.engines.ray.liveness import HostLiveness, HostSilence, driver_address
 from phalanx._internal.engines.ray.probe import RayletProbe
 from phalanx._internal.worker.runtime import RemoteCallError, undecodable_error
 
 logger = logging.getLogger(__name__)
 
-DRAIN_WAIT_S = 1.0  # how long an idle actor holds a drain call before answering "nothing"
+# How long an idle actor holds a drain call before answering "nothing": also the liveness
+# heartbeat of an idle worker (liveness.py: its bound is 2.5-3 s, a blip of 1 s must fit under it)
+DRAIN_WAIT_S = 0.5
 POLL_S = 0.05  # the longest pass: new actors, due retries and unavailability deadlines
 RETRY_S = 0.05  # a drain answered ActorUnavailableError is sent again this much later
 # A drain still unanswered this long after DRAIN_WAIT_S: its actor is not answering. Alone that
@@ -218,6 +225,8 @@ class RayWorkerHandle(WorkerHandle):
         if node_dead is None:
             node_dead = _node_is_dead(node)
         who = f"the Ray actor of rank {self.rank} (pid {self.metadata.pid})"
+        if isinstance(exc, HostSilence):
+            return f"{who} was lost {where}: {exc}"
         if node_dead:
             return f"{who} was lost {where}: the node left the cluster{detail}"
         if isinstance(exc, ActorUnavailableError):
@@ -269,6 +278,7 @@ class DrainPoller:
         self._unavailable: dict[RayWorkerHandle, tuple[float, BaseException]] = {}
         self._stopping = threading.Event()
         self._probe = RayletProbe(self._watched_nodes)
+        self._liveness = HostLiveness(env.host_silent_s(), driver_address())
         self._thread = threading.Thread(target=self._run, name="phalanx-ray-poller", daemon=True)
         self._thread.start()
 
@@ -323,6 +333,7 @@ class DrainPoller:
             handle.on_death(why)
 
     def _poll_once(self) -> None:
+        self._liveness.tick(time.monotonic(), POLL_S)
         with self._lock:
             refs = list(self._inflight)
         if refs:
@@ -338,6 +349,7 @@ class DrainPoller:
             self._stopping.wait(POLL_S)
         self._lose_down_nodes()
         self._enforce_unavailable_bound()
+        self._lose_silent_hosts()
         self._send_due_retries()
 
     def _watched_nodes(self) -> set[str]:
@@ -357,6 +369,14 @@ class DrainPoller:
             ]
             if on_node:
                 self._lose(on_node[0], NodeDown(node), node_dead=True)
+
+    def _lose_silent_hosts(self) -> None:
+        """Every worker of a host silent past the liveness bound is lost (liveness.py): one
+        failure per node, naming the host and its ranks."""
+        followed = [h for h in self._followed() if h.death is None and not h.stopping]
+        for first, why in self._liveness.lost(followed, time.monotonic()):
+            if first.death is None:
+                self._lose(first, why, node_dead=True)
 
     def _send_due_retries(self) -> None:
         now = time.monotonic()
@@ -405,6 +425,7 @@ class DrainPoller:
         """Stop following ``handle``: a drain still in flight is dropped when it answers."""
         self._unavailable.pop(handle, None)
         self._retry_at.pop(handle, None)
+        self._liveness.forget(handle)
         with self._lock:
             self._sent_at.pop(handle, None)
             for ref in [r for r, h in self._inflight.items() if h is handle]:
@@ -427,6 +448,7 @@ class DrainPoller:
             handle.on_death(f"reading the messages of rank {handle.rank} failed: {exc!r}")
             return
         self._unavailable.pop(handle, None)
+        self._liveness.heard(handle, handle.metadata.host, time.monotonic())
         try:
             handle.on_answer(base, batch)
         except Exception as exc:  # a lost message would leave its call waiting forever
