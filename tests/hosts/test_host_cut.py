@@ -108,7 +108,12 @@ def train(config):
     import torch
     import torch.distributed as dist
     import phalanx
+    import time
     for step in range(3):
+        if step == 1 and dist.get_rank() == 0:  # a long step, past the liveness bound: busy
+            end = time.monotonic() + 3.5        # in Python (rank 1 waits in the allreduce),
+            while time.monotonic() < end:       # not silent: the drain answers from its thread
+                pass
         t = torch.ones(1) * (dist.get_rank() + 1)
         dist.all_reduce(t)
         phalanx.report({"step": step, "sum": float(t.item()),
@@ -187,7 +192,8 @@ def test_ddp_across_hosts_trains_without_interface_variables(
     cluster: tuple[Hosts, RayHosts], tmp_path: Path
 ) -> None:
     """The first finding of issue 41 (gloo picked loopback): with no interface variable set by
-    hand, each rank's collectives are bound to its host's interface and DDP trains."""
+    hand, each rank's collectives are bound to its host's interface and DDP trains. A step
+    longer than the liveness bound (max_failures=0) is busy, not silent: no failure."""
     hosts, ray_hosts = cluster
     script = tmp_path / "driver.py"
     script.write_text(DDP_DRIVER)
