@@ -68,7 +68,9 @@ def test_a_stalled_poller_and_a_silence_below_the_bound_cost_nothing() -> None:
     liveness.tick(5.0, 0.05)  # the poller itself did not look for 5 s
     assert liveness.silent_hosts(workers(), 5.0) == []
     assert liveness.silent_hosts(workers(), 5.0 + 2.9) == []  # a blip: below the bound
-    assert {h.host for h in liveness.silent_hosts(workers(), 5.0 + 3.0)} == {A, B}
+    lost = {h.host: h for h in liveness.silent_hosts(workers(), 5.0 + 3.0)}
+    assert set(lost) == {A, B}
+    assert lost[A].describe() == f"host {A}: no answer from ranks 0, 1 for 3.0 s"
     liveness.forget("w2")  # a worker forgotten (stopped) is not judged
     assert {h.host for h in liveness.silent_hosts(workers(), 9.0)} == {A}
 
