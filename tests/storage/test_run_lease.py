@@ -58,7 +58,9 @@ def test_releasing_a_lease_another_driver_took_over_leaves_it_in_place() -> None
     # The first driver stalls (a long GC pause, a suspended VM): its lease goes stale.
     stale = Owner(**{**vars(paused.owner), "heartbeat": time.time() - 600})
     storage.write_atomic(LEASE_FILE, stale.to_json())
-    successor = RunLock.acquire(storage, stale_s=60, settle_s=0.01)
+    # The successor is another fit(): its own store, with its own token
+    other = RunStorage(storage.filesystem, storage.storage_path, storage.name)
+    successor = RunLock.acquire(other, stale_s=60, settle_s=0.01)
     try:
         assert _lease(storage).token == successor.owner.token
         paused.release()  # the stalled driver wakes up and ends its fit()

@@ -77,6 +77,16 @@ def restore_prestart() -> str:
     return value
 
 
+FENCE_VAR = "PHALANX_FENCE_S"
+
+
+def fence_s() -> float:
+    """How long a Ray worker goes without hearing from its driver before it stops itself (the
+    floor: the worker waits longer where the driver's calls came slower, ``worker/fence.py``);
+    0 turns fencing off."""
+    return float(os.environ.get(FENCE_VAR, "5"))
+
+
 def reuse_stop_s() -> float:
     """How long a surviving Ray actor gets to end its training call before it is replaced."""
     return float(os.environ.get("PHALANX_REUSE_STOP_S", "10"))
@@ -303,6 +313,12 @@ VARIABLES: tuple[Variable, ...] = (
         "1",
         "`0` (or `false`, `no`, `off`) in the workers' environment turns off the replica agreement "
         "check of models wrapped by `prepare_model` (as `replica_check=False`).",
+    ),
+    Variable(
+        "PHALANX_FENCE_S",
+        "5",
+        "Seconds a Ray worker goes without a call from its driver before it stops itself and "
+        "every process it started (longer where the driver's calls came slower); `0`: never.",
     ),
     Variable(
         "PHALANX_NOTICE_FILE",

@@ -206,6 +206,8 @@ class Controller:
 
     def _new_attempt(self) -> Attempt:
         self.attempts += 1
+        # Fencing: from now on, parts and commits of earlier attempts are refused
+        self.storage.begin_attempt(self.attempts - 1)
         # The training function restarts from the latest checkpoint, so the rounds do too: the
         # retry's rows take the training_iteration of the rows they supersede. Set before the
         # snapshot is written: ranks read there which rounds of theirs are processed.

@@ -137,7 +137,9 @@ class CheckpointManager:
         round that never committed is removed. Any other ``checkpoint_0*`` directory (a commit
         cut off before its record, files written there by hand) is moved into
         ``orphaned_<time>/`` with a WARNING, never deleted. Other names are left alone.
+        A driver that lost the run's lease to another touches nothing (``check_owner``).
         """
+        self.storage.check_owner("sort out uncommitted checkpoints of")
         try:
             return self._sort_out_unindexed()
         finally:  # also when a re-index could not be written: the records stay for the next run

@@ -27,9 +27,10 @@ class Owner:
     heartbeat: float
 
     @classmethod
-    def me(cls) -> Owner:
+    def me(cls, token: str | None = None) -> Owner:
+        """This process, holding the run with ``token`` (its store's ``owner``: fencing)."""
         now = time.time()
-        return cls(uuid.uuid4().hex, socket.gethostname(), os.getpid(), now, now)
+        return cls(token or uuid.uuid4().hex, socket.gethostname(), os.getpid(), now, now)
 
     def describe(self) -> str:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))

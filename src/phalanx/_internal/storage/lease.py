@@ -99,6 +99,9 @@ class Lease:
                         self.storage.name,
                         current.describe(),
                     )
+                    depose = getattr(self.storage, "depose", None)
+                    if depose is not None:  # this driver writes nothing more into the run
+                        depose(f"another fit() took the run's lease over ({current.describe()})")
                     return
                 beat = Owner(**{**vars(self.owner), "heartbeat": time.time()})
                 self.storage.write_atomic(LEASE_FILE, beat.to_json())

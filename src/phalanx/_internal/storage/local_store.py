@@ -81,7 +81,9 @@ class LocalStore(RunStorage, register=True):
     def stage_part(self, source: Any, dir_name: str, attempt: int, move: bool = False) -> None:
         """Put one rank's files into the staging directory of ``dir_name``: copied (the user's
         directory is theirs), unless ``move``: then a local directory on the same filesystem is
-        moved entry by entry (a rename, no copy) and the emptied directory removed."""
+        moved entry by entry (a rename, no copy) and the emptied directory removed. Refused
+        for an attempt that is not the run's current one (``check_attempt``)."""
+        self.check_attempt(attempt, f"save checkpoint {dir_name!r} to")
         target = self.staging_path(dir_name, attempt)
         try:
             if is_local(source.filesystem):
@@ -97,6 +99,7 @@ class LocalStore(RunStorage, register=True):
     def mark_in_place(self, dir_name: str, attempt: int) -> None:
         """The commit merges staged parts of other ranks into the in-place part instead of
         refusing an existing directory."""
+        self.check_attempt(attempt, f"save checkpoint {dir_name!r} to")
         marker = self.staging_path(dir_name, attempt) + IN_PLACE_SUFFIX
         os.makedirs(os.path.dirname(marker), exist_ok=True)
         with open(marker, "a"):
@@ -110,7 +113,9 @@ class LocalStore(RunStorage, register=True):
         extra_files: dict[str, bytes] | None = None,
         record: CommitRecord | None = None,
     ) -> str:
-        """The staged directory is fsynced and renamed into place (NO_UPLOAD parts: merged)."""
+        """The staged directory is fsynced and renamed into place (NO_UPLOAD parts: merged).
+        Refused for a stale attempt or driver (``check_attempt``)."""
+        self.check_attempt(attempt, f"commit checkpoint {dir_name!r} in", driver=True)
         staged, final = self.staging_path(dir_name, attempt), self.checkpoint_path(dir_name)
         with storage_errors(f"commit checkpoint {dir_name!r} in", self.run_uri):
             if os.path.isdir(staged):

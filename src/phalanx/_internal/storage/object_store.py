@@ -61,18 +61,27 @@ class ObjectStore(RunStorage, register=True):
 
     def stage_part(self, source: Any, dir_name: str, attempt: int, move: bool = False) -> None:
         """Upload one rank's files to the final prefix; ``move``: remove the local source after.
-        The staging marker goes first: a crash mid-upload leaves parts that are known as such."""
+        The staging marker goes first: a crash mid-upload leaves parts that are known as such.
+        Refused for an attempt that is not the run's current one, before the upload and after
+        it (one that was in flight while the attempt moved on is never reported as staged)."""
+        action = f"save checkpoint {dir_name!r} to"
+        self.check_attempt(attempt, action)
         target = self.path(dir_name)
         try:
             self.filesystem.pipe(self.staging_path(dir_name, attempt), b"")
             copy_tree(source.filesystem, source.path, self.filesystem, target)
-            if move and is_local(source.filesystem):
-                shutil.rmtree(source.path)
         except Exception as exc:
-            raise storage_error(f"save checkpoint {dir_name!r} to", target, exc) from exc
+            raise storage_error(action, target, exc) from exc
+        self.check_attempt(attempt, action)
+        if move and is_local(source.filesystem):
+            try:
+                shutil.rmtree(source.path)
+            except Exception as exc:
+                raise storage_error(action, target, exc) from exc
 
     def mark_in_place(self, dir_name: str, attempt: int) -> None:
-        """Every part is in place here already."""
+        """Every part is in place here already (a stale attempt's is refused)."""
+        self.check_attempt(attempt, f"save checkpoint {dir_name!r} to")
 
     def commit(
         self,
@@ -82,7 +91,9 @@ class ObjectStore(RunStorage, register=True):
         extra_files: dict[str, bytes] | None = None,
         record: CommitRecord | None = None,
     ) -> str:
-        """The parts are in place; the snapshot entry the caller writes next commits them."""
+        """The parts are in place; the snapshot entry the caller writes next commits them.
+        Refused for a stale attempt or driver (``check_attempt``)."""
+        self.check_attempt(attempt, f"commit checkpoint {dir_name!r} in", driver=True)
         final = self.checkpoint_path(dir_name)
         fs = self.filesystem
         with storage_errors(f"commit checkpoint {dir_name!r} in", self.run_uri):
@@ -98,10 +109,12 @@ class ObjectStore(RunStorage, register=True):
         return final
 
     def delete_checkpoint(self, dir_name: str) -> None:
+        self.refuse_if_deposed(f"delete checkpoint {dir_name!r} of")
         remove_commit_record(self, dir_name)  # first: a record never outlives its objects
         self._remove_tree(self.checkpoint_path(dir_name), "delete checkpoint")
 
     def remove_staging(self) -> None:
+        self.refuse_if_deposed("remove uncommitted checkpoint parts of")
         self._remove_tree(self.path(STAGING_DIR), "remove uncommitted checkpoint parts in")
 
     def _remove_tree(self, path: str, action: str) -> None:
@@ -112,6 +125,7 @@ class ObjectStore(RunStorage, register=True):
     # -- small files and logs -------------------------------------------------------------------
 
     def write_atomic(self, relative: str, data: bytes) -> None:
+        self.refuse_if_deposed(f"write {relative!r} in")  # a driver that lost the run: nothing
         final = self.path(relative)
         with storage_errors("write", self.uri(final)), self.filesystem.open(final, "wb") as f:
             f.write(data)

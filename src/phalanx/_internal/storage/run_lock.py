@@ -48,7 +48,8 @@ class RunLock:
         """Lock the run directory (creating it) or raise StorageError naming the owner."""
         with storage_errors("lock the run directory", storage.run_uri):
             storage.filesystem.makedirs(storage.run_path, exist_ok=True)
-            return cls(storage, storage.claim(Owner.me(), stale_s, settle_s))
+            owner = Owner.me(getattr(storage, "owner", None))  # the store's token: fencing
+            return cls(storage, storage.claim(owner, stale_s, settle_s))
 
     def release(self) -> None:
         self._claim.release()

@@ -12,6 +12,7 @@
       checkpoint_000004/                 committed checkpoints (or a user checkpoint_dir_name)
       .phalanx_commits/<dir_name>.json   each one's commit record, written last (commit_record.py)
       .staging/<dir_name>.<attempt>/     parts being written; renamed into place on commit
+      .phalanx_attempt.json              the current attempt: its driver's token and index
       orphaned_<time>/                   directories set aside, never deleted (see below)
       logs/rank_<r>.log                  each rank's stdout and stderr
       error.txt, error.pkl               the failure, if the run failed
@@ -37,17 +38,32 @@ What phalanx ever deletes or moves in a run directory, and the one rule that all
 - temp files of an atomic write that failed.
 
 ``tests/storage/test_deletion_rules.py`` holds each rule: it fails when one is loosened.
+
+Fencing: every write into a run carries its attempt. A store holds its driver's token
+(``owner``, one per ``fit()``: the run's claim, lock or lease, is taken with it) and pickled
+copies carry it to the workers; the driver names the current attempt in ``.phalanx_attempt.json``
+(``begin_attempt``) before it starts one, refused once another driver holds the run's lease. A
+staged part (``stage_part``, ``mark_in_place``) and a commit name their attempt, and a store
+refuses them (:class:`StaleAttemptError`, nothing written) unless it is the current one of the
+current driver (``check_attempt``): a worker left over from an earlier attempt (its host cut
+off, then back) or a driver whose lease another took over writes nothing into the run. On an
+object store a part is uploaded to the final prefix: it is checked before and after the upload,
+so a stale upload that was in flight when the attempt moved on is never reported as staged; what
+such an upload wrote is not fenced off by the store itself (an object store has no rename to
+stage it apart): the worker's fence (``worker/fence.py``) stops it within its bound.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from phalanx._internal.fs.access import resolve_filesystem, storage_errors
 from phalanx._internal.fs.paths import check_checkpoint_dir_name, component_problem
+from phalanx._internal.storage.claim import LEASE_FILE
 from phalanx._internal.storage.store import RunStore
 from phalanx.errors import StorageError
 
@@ -61,6 +77,7 @@ ERROR_PICKLE_FILE = "error.pkl"
 MARKER_FILE = ".phalanx_run"
 ORPHANED_PREFIX = "orphaned_"
 IN_PLACE_SUFFIX = ".in_place"  # .staging/<dir_name>.<attempt>.in_place: a NO_UPLOAD part exists
+ATTEMPT_FILE = ".phalanx_attempt.json"
 
 _STORES: list[type[RunStorage]] = []  # chosen in order: the first that serves the filesystem
 
@@ -77,6 +94,10 @@ class RunStorage(RunStore):
     filesystem: Any = None
     storage_path: str = ""
     name: str = ""
+    # This driver's token (see the module docstring); copies sent to workers keep it
+    owner: str = field(default_factory=lambda: uuid.uuid4().hex, compare=False)
+    # Why this driver lost the run (its lease taken over), once it did: every write refused
+    deposed: list[str] = field(default_factory=list, compare=False, repr=False)
 
     appends: ClassVar[bool] = False
     """Files grow in place (history lines, the snapshot's journal), readable at once."""
@@ -182,6 +203,7 @@ class RunStorage(RunStore):
 
     def set_aside(self, dir_name: str, folder: str) -> str:
         """Object by object (no rename here): every object is copied before any is removed."""
+        self.refuse_if_deposed(f"move {dir_name!r} aside in")
         source, target = self.path(dir_name), self.path(folder, dir_name)
         fs = self.filesystem
         with storage_errors(f"move {dir_name!r} aside to", self.uri(target)):
@@ -194,6 +216,70 @@ class RunStorage(RunStore):
                 fs.rm(source, recursive=True)
         return self.uri(target)
 
+    # -- fencing: the current attempt -----------------------------------------------------------
+
+    def begin_attempt(self, attempt: int) -> None:
+        """The driver: ``attempt`` is the run's current attempt from now on; earlier attempts'
+        parts and commits are refused. Refused itself once another driver holds the run."""
+        self.check_owner(f"start attempt {attempt} of")
+        stamp = {"owner": self.owner, "attempt": attempt}
+        self.write_atomic(ATTEMPT_FILE, json.dumps(stamp).encode())
+
+    def check_attempt(self, attempt: int, action: str, driver: bool = False) -> None:
+        """Raise :class:`StaleAttemptError` unless ``attempt`` of this store's driver is the
+        run's current one (a run no driver began an attempt of accepts any). ``driver``: the
+        driver's own write (a commit) also needs the run's lease to be its own."""
+        if driver:
+            self.check_owner(action)
+        raw = self.read(ATTEMPT_FILE)
+        if raw is None:
+            return
+        try:
+            current = json.loads(raw)
+            now = (str(current["owner"]), int(current["attempt"]))
+        except (ValueError, KeyError, TypeError):
+            return  # a stamp cut by hand: the lease and the lock still hold the run
+        if now != (self.owner, attempt):
+            other = "this driver's" if now[0] == self.owner else "another driver's"
+            raise StaleAttemptError(
+                f"Refused to {action} run {self.name!r} for attempt {attempt}: the run's "
+                f"current attempt is {other} attempt {now[1]} ({self.uri(self.path(ATTEMPT_FILE))}"
+                "). This worker or driver was given up (its host cut off, or its driver "
+                "gone), and another attempt owns the run now.\n"
+                "HINT: nothing to do: the current attempt trains on; this process should stop."
+            )
+
+    def check_owner(self, action: str) -> None:
+        """Raise :class:`StaleAttemptError` if another driver holds the run's lease now (then
+        this store refuses every later write: ``refuse_if_deposed``)."""
+        self.refuse_if_deposed(action)
+        raw = self.read(LEASE_FILE)  # local stores hold the run with flock: no lease there
+        if raw is None:
+            return
+        try:
+            token = str(json.loads(raw)["token"])
+        except (ValueError, KeyError, TypeError):
+            return
+        if token != self.owner:
+            self.depose(
+                f"another fit() holds the run's lease now ({self.uri(self.path(LEASE_FILE))}): "
+                "it took the run over while this driver was silent (its host cut off or frozen "
+                "past the lease's stale bound)"
+            )
+            self.refuse_if_deposed(action)
+
+    def depose(self, why: str) -> None:
+        """This driver lost the run (``why``): from now on this store writes nothing."""
+        if not self.deposed:
+            self.deposed.append(why)
+
+    def refuse_if_deposed(self, action: str) -> None:
+        if self.deposed:
+            raise StaleAttemptError(
+                f"Refused to {action} run {self.name!r}: {self.deposed[0]}.\n"
+                "HINT: nothing to do here: the driver holding the lease resumes the run."
+            )
+
     def read(self, relative: str) -> bytes | None:
         path = self.path(relative)
         with storage_errors("read", self.uri(path)):
@@ -204,10 +290,16 @@ class RunStorage(RunStore):
 
     def remove(self, relative: str) -> None:
         """Remove one file of the run, if it is there."""
+        self.refuse_if_deposed(f"remove {relative!r} from")
         path = self.path(relative)
         with storage_errors("remove", self.uri(path)):
             if self.filesystem.exists(path):
                 self.filesystem.rm(path)
+
+
+class StaleAttemptError(StorageError):
+    """A write for an attempt that is not the run's current one, or by a driver that lost the
+    run's lease: refused, nothing written."""
 
 
 def write_files(fs: Any, directory: str, files: dict[str, bytes] | None) -> None:

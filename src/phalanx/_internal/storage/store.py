@@ -164,6 +164,20 @@ class RunStore(Protocol):
         """A log as a reader sees it (b"" when there is none)."""
         ...
 
+    # -- fencing (run_storage.py's docstring) ----------------------------------------------------
+
+    def begin_attempt(self, attempt: int) -> None:
+        """The driver: ``attempt`` is the run's current one; earlier attempts' writes refused."""
+        ...
+
+    def check_attempt(self, attempt: int, action: str, driver: bool = False) -> None:
+        """Raise StaleAttemptError unless ``attempt`` of this driver is the current one."""
+        ...
+
+    def check_owner(self, action: str) -> None:
+        """Raise StaleAttemptError if another driver took the run's lease over."""
+        ...
+
     # -- one owner at a time --------------------------------------------------------------------
 
     def claim(self, owner: Owner, stale_s: float, settle_s: float) -> RunClaim:

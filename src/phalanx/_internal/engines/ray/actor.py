@@ -15,7 +15,11 @@ runs:
 - file descriptors 1 and 2 go to pipes that a thread reads into ``("out", stream, text)``
   messages, whole lines at once and a partial line (a progress bar, a prompt) after a short idle
   time (``output.py``): the driver prints them with the rank prefix and writes the rank's log
-  file.
+  file;
+- every call of the driver (the drain above all, always in flight) is noted by a fence
+  (``worker/fence.py``): a worker whose driver has been silent past its bound (its host or the
+  driver's cut off) kills what it started and exits, before it can write into a run that another
+  attempt may own.
 
 This module is the actor (:class:`PhalanxWorker`) and its outbox (:class:`MessageBuffer`).
 """
@@ -29,12 +33,18 @@ import sys
 import threading
 import time
 import traceback
+from functools import partial
 from typing import Any
 
 from phalanx._internal import env as env_vars
-from phalanx._internal.engines.process_tree import become_subreaper, kill_descendants
+from phalanx._internal.engines.process_tree import (
+    become_subreaper,
+    descendants,
+    kill_descendants,
+)
 from phalanx._internal.engines.ray.calls import CallRunner
 from phalanx._internal.engines.ray.output import OutputCapture
+from phalanx._internal.worker.fence import Fence, stop_process
 from phalanx._internal.worker.runtime import dumps, run_call, set_outbox
 
 # What waits in ``send`` until the driver has it: a report (with or without a checkpoint part)
@@ -119,6 +129,8 @@ class PhalanxWorker:
         set_outbox(self._buffer)
         self._output = OutputCapture(self._buffer) if capture_output else None
         self._calls = CallRunner(self._buffer)
+        # Armed by the first drain: from then on the driver's calls never stop while it lives
+        self._fence = Fence(env_vars.fence_s(), partial(stop_process, descendants=descendants))
         _freeze_what_lives()
 
     def hello(self, marker: tuple[Any, str] | None) -> dict[str, Any]:
@@ -141,6 +153,7 @@ class PhalanxWorker:
     def drain(self, wait_s: float, confirmed: int = 0) -> tuple[int, list[bytes]]:
         """The messages from number ``base`` on (``base``: the answer's first item), once some
         exist or after ``wait_s``; the driver has handled the first ``confirmed``."""
+        self._fence.heard()
         return self._buffer.take(wait_s, confirmed)
 
     def reset(
@@ -175,6 +188,7 @@ class PhalanxWorker:
     def stop(self, flush_timeout_s: float) -> None:
         """Kill every process the training function started, send the output written so far,
         then a last ``("closed",)`` message."""
+        self._fence.close()  # the driver stops draining this worker now: not a lost driver
         kill_descendants(os.getpid())
         if self._output is not None:
             self._output.flush(flush_timeout_s)
