@@ -106,8 +106,10 @@ def test_another_drivers_attempt_is_not_this_ones_even_with_the_same_index(
     successor.begin_attempt(0)
     with pytest.raises(StaleAttemptError, match="another driver's attempt 0"):
         old_worker.stage_part(_part(tmp_path, "r0", b"stale"), "checkpoint_000001", 0)
-    with pytest.raises(StaleAttemptError, match="another driver's attempt 0"):
+    with pytest.raises(StaleAttemptError, match=r"another fit\(\) began attempt 0 of this run"):
         driver.commit("checkpoint_000001", 0, None)
+    with pytest.raises(StaleAttemptError, match="began attempt 0"):  # deposed: nothing more
+        driver.write_atomic("error.txt", b"the old driver's error")
     assert not [p for p in _listing(driver) if p.startswith(f"/{STAGING_DIR}")]
 
 

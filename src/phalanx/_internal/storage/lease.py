@@ -22,6 +22,18 @@ from phalanx.errors import StorageError
 
 logger = logging.getLogger(__name__)
 
+# A lease held by this process, whose renewals have all failed for this long: its driver may have
+# been cut off long enough for another to take the run over (that needs STALE_S without a
+# heartbeat): its stores ask before they write (``RunStorage.refuse_if_not_owner``)
+RENEWALS_MISSED_S = 1.5 * HEARTBEAT_S
+_renewed: dict[str, float] = {}  # owner token -> when its lease was last written (monotonic)
+
+
+def lease_silence_s(token: str) -> float | None:
+    """Seconds since this process last wrote the lease of ``token``; None: it holds none."""
+    at = _renewed.get(token)
+    return None if at is None else time.monotonic() - at
+
 
 class Lease:
     """A run held on an object store; see the module docstring."""
@@ -51,6 +63,7 @@ class Lease:
             winner = Owner.from_json(storage.read(LEASE_FILE))
             if winner is None or winner.token != owner.token:
                 raise locked_error(storage.name, storage.run_uri, winner)
+        _renewed[owner.token] = time.monotonic()
         lease._heartbeat = threading.Thread(
             target=lease._renew, args=(stale_s,), name="phalanx-run-lease", daemon=True
         )
@@ -63,6 +76,7 @@ class Lease:
         self._stop.set()
         self._heartbeat.join()
         self._heartbeat = None
+        _renewed.pop(self.owner.token, None)
         try:  # fit()'s own result or error matters more than a lease left to go stale
             current = Owner.from_json(self.storage.read(LEASE_FILE))
             if current is not None and current.token == self.owner.token:
@@ -92,19 +106,22 @@ class Lease:
         while not self._stop.wait(interval):
             try:
                 current = Owner.from_json(self.storage.read(LEASE_FILE))
-                if current is not None and current.token != self.owner.token:
+                if current is None or current.token != self.owner.token:
+                    # Gone: only a driver that took it over and ended since deletes our lease
+                    who = current.describe() if current is not None else "a fit() that ended since"
                     logger.error(
                         "The lease of run %r was taken over by %s: another fit() now writes to "
                         "this run directory.",
                         self.storage.name,
-                        current.describe(),
+                        who,
                     )
                     depose = getattr(self.storage, "depose", None)
                     if depose is not None:  # this driver writes nothing more into the run
-                        depose(f"another fit() took the run's lease over ({current.describe()})")
+                        depose(f"another fit() took the run's lease over ({who})")
                     return
                 beat = Owner(**{**vars(self.owner), "heartbeat": time.time()})
                 self.storage.write_atomic(LEASE_FILE, beat.to_json())
+                _renewed[self.owner.token] = time.monotonic()
             except Exception as exc:  # a storage hiccup: try again at the next beat
                 logger.warning("Could not renew the lease of run %r: %s", self.storage.name, exc)
 

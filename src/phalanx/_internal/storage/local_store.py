@@ -175,15 +175,18 @@ class LocalStore(RunStorage, register=True):
         os.replace(f"{final}.tmp", final)
 
     def delete_checkpoint(self, dir_name: str) -> None:
+        self.refuse_if_not_owner(f"delete checkpoint {dir_name!r} of")
         remove_commit_record(self, dir_name)  # first: a record never outlives its files
         shutil.rmtree(self.checkpoint_path(dir_name), ignore_errors=True)
 
     def remove_staging(self) -> None:
         # A worker that is being torn down may still be writing here: never fail on it.
+        self.refuse_if_not_owner("remove uncommitted checkpoint parts of")
         shutil.rmtree(self.path(STAGING_DIR), ignore_errors=True)
 
     def set_aside(self, dir_name: str, folder: str) -> str:
         """One rename: the directory moves whole, or not at all."""
+        self.refuse_if_not_owner(f"move {dir_name!r} aside in")
         source, target = self.path(dir_name), self.path(folder, dir_name)
         with storage_errors(f"move {dir_name!r} aside to", target):
             os.makedirs(self.path(folder), exist_ok=True)
@@ -194,6 +197,7 @@ class LocalStore(RunStorage, register=True):
     # -- small files and logs -------------------------------------------------------------------
 
     def write_atomic(self, relative: str, data: bytes) -> None:
+        self.refuse_if_not_owner(f"write {relative!r} in")  # a driver that lost the run: nothing
         final = self.path(relative)
         tmp = f"{final}.tmp"
         with storage_errors("write", final):
@@ -210,11 +214,13 @@ class LocalStore(RunStorage, register=True):
                 raise
 
     def remove(self, relative: str) -> None:
+        self.refuse_if_not_owner(f"remove {relative!r} from")
         path = self.path(relative)
         with storage_errors("remove", path), contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
     def append_durable(self, relative: str, data: bytes) -> None:
+        self.refuse_if_not_owner(f"append to {relative!r} in")
         append_whole(self.path(relative), data, durable=True)
 
     def open_log(self, relative: str) -> LocalLog:

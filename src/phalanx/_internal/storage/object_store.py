@@ -109,12 +109,12 @@ class ObjectStore(RunStorage, register=True):
         return final
 
     def delete_checkpoint(self, dir_name: str) -> None:
-        self.refuse_if_deposed(f"delete checkpoint {dir_name!r} of")
+        self.refuse_if_not_owner(f"delete checkpoint {dir_name!r} of")
         remove_commit_record(self, dir_name)  # first: a record never outlives its objects
         self._remove_tree(self.checkpoint_path(dir_name), "delete checkpoint")
 
     def remove_staging(self) -> None:
-        self.refuse_if_deposed("remove uncommitted checkpoint parts of")
+        self.refuse_if_not_owner("remove uncommitted checkpoint parts of")
         self._remove_tree(self.path(STAGING_DIR), "remove uncommitted checkpoint parts in")
 
     def _remove_tree(self, path: str, action: str) -> None:
@@ -125,7 +125,7 @@ class ObjectStore(RunStorage, register=True):
     # -- small files and logs -------------------------------------------------------------------
 
     def write_atomic(self, relative: str, data: bytes) -> None:
-        self.refuse_if_deposed(f"write {relative!r} in")  # a driver that lost the run: nothing
+        self.refuse_if_not_owner(f"write {relative!r} in")  # a driver that lost the run: nothing
         final = self.path(relative)
         with storage_errors("write", self.uri(final)), self.filesystem.open(final, "wb") as f:
             f.write(data)

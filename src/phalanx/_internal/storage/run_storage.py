@@ -55,6 +55,7 @@ stage it apart): the worker's fence (``worker/fence.py``) stops it within its bo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -64,6 +65,7 @@ from typing import Any, ClassVar
 from phalanx._internal.fs.access import resolve_filesystem, storage_errors
 from phalanx._internal.fs.paths import check_checkpoint_dir_name, component_problem
 from phalanx._internal.storage.claim import LEASE_FILE
+from phalanx._internal.storage.lease import RENEWALS_MISSED_S, lease_silence_s
 from phalanx._internal.storage.store import RunStore
 from phalanx.errors import StorageError
 
@@ -96,8 +98,9 @@ class RunStorage(RunStore):
     name: str = ""
     # This driver's token (see the module docstring); copies sent to workers keep it
     owner: str = field(default_factory=lambda: uuid.uuid4().hex, compare=False)
-    # Why this driver lost the run (its lease taken over), once it did: every write refused
-    deposed: list[str] = field(default_factory=list, compare=False, repr=False)
+    # This driver's fencing state: "began" once it began an attempt; "deposed": why it lost the
+    # run (another driver took it over), after which every write is refused
+    fencing: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     appends: ClassVar[bool] = False
     """Files grow in place (history lines, the snapshot's journal), readable at once."""
@@ -203,7 +206,7 @@ class RunStorage(RunStore):
 
     def set_aside(self, dir_name: str, folder: str) -> str:
         """Object by object (no rename here): every object is copied before any is removed."""
-        self.refuse_if_deposed(f"move {dir_name!r} aside in")
+        self.refuse_if_not_owner(f"move {dir_name!r} aside in")
         source, target = self.path(dir_name), self.path(folder, dir_name)
         fs = self.filesystem
         with storage_errors(f"move {dir_name!r} aside to", self.uri(target)):
@@ -224,22 +227,14 @@ class RunStorage(RunStore):
         self.check_owner(f"start attempt {attempt} of")
         stamp = {"owner": self.owner, "attempt": attempt}
         self.write_atomic(ATTEMPT_FILE, json.dumps(stamp).encode())
+        self.fencing["began"] = True
 
     def check_attempt(self, attempt: int, action: str, driver: bool = False) -> None:
         """Raise :class:`StaleAttemptError` unless ``attempt`` of this store's driver is the
         run's current one (a run no driver began an attempt of accepts any). ``driver``: the
         driver's own write (a commit) also needs the run's lease to be its own."""
-        if driver:
-            self.check_owner(action)
-        raw = self.read(ATTEMPT_FILE)
-        if raw is None:
-            return
-        try:
-            current = json.loads(raw)
-            now = (str(current["owner"]), int(current["attempt"]))
-        except (ValueError, KeyError, TypeError):
-            return  # a stamp cut by hand: the lease and the lock still hold the run
-        if now != (self.owner, attempt):
+        now = self.check_owner(action) if driver else self._current_attempt()
+        if now is not None and now != (self.owner, attempt):
             other = "this driver's" if now[0] == self.owner else "another driver's"
             raise StaleAttemptError(
                 f"Refused to {action} run {self.name!r} for attempt {attempt}: the run's "
@@ -249,35 +244,67 @@ class RunStorage(RunStore):
                 "HINT: nothing to do: the current attempt trains on; this process should stop."
             )
 
-    def check_owner(self, action: str) -> None:
-        """Raise :class:`StaleAttemptError` if another driver holds the run's lease now (then
-        this store refuses every later write: ``refuse_if_deposed``)."""
+    def check_owner(self, action: str) -> tuple[str, int] | None:
+        """Raise :class:`StaleAttemptError` if another driver took the run over: it holds the
+        run's lease now, or it began an attempt since this driver did (its lease released at
+        its end). This store then refuses every later write (``refuse_if_deposed``). Returns the
+        run's current attempt (None: none begun)."""
         self.refuse_if_deposed(action)
         raw = self.read(LEASE_FILE)  # local stores hold the run with flock: no lease there
-        if raw is None:
-            return
-        try:
-            token = str(json.loads(raw)["token"])
-        except (ValueError, KeyError, TypeError):
-            return
-        if token != self.owner:
+        token = None
+        if raw is not None:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                token = str(json.loads(raw)["token"])
+        if token is not None and token != self.owner:
             self.depose(
                 f"another fit() holds the run's lease now ({self.uri(self.path(LEASE_FILE))}): "
                 "it took the run over while this driver was silent (its host cut off or frozen "
                 "past the lease's stale bound)"
             )
-            self.refuse_if_deposed(action)
+        now = self._current_attempt()
+        if self.fencing.get("began") and now is not None and now[0] != self.owner:
+            self.depose(
+                f"another fit() began attempt {now[1]} of this run since this driver's last "
+                f"({self.uri(self.path(ATTEMPT_FILE))}): it took the run over while this driver "
+                "was silent (its host cut off or frozen past the lease's stale bound)"
+            )
+        self.refuse_if_deposed(action)
+        return now
+
+    def _current_attempt(self) -> tuple[str, int] | None:
+        raw = self.read(ATTEMPT_FILE)
+        if raw is None:
+            return None
+        try:
+            current = json.loads(raw)
+            return str(current["owner"]), int(current["attempt"])
+        except (ValueError, KeyError, TypeError):
+            return None  # a stamp cut by hand: the lease and the lock still hold the run
+
+    @property
+    def deposed(self) -> str | None:
+        """Why this driver lost the run, once it did."""
+        return self.fencing.get("deposed")
 
     def depose(self, why: str) -> None:
         """This driver lost the run (``why``): from now on this store writes nothing."""
-        if not self.deposed:
-            self.deposed.append(why)
+        self.fencing.setdefault("deposed", why)
+
+    def refuse_if_not_owner(self, action: str) -> None:
+        """Before a write of the driver: refused once deposed; and where this process holds the
+        run's lease but its renewals have failed for a while (its host cut off, or frozen),
+        another driver may have taken the run over meanwhile: asked first (``check_owner``)."""
+        silent = lease_silence_s(self.owner)
+        if silent is not None and silent > RENEWALS_MISSED_S:
+            self.check_owner(action)
+        else:
+            self.refuse_if_deposed(action)
 
     def refuse_if_deposed(self, action: str) -> None:
         if self.deposed:
             raise StaleAttemptError(
-                f"Refused to {action} run {self.name!r}: {self.deposed[0]}.\n"
-                "HINT: nothing to do here: the driver holding the lease resumes the run."
+                f"Refused to {action} run {self.name!r}: {self.deposed}.\n"
+                "HINT: nothing to do here: the driver that took the run over resumes it."
             )
 
     def read(self, relative: str) -> bytes | None:
@@ -290,7 +317,7 @@ class RunStorage(RunStore):
 
     def remove(self, relative: str) -> None:
         """Remove one file of the run, if it is there."""
-        self.refuse_if_deposed(f"remove {relative!r} from")
+        self.refuse_if_not_owner(f"remove {relative!r} from")
         path = self.path(relative)
         with storage_errors("remove", self.uri(path)):
             if self.filesystem.exists(path):
