@@ -13,6 +13,7 @@ the driver's machine.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import dataclass
 from typing import Any
@@ -32,10 +33,16 @@ from phalanx._internal.storage.commit_record import (
     write_commit_record,
 )
 from phalanx._internal.storage.history_parts import PartsLog, read_whole
-from phalanx._internal.storage.lease import Lease, lease_held
+from phalanx._internal.storage.lease import (
+    RENEWALS_MISSED_S,
+    Lease,
+    lease_held,
+    lease_silence_s,
+)
 from phalanx._internal.storage.run_storage import (
     STAGING_DIR,
     RunStorage,
+    StaleAttemptError,
     merge_metadata,
     write_files,
 )
@@ -125,10 +132,27 @@ class ObjectStore(RunStorage, register=True):
     # -- small files and logs -------------------------------------------------------------------
 
     def write_atomic(self, relative: str, data: bytes) -> None:
-        self.refuse_if_not_owner(f"write {relative!r} in")  # a driver that lost the run: nothing
+        action = f"write {relative!r} in"
+        self.refuse_if_not_owner(action)  # a driver that lost the run: nothing
         final = self.path(relative)
         with storage_errors("write", self.uri(final)), self.filesystem.open(final, "wb") as f:
             f.write(data)
+        self._landed(action, final, data)
+
+    def _landed(self, action: str, final: str, data: bytes) -> None:
+        """A write sent while this driver was cut off may land (the client retries) after
+        another driver took the run over: asked again after it, and then taken back (when the
+        object still holds what this driver wrote) and refused."""
+        silent = lease_silence_s(self.owner)
+        if silent is None or silent <= RENEWALS_MISSED_S:
+            return
+        try:
+            self.check_owner(action)
+        except StaleAttemptError:
+            with contextlib.suppress(Exception):  # best effort: the error below says why
+                if self.filesystem.cat_file(final) == data:
+                    self.filesystem.rm(final)
+            raise
 
     def append_durable(self, relative: str, data: bytes) -> None:
         raise StorageError(

@@ -174,8 +174,8 @@ class RunStore(Protocol):
         """Raise StaleAttemptError unless ``attempt`` of this driver is the current one."""
         ...
 
-    def check_owner(self, action: str) -> None:
-        """Raise StaleAttemptError if another driver took the run's lease over."""
+    def check_owner(self, action: str) -> tuple[str, int] | None:
+        """Raise StaleAttemptError if another driver took the run over; the current attempt."""
         ...
 
     # -- one owner at a time --------------------------------------------------------------------
