@@ -142,3 +142,21 @@ def test_the_bound_grows_with_the_drivers_slowest_calls_within_limits() -> None:
     finally:
         fence.close()
     assert Fence(0.0, lambda why: None).enabled is False
+
+
+def test_time_the_worker_itself_did_not_run_is_not_counted_as_the_drivers_silence() -> None:
+    now = [0.0]
+    stops: list[str] = []
+    fence = Fence(5.0, stops.append, clock=lambda: now[0])
+    fence.heard()
+    try:
+        now[0] += 30.0  # the whole process stopped (SIGSTOP, an overloaded machine): no tick ran
+        wait_until(lambda: fence.silent_s() < 1.0, timeout_s=5)  # the watchdog saw it was late
+        assert stops == []
+        while not stops:  # then the driver stays silent, the process running: fenced
+            assert now[0] < 60, fence.silent_s()
+            now[0] += 0.05
+            time.sleep(0.01)  # a watchdog tick now and then (each sees 0.05 s pass)
+        assert 5.0 < fence.silent_s() < 6.0 and "no call from the driver" in stops[0]
+    finally:
+        fence.close()

@@ -15,8 +15,10 @@ files) while another attempt, or another driver, owns it.
 once none came for ``bound_s``: the floor (``PHALANX_FENCE_S``, 5 s: the driver's own bound for a
 silent host, 3 s, plus the 1 s a ``drain`` may be held and a second of slack), raised to
 ``GAP_FACTOR`` times the longest gap between the driver's calls seen lately (a loaded driver
-calls late, and must not fence its healthy workers), up to ``MAX_FACTOR`` times the floor. It is
-armed by the first call: a worker that was never drained (starting up) is left alone.
+calls late, and must not fence its healthy workers), up to ``MAX_FACTOR`` times the floor; time
+during which the worker's own process did not run (its watchdog woke over ``STARVED_S`` late:
+an overloaded machine) is not counted. It is armed by the first call: a worker that was never
+drained (starting up) is left alone.
 
 :func:`stop_process` is how the process stops, so that no user code runs after the decision: the
 switch interval is raised so that the watchdog keeps the interpreter, the process's descendants
@@ -42,6 +44,10 @@ GAP_FACTOR = 3.0  # the bound is at least this many times the longest recent gap
 MAX_FACTOR = 4.0  # ... and at most this many times the floor
 GAPS_KEPT = 64  # the recent gaps: about a minute of an idle worker's drains
 CHECK_S = 0.1  # how often the watchdog looks
+# The watchdog woke this much later than asked: this process itself did not run (a machine
+# overloaded, a stopped process), and neither could the driver's calls be served: that time is
+# not counted as the driver's silence
+STARVED_S = 1.0
 FREEZE_ROUNDS = 5  # listings of the descendants until none is new (a process may fork meanwhile)
 
 
@@ -63,6 +69,7 @@ class Fence:
         self._clock = clock
         self._lock = threading.Lock()
         self._last: float | None = None
+        self._starved = 0.0  # seconds since the last call during which this process did not run
         self._gaps: collections.deque[float] = collections.deque(maxlen=GAPS_KEPT)
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -80,6 +87,7 @@ class Fence:
             if self._last is not None:
                 self._gaps.append(now - self._last)
             self._last = now
+            self._starved = 0.0
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._watch, name="phalanx-fence", daemon=True
@@ -95,15 +103,21 @@ class Fence:
     def silent_s(self) -> float:
         """Seconds since the driver's last call (0 before the first)."""
         with self._lock:
-            last = self._last
-        return 0.0 if last is None else self._clock() - last
+            last, starved = self._last, self._starved
+        return 0.0 if last is None else self._clock() - last - starved
 
     def close(self) -> None:
         """The driver ends this worker itself (``stop``): the watchdog stands down."""
         self._closed.set()
 
     def _watch(self) -> None:
+        tick = self._clock()
         while not self._closed.wait(CHECK_S):
+            now = self._clock()
+            if now - tick > STARVED_S:
+                with self._lock:
+                    self._starved += now - tick - CHECK_S
+            tick = now
             silent, bound = self.silent_s(), self.bound_s()
             if silent > bound and not self._closed.is_set():
                 self._stop(
