@@ -13,7 +13,6 @@ the driver's machine.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +41,6 @@ from phalanx._internal.storage.lease import (
 from phalanx._internal.storage.run_storage import (
     STAGING_DIR,
     RunStorage,
-    StaleAttemptError,
     merge_metadata,
     write_files,
 )
@@ -140,19 +138,13 @@ class ObjectStore(RunStorage, register=True):
         self._landed(action, final, data)
 
     def _landed(self, action: str, final: str, data: bytes) -> None:
-        """A write sent while this driver was cut off may land (the client retries) after
-        another driver took the run over: asked again after it, and then taken back (when the
-        object still holds what this driver wrote) and refused."""
+        """A write sent while this driver was cut off may land (the client retries it) after
+        another driver took the run over: asked again after it, so the first such write stops
+        this driver. What it wrote stays (it may have replaced the other driver's object of
+        the same name: no delete rule could tell whose it is); see docs/guides/networks.md."""
         silent = lease_silence_s(self.owner)
-        if silent is None or silent <= RENEWALS_MISSED_S:
-            return
-        try:
+        if silent is not None and silent > RENEWALS_MISSED_S:
             self.check_owner(action)
-        except StaleAttemptError:
-            with contextlib.suppress(Exception):  # best effort: the error below says why
-                if self.filesystem.cat_file(final) == data:
-                    self.filesystem.rm(final)
-            raise
 
     def append_durable(self, relative: str, data: bytes) -> None:
         raise StorageError(
