@@ -6,13 +6,16 @@ Run from the repository root:
 
     python bench/anatomy.py                    # 3 reps; 4 trials per case per rep
     python bench/anatomy.py --reps 1 --steps 100 --trials 1 --flip-trials 1 --out /tmp/b17
+    python bench/anatomy.py --systems plain,before,anatomy --before-src /tmp/before/src
 
 Systems, interleaved in fresh subprocesses (bench/harness.py):
 
 - ``plain``: 2 local DDP workers, the model wrapped by ``DistributedDataParallel`` itself (no
-  phalanx hook); ``anatomy``: by ``prepare_model(replica_check=False)`` (the comm hook that
+  phalanx hook); ``anatomy``: by ``prepare_model(replica_check=False)`` (the clock that
   times the all-reduce wait); ``check``: ``prepare_model(replica_check=100)`` (and a checksum
-  of the parameters every 100 rounds, as at a checkpoint every 100 steps). Each: ``--steps``
+  of the parameters every 100 rounds, as at a checkpoint every 100 steps); ``before``:
+  ``anatomy`` with phalanx imported from ``--before-src`` (another checkout's ``src/``, e.g.
+  ``git worktree add --detach /tmp/before main``), run only when that is given. Each: ``--steps``
   steps of a 2-layer MLP (~0.5 M parameters), ``report()`` every step; rank 0's median step
   time and ``report()`` p50 (B3's figure).
 - ``detect``: 4 DDP ranks (gloo), 24 steps each; rank 2 slowed 40 ms per step by its
@@ -40,7 +43,7 @@ from typing import Any
 
 import harness
 
-OVERHEAD = ("plain", "anatomy", "check")
+OVERHEAD = ("plain", "before", "anatomy", "check")
 SYSTEMS = (*OVERHEAD, "detect", "flip")
 SLOW_S = 0.04
 SLOW_RANK = 2
@@ -52,7 +55,7 @@ COLUMNS = [("step_ms", "step p50 ms"), ("report_ms", "report() p50 ms"), ("wall_
 
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
     if args.one in OVERHEAD:
-        return overhead(args.one, args.steps)
+        return overhead("anatomy" if args.one == "before" else args.one, args.steps)
     if args.one == "detect":
         return detect(args.trials)
     return flips(args.flip_trials)
@@ -338,7 +341,10 @@ def _median(runs: list[dict[str, Any]], system: str, key: str) -> float | None:
 def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     systems = [s for s in meta["systems"] if s in OVERHEAD]
     lines = [*harness.table(runs, systems, COLUMNS, digits=3), ""]
-    pairs = harness.pairs_of(systems, [("anatomy", "plain"), ("check", "anatomy")])
+    pairs = harness.pairs_of(
+        systems,
+        [("anatomy", "plain"), ("before", "plain"), ("anatomy", "before"), ("check", "anatomy")],
+    )
     lines += [*harness.ratio_table(runs, pairs, COLUMNS), ""]
     if "detect" in meta["systems"]:
         trials = _sum(runs, "detect", "trials")
@@ -400,6 +406,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--flip-trials", type=int, default=4)
+    parser.add_argument(
+        "--before-src",
+        default="",
+        help="the src/ of another checkout (e.g. a `git worktree add` of main): the `before` "
+        "system runs `anatomy` with phalanx imported from there",
+    )
+
+
+def run_env(system: str, args: argparse.Namespace) -> dict[str, str]:
+    return {"PYTHONPATH": args.before_src} if system == "before" else {}
 
 
 def ok(rec: dict[str, Any]) -> bool:
@@ -411,6 +427,7 @@ BENCH = harness.Bench.of(
     name="anatomy",
     title="B17: the step anatomy and the replica agreement check",
     systems=SYSTEMS,
+    run_env=run_env,
     summary_keys=("step_ms", "report_ms", "wall_s"),
     reps=3,
     timeout_s=1800.0,
@@ -419,4 +436,7 @@ BENCH = harness.Bench.of(
 
 
 if __name__ == "__main__":
-    harness.main(BENCH)
+    arguments = harness.parse_args(BENCH)
+    if not arguments.before_src:  # ``before`` runs only against another checkout
+        arguments.systems = ",".join(s for s in arguments.systems.split(",") if s != "before")
+    harness.main(BENCH, arguments)

@@ -144,31 +144,58 @@ def test_on_the_ray_engine(storage, local_ray):
     assert_named(fit(storage, "compute", engine="ray"), "compute")
 
 
+def delayed_allreduce(state, bucket):
+    """A user's comm hook: DDP's all-reduce, done 20 ms late (as over a slow link)."""
+    import threading
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    late = torch.futures.Future()
+    reduced = default_hooks.allreduce_hook(state, bucket)
+    done = lambda f: threading.Timer(0.02, late.set_result, (f.value(),)).start()  # noqa: E731
+    reduced.add_done_callback(done)
+    return late
+
+
 def same_training_loop(config):
     import copy
+
+    from phalanx._internal.worker.session import get_session
 
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Linear(16, 3))
     plain = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(module))
+    hooked = prepare_model(copy.deepcopy(module))
+    hooked.register_comm_hook(None, delayed_allreduce)  # after prepare_model: its wait is timed
     timed = prepare_model(module)
-    models = (plain, timed)
+    models = (plain, timed, hooked)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
     data = torch.Generator().manual_seed(_rank())
+    clocks, taken = get_session().anatomy.clocks, []
     for step in range(6):
         x, y = torch.randn(5, 6, generator=data), torch.randn(5, 3, generator=data)
         for model, optimizer in zip(models, optimizers, strict=True):
             optimizer.zero_grad()
+            with model.no_sync():  # gradient accumulation: no all-reduce, not a step
+                torch.nn.functional.mse_loss(model(x[:2]), y[:2]).backward()
             torch.nn.functional.mse_loss(model(x), y).backward()
             optimizer.step()
+        taken.append([clock.take() for clock in clocks])  # (collective s, steps) per model
         train.report({"step": step})
-    return [[p.detach().clone() for p in m.parameters()] for m in models]
+    return [[p.detach().clone() for p in m.parameters()] for m in (plain, timed)], taken
 
 
-def test_the_timed_all_reduce_trains_bitwise_as_ddps_own(storage):
+def test_the_timed_model_trains_bitwise_as_ddps_own(storage):
+    """DDP's own all-reduce stays (the clock only hooks one gradient accumulator and queues one
+    callback), so training is bitwise DDP's; the wait for a user's comm hook is timed, and
+    ``no_sync`` backwards are not counted."""
     result = TorchTrainer(
         same_training_loop,
         scaling_config=ScalingConfig(num_workers=3),
         run_config=RunConfig(name="same", storage_path=storage),
     ).fit()
-    plain, timed = result.return_value
+    (plain, timed), taken = result.return_value
     assert all(torch.equal(a, b) for a, b in zip(plain, timed, strict=True))
+    assert all(steps == 1 for round_ in taken for _, steps in round_), taken
+    hooked = [seconds for (seconds, _), _timed in taken[1:]]  # the first backward: untimed
+    assert sum(hooked) >= 0.015 * len(hooked), taken  # the 20 ms, less the jitter of a busy host

@@ -1,14 +1,14 @@
 """The step clocks ``prepare_model`` puts on a DDP or FSDP model: when this rank's gradients are
 ready and how long it then waits for the other ranks in the gradient collectives.
 
-DDP: a comm hook (the same all-reduce as DDP's own, ``grad * (1 / world)`` then a sum, so the
-result is bitwise the same) notes when the last bucket of a backward is ready and when its
-all-reduce is done. On CPU (gloo) that is host time: the all-reduce's future completes in
-gloo's thread once every rank has contributed. On CUDA (NCCL) the host only enqueues, and
-the wait happens on the device (it shows at the next sync): two CUDA events, one recorded when
-the last bucket is ready, one when its all-reduce is done, measure it there; a pair is read
-once both have passed, never by waiting. A comm hook registered by the user afterwards
-replaces the all-reduce inside the timing, not the timing.
+DDP: DDP's own all-reduce stays as it is (its C++ reducer, or a comm hook the user registers);
+it is timed from outside. A post-hook on the gradient accumulator of the parameter whose
+gradient comes last notes when this rank's gradients are ready (DDP's hook on it has just
+launched the last bucket's all-reduce), and an autograd final callback queued there runs after
+DDP's own has waited for every bucket: the collectives are done. On CPU (gloo) both are host
+times in the training thread. On CUDA (NCCL) the host only enqueues, and the wait happens on the
+device (it shows at the next sync): two CUDA events recorded at those two points measure it
+there; a pair is read once it has passed, never by waiting.
 
 FSDP (``FullyShardedDataParallel``, on CPU): a comm hook times each gradient reduction (it runs
 synchronously there), and a pair of forward pre-hooks per FSDP unit times the parameters'
@@ -20,14 +20,13 @@ Each clock is read by ``report()`` through the session (``worker/step_anatomy.py
 
 from __future__ import annotations
 
+import functools
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from phalanx._internal.worker.session import get_session
 
@@ -37,107 +36,109 @@ logger = logging.getLogger(__name__)
 
 
 class DDPStepClock:
-    """The comm hook of one DDP model and what it measured since the last ``take``."""
+    """Times one DDP model's gradient all-reduce from outside it: DDP keeps its own (C++)
+    reducer, or the comm hook a user registers.
 
-    def __init__(self, process_group: Any, world_size: int) -> None:
-        self.process_group = process_group
-        self.scale = 1.0 / world_size
-        self.inner: Callable[[Any, Any], Any] | None = None  # a hook the user registered
-        self.inner_state: Any = None
-        self._lock = threading.Lock()  # gloo's threads finish all-reduces, report() takes
+    A post-hook on the gradient accumulator of the parameter whose gradient is ready last in
+    a backward runs just after DDP's own hook on it has launched the last bucket's all-reduce:
+    this rank's gradients are ready. It queues an autograd final callback, which runs after
+    DDP's (queued there too) has waited for every bucket's all-reduce: done. Which parameter
+    is last is learnt in the first backward (every accumulator hooked once; DDP learns its
+    bucket order the same way), then one hook and one callback per step remain. Backwards
+    under ``no_sync()`` (no all-reduce) are neither timed nor counted.
+    """
+
+    __slots__ = (
+        "_accumulators",
+        "_cuda",
+        "_hooks",
+        "_model",
+        "_order",
+        "_pending",
+        "_ready",
+        "_steps",
+        "_waited",
+    )
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
         self._waited = 0.0
         self._steps = 0
-        self._new_step = True
-        self._ready_at = 0.0  # the last bucket of the step was ready
-        self._done_at = 0.0  # its all-reduces were done (host clock: gloo)
+        self._ready = 0.0  # when the step's gradients were ready (host clock)
         self._pending: list[tuple[Any, Any]] = []  # CUDA event pairs not yet read
+        params = [p for p in model.module.parameters() if p.requires_grad]
+        self._cuda = bool(params) and params[0].is_cuda
+        self._order: list[int] = []  # the first backward: the order gradients were ready in
+        # held here: a gradient accumulator nobody holds is made anew, without the hook
+        self._accumulators = [_accumulator(p) for p in params]
+        self._hooks = [
+            node.register_hook(functools.partial(self._learn, i))
+            for i, node in enumerate(self._accumulators)
+        ]
 
-    # -- DDP's side -----------------------------------------------------------------------------
+    # -- the first backward: which gradient comes last ------------------------------------------
 
-    def hook(self, state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-        now = time.perf_counter()
-        if self._new_step:
-            self._settle()
-            self._new_step = False
-            self._steps += 1
-        last = bucket.is_last()
-        tensor = bucket.buffer()
-        cuda = tensor.is_cuda
-        ready = _event() if cuda and last else None
-        if last:
-            self._ready_at, self._new_step = now, True
-        if self.inner is not None:
-            future = self.inner(self.inner_state, bucket)
+    def _learn(self, index: int, _inputs: Any, _outputs: Any) -> None:
+        if not self._model.require_backward_grad_sync:
+            return
+        if not self._order:
+            _queue(self._learnt)
+        self._order.append(index)
+
+    def _learnt(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        last = self._accumulators[self._order[-1]]
+        self._accumulators = [last]
+        self._hooks = [last.register_hook(self._ready_hook)]
+        self._steps += 1  # counted, not timed (a first step is never judged)
+
+    # -- every later backward -------------------------------------------------------------------
+
+    def _ready_hook(self, _inputs: Any, _outputs: Any) -> None:
+        if not self._model.require_backward_grad_sync:
+            return
+        if self._cuda:
+            self._pending.append((_event(), None))
+            _queue(self._done_on_device)
         else:
-            tensor.mul_(self.scale)  # what DDP's own reducer does: bitwise the same result
-            work = dist.all_reduce(tensor, group=self.process_group, async_op=True)
-            if not cuda:  # one callback: the all-reduce's own future, its time noted
-                return work.get_future().then(self._reduced_on_host)
-            future = work.get_future().then(_first)
-        if cuda:
-            return future.then(lambda f: self._done_on_device(f, ready))
-        return future.then(self._done_on_host)
+            self._ready = time.perf_counter()
+            _queue(self._done_on_host)
 
-    def _done_on_host(self, future: Any) -> torch.Tensor:
-        self._note_done()
-        return future.value()  # type: ignore[no-any-return]
+    def _done_on_host(self) -> None:
+        self._waited += time.perf_counter() - self._ready
+        self._steps += 1
 
-    def _reduced_on_host(self, future: Any) -> torch.Tensor:
-        self._note_done()
-        return future.value()[0]  # type: ignore[no-any-return]
-
-    def _note_done(self) -> None:
-        now = time.perf_counter()
-        with self._lock:
-            if now > self._done_at:
-                self._done_at = now
-
-    def _done_on_device(self, future: Any, ready: Any) -> torch.Tensor:
-        if ready is not None:  # the last bucket: its all-reduce is done on this stream
-            done = _event()
-            with self._lock:
-                self._pending.append((ready, done))
-        return future.value()  # type: ignore[no-any-return]
+    def _done_on_device(self) -> None:
+        ready, _ = self._pending[-1]
+        self._pending[-1] = (ready, _event())
+        self._steps += 1
 
     # -- report()'s side ------------------------------------------------------------------------
 
     def take(self) -> tuple[float, int]:
-        if self._new_step:  # between steps: the last one is complete
-            self._settle()
-        with self._lock:
-            waited, steps = self._waited, self._steps
-            self._waited, self._steps = 0.0, 0
+        pending = self._pending
+        while pending and pending[0][1] is not None and pending[0][1].query():
+            ready, done = pending.pop(0)
+            self._waited += max(0.0, ready.elapsed_time(done) / 1000.0)
+        waited, steps = self._waited, self._steps
+        self._waited, self._steps = 0.0, 0
         return waited, steps
 
-    def _settle(self) -> None:
-        """Add the finished step's wait (host), and every CUDA pair that has passed."""
-        with self._lock:
-            if self._done_at:
-                self._waited += max(0.0, self._done_at - self._ready_at)
-                self._done_at = 0.0
-            while self._pending and self._pending[0][1].query():
-                ready, done = self._pending.pop(0)
-                self._waited += max(0.0, ready.elapsed_time(done) / 1000.0)
 
-    def replace_inner(self, state: Any, hook: Callable[[Any, Any], Any]) -> None:
-        """``model.register_comm_hook(state, hook)`` after ``prepare_model``: the user's hook
-        does the communication, the clock still times it."""
-        if self.inner is not None:
-            raise RuntimeError(
-                "register_comm_hook can only be called once on a model (phalanx.torch."
-                "prepare_model times the one you register).\nHINT: register one hook."
-            )
-        self.inner, self.inner_state = hook, state
-
-
-def _first(future: Any) -> torch.Tensor:
-    return future.value()[0]  # type: ignore[no-any-return]
+def _accumulator(parameter: torch.Tensor) -> Any:
+    """The autograd node that accumulates ``parameter``'s gradient (the one DDP hooks)."""
+    return parameter.view_as(parameter).grad_fn.next_functions[0][0]  # type: ignore[union-attr]
 
 
 def _event() -> Any:
     event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event
+
+
+def _queue(callback: Callable[[], None]) -> None:
+    torch.autograd.Variable._execution_engine.queue_callback(callback)  # type: ignore[attr-defined]
 
 
 class FSDPStepClock:
@@ -184,33 +185,11 @@ def install_step_clock(model: torch.nn.Module) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(model, DistributedDataParallel):
-        session.anatomy.clocks.append(_ddp_clock(model))
+        session.anatomy.clocks.append(DDPStepClock(model))
     elif isinstance(model, FullyShardedDataParallel):
         clock = _fsdp_clock(model)
         if clock is not None:
             session.anatomy.clocks.append(clock)
-
-
-def _ddp_clock(model: Any) -> DDPStepClock:
-    group = model.process_group
-    clock = DDPStepClock(group, dist.get_world_size(group))
-    # A lambda: torch reads the hook's annotations and refuses any but its own types (these are
-    # strings here); the parameter must be named ``bucket``
-    model.register_comm_hook(None, lambda state, bucket: clock.hook(state, bucket))
-    # The user's own hook, registered after prepare_model, goes inside the timing
-    model.register_comm_hook = clock.replace_inner
-    model._register_builtin_comm_hook = lambda kind: clock.replace_inner(
-        model.process_group, _builtin_hook(kind)
-    )
-    return clock
-
-
-def _builtin_hook(kind: Any) -> Callable[[Any, Any], Any]:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    if kind == dist.BuiltinCommHookType.FP16_COMPRESS:
-        return default_hooks.fp16_compress_hook
-    return default_hooks.allreduce_hook
 
 
 def _fsdp_clock(model: Any) -> FSDPStepClock | None:
