@@ -7,9 +7,10 @@ Two kinds of sources feed it:
 - waits in the training thread (``phalanx.collective``'s barrier and broadcast, FSDP's
   synchronous collectives on CPU): ``collective_wait.add(seconds)``, summed per thread as
   ``data_wait`` is;
-- the step clocks of the models ``prepare_model`` wrapped (``RankAnatomy.clocks``: DDP's comm
-  hook sees each bucket's gradients ready and each all-reduce done, in gloo's threads or on
-  CUDA events), each with ``take() -> (collective seconds, steps)`` since its last take.
+- the step clocks of the models ``prepare_model`` wrapped (``RankAnatomy.clocks``: for DDP,
+  when the last gradient of a backward is ready and when DDP's all-reduces are done, host
+  times or CUDA events; ``torch/_anatomy.py``), each with ``take() -> (collective seconds,
+  steps)`` since its last take.
 
 The driver (``controller/stragglers.py``) derives the rest: a rank's compute is its round's
 time minus the data, collective and checkpoint seconds.
