@@ -45,7 +45,8 @@ class DDPStepClock:
     DDP's (queued there too) has waited for every bucket's all-reduce: done. Which parameter
     is last is learnt in the first backward (every accumulator hooked once; DDP learns its
     bucket order the same way), then one hook and one callback per step remain. Backwards
-    under ``no_sync()`` (no all-reduce) are neither timed nor counted.
+    under ``no_sync()`` (no all-reduce) are neither timed nor counted, and so is a backward
+    that leaves that parameter out (``find_unused_parameters``, a graph that changes).
     """
 
     __slots__ = (
