@@ -55,8 +55,8 @@ RESTORE_MODE_VAR = "PHALANX_RESTORE_MODE"
 
 
 def restore_mode() -> str:
-    """How the Ray engine restarts a failed group: ``in-place`` (keep the surviving actors,
-    replace the lost ones) or ``full`` (new actors for every rank, as Ray Train)."""
+    """How the Ray and local engines restart a failed group: ``in-place`` (keep the surviving
+    actors or processes, replace the lost ones) or ``full`` (new actors for every rank, as Ray Train)."""
     mode = os.environ.get(RESTORE_MODE_VAR, "in-place").strip().lower()
     if mode not in ("in-place", "full"):
         raise ValueError(
@@ -88,7 +88,7 @@ def fence_s() -> float:
 
 
 def reuse_stop_s() -> float:
-    """How long a surviving Ray actor gets to end its training call before it is replaced."""
+    """How long a surviving worker gets to end its training call before it is replaced."""
     return float(os.environ.get("PHALANX_REUSE_STOP_S", "10"))
 
 
@@ -256,7 +256,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "PHALANX_RESTORE_MODE",
         "in-place",
-        "`in-place`: on Ray, a retry keeps the surviving actors and replaces only the lost ranks; "
+        "`in-place`: a retry keeps the surviving actors (Ray) or processes (local) and replaces "
+        "only the lost ranks; "
         "`full`: every rank anew, as Ray Train does.",
     ),
     Variable(
@@ -268,7 +269,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "PHALANX_REUSE_STOP_S",
         "10",
-        "Seconds a surviving Ray actor gets to end its training call before it is replaced too.",
+        "Seconds a surviving worker gets to end its training call before it is replaced too.",
     ),
     Variable(
         "PHALANX_HOST_SILENT_S",

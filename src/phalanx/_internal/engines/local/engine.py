@@ -5,6 +5,16 @@ One driver thread (the pump) watches every worker's control socket and output pi
 call futures, forwards reports to the events queue, and writes each output line, prefixed with
 the rank, to the driver's stdout/stderr and the rank's log file. The driver's side of one worker
 is ``handle.LocalWorkerHandle``; this module starts, stops and signals the group.
+
+In-place recovery (:meth:`LocalProcessEngine.park`): when a worker process of a failed attempt
+died, the survivors keep their processes, for a backend that can both reset a worker and free
+one stuck in a collective (``reset_worker`` and ``abort_worker``: TorchBackend; without a backend
+the training function's own state, such as a process group it made, could not be reset). Each ends its training call, kills what the call started and leaves the framework's
+process group (the backend's ``reset_worker``; ``abort_worker`` first frees a call stuck in a
+collective with the dead peer), see ``worker_main``; a survivor that does not manage within
+``PHALANX_REUSE_STOP_S`` is killed like the lost ones. The next launch forks new workers only for
+the lost indices, and every rank restarts the training function in the process it has (imports,
+CUDA context and caches kept). ``PHALANX_RESTORE_MODE=full`` replaces every worker instead.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from phalanx._internal import env as env_vars
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.local import warm_server
 from phalanx._internal.engines.local.forkserver import ForkServer, SpawnedForkServer, main_imports
@@ -38,6 +49,8 @@ from phalanx.config import ScalingConfig
 from phalanx.errors import WorkerStartupError
 
 logger = logging.getLogger(__name__)
+
+RESET_SLACK_S = 5.0  # past the worker's own bound: the answer's way back
 
 START_HINT = (
     "check the driver's stderr above for the cause (out of memory, a crash while forking); "
@@ -63,6 +76,8 @@ class LocalProcessEngine(Engine):
         self._notice_dir: str | None = None
         self._preloaded: set[str] = set()
         self._starting: list[LocalWorkerHandle] = []
+        self._spec: WorkerGroupSpec | None = None  # the last launch's
+        self._parked: dict[int, LocalWorkerHandle] = {}  # survivors kept for the next launch
 
     def check(self, scaling_config: ScalingConfig) -> None:
         check_local_resources(scaling_config)
@@ -73,11 +88,19 @@ class LocalProcessEngine(Engine):
         """Start the workers; any failure to do so is a :class:`WorkerStartupError` (retried by
         the failure policy), after everything this launch started is gone."""
         self._starting = []
+        self._spec = spec
+        parked, self._parked = self._parked, {}
         try:
             self._start_server()
             gpu_ids = local_gpu_ids(spec.scaling_config)
             for index in range(spec.num_workers):
-                self._starting.append(self._spawn(index, spec, events, gpu_ids[index]))
+                kept = parked.pop(index, None)
+                if kept is not None:
+                    self._starting.append(self._rebind(kept, spec, events))
+                else:
+                    self._starting.append(self._spawn(index, spec, events, gpu_ids[index]))
+            if parked:  # not part of this launch
+                self.shutdown(list(parked.values()), 0.0)
             self._await_hellos(self._starting, spec, gpu_ids)
         except BaseException as exc:
             self._abort_launch()
@@ -88,6 +111,49 @@ class LocalProcessEngine(Engine):
         handles, self._starting = self._starting, []
         self._preload(spec.preload_modules)
         return list(handles)
+
+    def _rebind(
+        self, handle: LocalWorkerHandle, spec: WorkerGroupSpec, events: Events
+    ) -> LocalWorkerHandle:
+        """A survivor of the last attempt serves this one (its hello is answered already)."""
+        assert self._pump is not None
+        handle.rebind(events)
+        self._pump.rebind_output(handle.index, RankOutput(handle, spec.log_dir, spec.attempt))
+        return handle
+
+    def park(self, handles: list[WorkerHandle]) -> None:
+        """Keep the survivors of a failed attempt for the next launch (the module's docstring);
+        stop the others at once."""
+        local = [h for h in handles if isinstance(h, LocalWorkerHandle)]
+        spec = self._spec
+        alive = [h for h in local if h.is_alive() and h.broken is None]
+        if (
+            spec is None
+            or spec.reset_worker is None
+            or spec.abort_worker is None  # a survivor in a collective could not be freed
+            or env_vars.restore_mode() == "full"
+            or not alive
+            or len(alive) == len(local)  # nobody lost: a failure in code, restart afresh
+        ):
+            self.shutdown(handles, 0.0)
+            return
+        timeout_s = env_vars.reuse_stop_s()
+        started = time.monotonic()
+        futures = {h: h.reset(timeout_s, spec.reset_worker, spec.abort_worker) for h in alive}
+        kept, why = [], {}
+        deadline = started + timeout_s + RESET_SLACK_S
+        for handle, future in futures.items():
+            try:
+                ok, reason = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception as exc:
+                ok, reason = False, f"{type(exc).__name__}: {exc}" if str(exc) else repr(exc)
+            if ok and handle.is_alive():
+                kept.append(handle)
+            else:
+                why[handle.rank] = reason or "it died"
+        self.shutdown([h for h in local if h not in kept], 0.0)
+        self._parked = {h.index: h for h in kept}
+        _log_reuse(kept, len(local), why, time.monotonic() - started)
 
     def _start_server(self) -> None:
         if self._server is not None and not self._server.alive:
@@ -291,6 +357,10 @@ class LocalProcessEngine(Engine):
                 handle.signal_worker(signal.SIGUSR2)
 
     def close(self) -> None:
+        if self._parked:  # kept for a next attempt that never came
+            parked: list[WorkerHandle] = list(self._parked.values())
+            self._parked = {}
+            self.shutdown(parked, 0.0)
         if self._notice_dir is not None:
             shutil.rmtree(self._notice_dir, ignore_errors=True)
             self._notice_dir = None
@@ -298,6 +368,26 @@ class LocalProcessEngine(Engine):
         if self._pump is not None:
             self._pump.stop()
             self._pump = None
+
+
+def _log_reuse(
+    kept: list[LocalWorkerHandle], total: int, why: dict[int, str], took_s: float
+) -> None:
+    detail = "".join(f"\n  rank {rank}: {reason}" for rank, reason in sorted(why.items()))
+    if not kept:
+        logger.warning(
+            "In-place recovery: no worker process can be kept; all are replaced.%s", detail
+        )
+        return
+    logger.warning(
+        "In-place recovery: keeping the worker processes of rank(s) %s (%d of %d, reset in "
+        "%.2f s); the others are replaced.%s",
+        sorted(h.rank for h in kept),
+        len(kept),
+        total,
+        took_s,
+        detail,
+    )
 
 
 def _wait_until(condition: Callable[[], bool], timeout_s: float) -> None:

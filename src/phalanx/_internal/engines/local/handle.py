@@ -60,6 +60,30 @@ class LocalWorkerHandle(WorkerHandle):
             future.set_exception(ConnectionError(f"worker {self.index} is gone: {exc}"))
         return future
 
+    def reset(
+        self, timeout_s: float, reset_worker: Callable[[], None], abort: Callable[[], None] | None
+    ) -> Future[Any]:
+        """In-place recovery: end the worker's training call and leave the framework's process
+        group (``reset_worker``; ``abort`` frees a call waiting in a collective), keeping the
+        process; the future holds ``(ok, why)``."""
+        future: Future[Any] = Future()
+        if self.broken is not None:
+            future.set_exception(self.broken)
+            return future
+        call_id = self._calls.add(future)
+        reset = cloudpickle.dumps((reset_worker, (), {}))
+        freeing = cloudpickle.dumps((abort, (), {})) if abort is not None else None
+        try:
+            self.conn.send_bytes(pickle.dumps(("reset", call_id, timeout_s, reset, freeing)))
+        except OSError as exc:
+            self._calls.discard(call_id)
+            future.set_exception(ConnectionError(f"worker {self.index} is gone: {exc}"))
+        return future
+
+    def rebind(self, events: Events) -> None:
+        """A kept worker serves the next attempt: its events go to that attempt's queue."""
+        self._events = events
+
     # -- called from the pump thread ------------------------------------------------------------
 
     def on_message(self, data: bytes) -> None:

@@ -52,6 +52,7 @@ class OutputPump:
         self._open: dict[int, set[int]] = {}  # worker index -> fds still open
         self._conns: dict[int, tuple[Connection, int]] = {}  # worker index -> (conn, its fd)
         self._outputs: dict[int, RankOutput] = {}  # worker index -> its output (and log files)
+        self._states: dict[int, list[list[Any]]] = {}  # worker index -> its streams' states
         self._inbox: dict[int, bytearray] = {}  # control socket fd -> bytes not yet a message
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -84,13 +85,30 @@ class OutputPump:
         self._conns[index] = (conn, conn_fd)
         self._outputs[index] = output
 
+        states: list[list[Any]] = [[_decoder(), output, ""] for _ in range(2)]
+        self._states[index] = states  # each: decoder, RankOutput, partial line
+
         def register() -> None:
             self._selector.register(conn_fd, selectors.EVENT_READ, ("conn", worker, None))
-            for fd, stream in ((out_fd, "stdout"), (err_fd, "stderr")):
-                state = [_decoder(), output, ""]  # decoder, RankOutput, partial line
+            for fd, stream, state in ((out_fd, "stdout", states[0]), (err_fd, "stderr", states[1])):
                 self._selector.register(fd, selectors.EVENT_READ, (stream, worker, state))
 
         self._call_soon(register)
+
+    def rebind_output(self, index: int, output: RankOutput) -> None:
+        """Worker ``index`` (kept by in-place recovery) writes to ``output`` from now on (the
+        next attempt's rank prefix and log file); its old output is closed."""
+        old = self._outputs.get(index)
+        self._outputs[index] = output
+        states = self._states.get(index, [])
+
+        def swap() -> None:
+            for state in states:
+                state[1] = output
+            if old is not None and old is not output:
+                old.close()
+
+        self._call_soon(swap)
 
     def remove_worker(self, index: int, timeout_s: float = 1.0) -> None:
         """Wait (bounded) until the worker's pipes are drained, then forget it."""
@@ -100,6 +118,7 @@ class OutputPump:
         leftover = self._open.pop(index, set())
         conn, conn_fd = self._conns.pop(index, (None, -1))
         output = self._outputs.pop(index, None)
+        self._states.pop(index, None)
 
         def unregister() -> None:
             for fd in leftover:

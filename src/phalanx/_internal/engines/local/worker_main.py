@@ -3,11 +3,20 @@
 Calls run in the main thread, so the user's training function gets the main thread (signal
 handlers, libraries that insist on it). ``report()`` pickles and hands the bytes to the kernel
 without waiting for the driver; a sender thread writes what the socket cannot take at once.
+
+A control thread reads the driver's socket while a call runs, so the driver can *reset* the
+worker for in-place recovery (a failed attempt's survivor serves the next attempt): the running
+call is ended (the session's next ``report()`` raises :class:`AttemptInterrupted`, and so does
+the call's own Python code at once); a call that does not end within ``ABORT_AFTER_S`` waits in
+C code, typically a collective whose peer died, and the backend's abort function (the process
+group aborted) makes it raise. Then what the call started is killed and the backend's reset
+function leaves the framework's process group; the answer is the reset message's return.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import pickle
 import signal
@@ -20,8 +29,16 @@ from multiprocessing.connection import Connection
 from queue import SimpleQueue
 from typing import Any
 
+import cloudpickle
+
 from phalanx._internal import env
+from phalanx._internal.engines.process_tree import kill_descendants
+from phalanx._internal.engines.ray.calls import _async_raise, _drop_pending_interrupt
 from phalanx._internal.worker.runtime import capture_exception, dumps, run_call, set_outbox
+from phalanx._internal.worker.session import AttemptInterrupted, get_session
+
+# A training call not ended this long after its interrupt waits in C code: abort its collectives
+ABORT_AFTER_S = 0.2
 
 
 class ProcessOutbox:
@@ -146,18 +163,133 @@ def worker_main(fds: list[int], environ: dict[str, str]) -> int:
 
 
 def _serve_calls(conn: Connection, outbox: ProcessOutbox) -> None:
+    calls = CallLoop(outbox)
+    reader = threading.Thread(
+        target=_read_control, args=(conn, calls), name="phalanx-control", daemon=True
+    )
+    reader.start()
+    calls.run()
+
+
+def _read_control(conn: Connection, calls: CallLoop) -> None:
+    """The control thread: calls go to the main thread, a reset runs in a thread of its own."""
     while True:
         try:
             message = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
+            calls.stop()
             return
         if message[0] == "exit":
+            calls.stop()
             return
-        if message[0] != "call":
-            continue
-        _, call_id, payload = message
-        ok, value = run_call(payload)
+        if message[0] == "call":
+            calls.submit(message[1], message[2])
+        elif message[0] == "reset":
+            threading.Thread(
+                target=calls.reset, args=message[1:], name="phalanx-reset", daemon=True
+            ).start()
+
+
+class CallLoop:
+    """Runs the driver's calls on the main thread, one at a time, in the order received;
+    :meth:`reset` (another thread) ends the one that runs."""
+
+    def __init__(self, outbox: ProcessOutbox) -> None:
+        self._outbox = outbox
+        self._queue: SimpleQueue[tuple[int, bytes] | None] = SimpleQueue()
+        self._cond = threading.Condition()
+        self._busy = 0  # calls received whose answer is not sent yet
+        self._interruptible = False  # the call's own code runs: an interrupt lands inside it
+        self._main = threading.current_thread()
+
+    def submit(self, call_id: int, payload: bytes) -> None:
+        with self._cond:
+            self._busy += 1  # counted from now: a reset waits for it too
+        self._queue.put((call_id, payload))
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            call_id, payload = item
+            ok, value = self._call(payload)
+            try:
+                self._outbox.send(("ret", call_id, ok, value))
+            except Exception as exc:  # the return value does not pickle
+                self._outbox.send(("ret", call_id, False, capture_exception(exc)))
+            value = None  # its traceback's frames hold the call's objects: drop them now
+            with self._cond:
+                self._busy -= 1
+                self._cond.notify_all()
+
+    def _call(self, payload: bytes) -> tuple[bool, Any]:
+        """``run_call``, interruptible only while the call's code runs (as the Ray actor's
+        ``CallRunner._call``)."""
         try:
-            outbox.send(("ret", call_id, ok, value))
-        except Exception as exc:  # the return value does not pickle
-            outbox.send(("ret", call_id, False, capture_exception(exc)))
+            fn, args, kwargs = cloudpickle.loads(payload)
+            with self._cond:
+                self._interruptible = True
+            try:
+                value = fn(*args, **kwargs)
+            finally:
+                self._leave_interruptible()
+                _drop_pending_interrupt()
+            return True, value
+        except BaseException as exc:  # the driver decides what a failure means
+            return False, capture_exception(exc)
+
+    def _leave_interruptible(self) -> None:
+        while True:
+            try:
+                with self._cond:
+                    self._interruptible = False
+                return
+            except AttemptInterrupted:  # landed on the way out: the flag is cleared next try
+                continue
+
+    def end_current(self, timeout_s: float) -> bool:
+        """End the running call; whether no call runs within ``timeout_s``."""
+        session = get_session()
+        if session is not None:
+            session.interrupted = True
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._busy and time.monotonic() < deadline:
+                if self._interruptible:
+                    _async_raise(self._main, AttemptInterrupted)
+                self._cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            return not self._busy
+
+    def reset(
+        self, reset_id: int, timeout_s: float, reset_payload: bytes, abort_payload: bytes | None
+    ) -> None:
+        """Make this worker reusable by the next attempt; answers ``(ok, why)`` as the return
+        of call ``reset_id``."""
+        try:
+            ok, why = self._reset(timeout_s, reset_payload, abort_payload)
+        except BaseException as exc:  # the driver replaces the worker
+            ok, why = False, f"{type(exc).__name__}: {exc}"
+        self._outbox.send(("ret", reset_id, True, (ok, why)))
+
+    def _reset(
+        self, timeout_s: float, reset_payload: bytes, abort_payload: bytes | None
+    ) -> tuple[bool, str]:
+        deadline = time.monotonic() + timeout_s
+        ended = self.end_current(min(ABORT_AFTER_S, timeout_s))
+        if not ended and abort_payload is not None:
+            ok, value = run_call(abort_payload)
+            if not ok:
+                return False, f"aborting its process group failed: {value.message}"
+        if not ended:
+            ended = self.end_current(max(0.0, deadline - time.monotonic()))
+        if not ended:
+            return False, f"its training call did not end within {timeout_s:g} s"
+        kill_descendants(os.getpid())
+        gc.collect()  # the ended call's objects (reference cycles too), before the reset
+        ok, value = run_call(reset_payload)
+        if not ok:
+            return False, f"leaving the process group failed: {value.message}"
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        return True, ""
