@@ -112,7 +112,7 @@ def get_checkpoint() -> Checkpoint | None:
             with checkpoint.as_directory() as d:
                 model.load_state_dict(torch.load(f"{d}/model.pt"))
     """
-    return require_session("get_checkpoint").latest_checkpoint
+    return require_session("get_checkpoint").current_checkpoint()
 
 
 def get_dataset_shard(dataset_name: str | None = None) -> Any:

@@ -97,10 +97,14 @@ class _OptimizerSteps:
             self._hooked = True
 
     def _count(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._local.count = getattr(self._local, "count", 0) + 1
+        self._local.count = self.count + 1
+        self._local.session = get_session()
 
     @property
     def count(self) -> int:
+        """Steps of this training function: a process kept by in-place recovery counts anew."""
+        if getattr(self._local, "session", None) is not get_session():
+            return 0
         return int(getattr(self._local, "count", 0))
 
 

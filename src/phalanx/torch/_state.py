@@ -30,6 +30,7 @@ from phalanx._internal.worker.session import Session, get_session, require_sessi
 from phalanx._internal.worker.state_writer import StateWriter, WriteJob
 from phalanx.checkpoint import Checkpoint
 from phalanx.errors import ConfigError, SessionMisuseError
+from phalanx.torch import _peer
 from phalanx.torch._snapshot import BufferPool, take_snapshot
 
 __all__ = ["load_state", "save_state"]
@@ -111,6 +112,8 @@ def _save_state(
     index = writer.count
     writer.slot(index)
     state_dict = _to_state_dict(state, full=format == "safetensors")
+    if format == "dcp":
+        _peer.watch(state, state_dict)  # every report() from now on keeps a copy (issue 44)
     snapshot = take_snapshot(state_dict, writer.pools[index % writer.slots])
     writer.count += 1
     path = _private_dir(session, index)
@@ -146,6 +149,9 @@ def load_state(checkpoint: Checkpoint, state: dict[str, Any]) -> None:
         attempt = session.attempt if session is not None else 0
         _load_calls[attempt] = _load_calls.get(attempt, -1) + 1
         _roll_call("load_state", attempt, _load_calls[attempt])
+        if isinstance(checkpoint, _peer.PeerCheckpoint):
+            _load_from_peers(checkpoint.offer, state)
+            return
     with checkpoint.as_directory() as path:
         own = os.path.join(path, _rank_dir(_train_rank()))
         if not os.path.exists(os.path.join(path, ".metadata")) and os.path.isdir(own):
@@ -159,6 +165,19 @@ def load_state(checkpoint: Checkpoint, state: dict[str, Any]) -> None:
             _quiet_single_process()
         _dcp().load(state_dict, checkpoint_id=path, no_dist=not _distributed())
     _apply(state, state_dict)
+    _peer.watch(state, state_dict)
+
+
+def _load_from_peers(offer: _peer.Offer, state: dict[str, Any]) -> None:
+    """Recovery to the failed step (``_peer``): the state of the offer's round, from this
+    rank's own snapshot or from a surviving rank."""
+    loaded = _peer.load_from_peers(offer, state)
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            with torch.no_grad():
+                value.copy_(loaded[key])
+    _apply(state, loaded)
+    _peer.watch(state, _to_state_dict(state, full=False))
 
 
 def _check_arguments(state: Any, max_pending: int, format: str) -> None:

@@ -82,6 +82,14 @@ class SessionSpec:
     data_record: dict[str, Any] | None = None
 
 
+# Recovery to the failed step (issue 44, ``phalanx.torch._peer``): ``checkpoint_providers`` are
+# asked once, at a session's first get_checkpoint() before its first report(), whether they offer
+# another checkpoint to start from (None: they do not); ``report_hooks`` run at every report()
+# with the round's index, before it is sent.
+checkpoint_providers: list[Callable[[Session], Checkpoint | None]] = []
+report_hooks: list[Callable[[Session, int], None]] = []
+
+
 class Session:
     def __init__(self, spec: SessionSpec, outbox: Outbox) -> None:
         self.context = dataclasses.replace(spec.context, dataset_shards=spec.dataset_shards)
@@ -103,6 +111,19 @@ class Session:
         self.anatomy = RankAnatomy()  # collective waits, steps, replica checksums (prepare_model)
         # `phalanx profile`'s requests for a torch.profiler trace of this rank's next steps
         self.profile = ProfileWatch(self.storage.local_path, self.context.world_rank)
+        self._ask_providers = True  # until the first get_checkpoint() or report()
+
+    def current_checkpoint(self) -> Checkpoint | None:
+        """What ``get_checkpoint()`` returns: the latest checkpoint, or what a provider offers
+        instead at the start (``checkpoint_providers``)."""
+        if self._ask_providers:
+            self._ask_providers = False
+            for provider in checkpoint_providers:
+                offer = provider(self)
+                if offer is not None:
+                    self.latest_checkpoint = offer
+                    break
+        return self.latest_checkpoint
 
     def report(
         self,
@@ -127,6 +148,9 @@ class Session:
         if checkpoint is not None:  # every check before the round is taken
             dir_name = self._dir_name(checkpoint, checkpoint_dir_name, mode, index)
             delete = self._delete(checkpoint, mode, delete_local_checkpoint_after_upload)
+        self._ask_providers = False
+        for hook in report_hooks:
+            hook(self, index)
         message: tuple[Any, ...] = ("report", index, metrics, dir_name, time.time())
         extras = _message_extras(validation, checkpoint)
         self._add_timings(extras)

@@ -1,0 +1,406 @@
+"""Recovery to the failed step: the survivors of a failed attempt hand their state to the ranks
+that replace the lost ones, instead of every rank going back to the last committed checkpoint.
+
+Once a training function has named its state (its first ``save_state``, or a ``load_state``),
+every ``report()`` copies that state into one of two reused host snapshots of this process,
+tagged with the round (the attempt and the report's index) and the rank's data positions. A
+survivor of in-place recovery keeps its process, so its snapshots outlive the failed attempt.
+
+In the next attempt, the first ``get_checkpoint()`` of every rank agrees, through the re-formed
+process group's store, on an *offer*: the newest round that every survivor holds a snapshot of
+(every rank completed it; at most the step that failed is trained again). It returns a
+:class:`PeerCheckpoint` (the committed checkpoint's path, if any, plus the offer);
+``load_state`` with it restores a survivor from its own snapshot and sends the state from one
+survivor to the new ranks over a gloo group of their own (module ``torch.distributed``
+broadcasts of the snapshot's host buffers). The data positions of that round go with it: each
+prepared DataLoader continues where the round left it.
+
+No offer (the state is restored from the committed checkpoint, as before) when: no rank
+survived, the loop never named a state, the state is sharded (FSDP2 DTensors: a lost rank's
+shard exists nowhere else), the run reads a phalanx dataset (its shards are planned by the
+driver from the committed checkpoint) or an iterable DataLoader, a DataLoader was prepared
+before ``get_checkpoint()``, or the previous offer's attempt failed before its first
+``report()`` (a second failure during the hand-over). Nothing of a peer state is ever written
+as a checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from phalanx._internal.worker import session as session_module
+from phalanx._internal.worker.session import Session
+from phalanx.checkpoint import Checkpoint
+from phalanx.torch._snapshot import BufferPool, _dtensor_class, take_snapshot
+
+logger = logging.getLogger(__name__)
+
+OFFER_TIMEOUT_S = 60.0  # how long a rank waits for the others' answers at get_checkpoint()
+SLOTS = 2  # survivors may be one report apart: the newer and the one before
+
+
+@dataclass
+class _Slot:
+    pool: BufferPool = field(default_factory=BufferPool)
+    tag: tuple[int, int] | None = None  # (attempt, round index); None while being written
+    snapshot: dict[str, Any] | None = None
+    positions: dict[str, dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What every rank agreed on: restore round ``tag`` held by ``survivors``; ``source``
+    sends it to the others; the data positions' records at that round."""
+
+    tag: tuple[int, int]
+    source: int
+    survivors: tuple[int, ...]
+    world_size: int
+    data_record: dict[str, Any]
+
+
+class PeerCheckpoint(Checkpoint):
+    """``get_checkpoint()``'s answer when the survivors hold a newer state than the committed
+    checkpoint: pass it to ``phalanx.torch.load_state``. Its path is the committed checkpoint's
+    (an empty directory when none was committed yet); the state it restores is in memory only."""
+
+    def __init__(self, path: str, filesystem: Any, offer: Offer) -> None:
+        super().__init__(path, filesystem)
+        self.offer = offer
+
+
+class _Keeper:
+    """This process's snapshots and the state they copy (one training function at a time)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.slots = [_Slot() for _ in range(SLOTS)]
+        self.state: dict[str, Any] | None = None  # the live state named by the function
+        self.session: Session | None = None  # whose reports snapshot it
+        self.refused: str | None = None  # why this state cannot be handed over
+        self.pending_offer: tuple[int, int] | None = None  # offered, not yet past a report
+        self.failed = False  # a snapshot failed once: no more of them
+
+    def watch(self, session: Session, state: dict[str, Any], state_dict: dict[str, Any]) -> None:
+        if self.session is session and self.state is state:
+            return
+        self.session, self.state = session, state
+        self.refused = _sharded(state_dict)
+        if self.refused is not None:
+            self.drop()
+            if session.context.world_rank == 0:
+                logger.info(
+                    "Recovery to the failed step is off for this run: %s; after a failure the "
+                    "run resumes from the last committed checkpoint.",
+                    self.refused,
+                )
+
+    def drop(self) -> None:
+        for slot in self.slots:
+            slot.tag, slot.snapshot, slot.positions = None, None, None
+
+    def held(self) -> list[tuple[int, int]]:
+        return [slot.tag for slot in self.slots if slot.tag is not None]
+
+    def slot_of(self, tag: tuple[int, int]) -> _Slot | None:
+        return next((s for s in self.slots if s.tag == tag), None)
+
+
+_keeper = _Keeper()
+
+
+def watch(state: dict[str, Any], state_dict: dict[str, Any]) -> None:
+    """``save_state``/``load_state`` named ``state`` (``state_dict``: its live state dict)."""
+    current = session_module.get_session()
+    if current is not None and current.context.world_size > 1:
+        _keeper.watch(current, state, state_dict)
+
+
+def _sharded(state_dict: dict[str, Any]) -> str | None:
+    dtensor = _dtensor_class()
+    if dtensor is not None and _any(state_dict, lambda v: isinstance(v, dtensor)):
+        return "the state is sharded (FSDP DTensors): a lost rank's shard exists only on it"
+    return None
+
+
+def _any(value: Any, test: Any) -> bool:
+    if test(value):
+        return True
+    if isinstance(value, dict):
+        return any(_any(v, test) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_any(v, test) for v in value)
+    return False
+
+
+# -- every report(): the snapshot ------------------------------------------------------------------
+
+
+def _on_report(session: Session, index: int) -> None:
+    keeper = _keeper
+    if keeper.pending_offer is not None:  # the restarted function got past its first step
+        keeper.pending_offer = None
+    if keeper.session is not session or keeper.state is None or keeper.refused or keeper.failed:
+        return
+    from phalanx.torch._state import _to_state_dict
+
+    slot = min(keeper.slots, key=lambda s: (s.tag is not None, s.tag or (0, 0)))
+    with keeper.lock:
+        slot.tag = None  # half-written until tagged (an interrupt may land inside the copy)
+        try:
+            slot.snapshot = take_snapshot(_to_state_dict(keeper.state, full=False), slot.pool)
+            slot.positions = copy.deepcopy(session.data_positions.snapshot())
+        except Exception:
+            keeper.failed = True
+            keeper.drop()
+            logger.warning(
+                "Recovery to the failed step is off for this function: its state could not be "
+                "copied at report()",
+                exc_info=True,
+            )
+            return
+        slot.tag = (session.attempt, index)
+
+
+# -- the first get_checkpoint() of a restarted attempt: the offer ----------------------------------
+
+
+def _provide(session: Session) -> Checkpoint | None:
+    if session.attempt == 0 or session.context.world_size < 2:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    keeper = _keeper
+    rank, world = session.context.world_rank, session.context.world_size
+    answer = _answer(session, keeper)
+    store = dist.distributed_c10d._get_default_store()
+    keys = [f"phalanx/peer/{session.attempt}/{r}" for r in range(world)]
+    store.set(keys[rank], json.dumps(answer))
+    try:
+        store.wait(keys, timedelta(seconds=OFFER_TIMEOUT_S))
+    except RuntimeError:
+        logger.warning(
+            "Recovery to the failed step: not every rank called get_checkpoint() within %g s; "
+            "resuming from the last committed checkpoint.",
+            OFFER_TIMEOUT_S,
+        )
+        return None
+    answers = [json.loads(store.get(key)) for key in keys]
+    offer, why = _agree(answers, world)
+    keeper.pending_offer = None
+    if offer is None:
+        if why and rank == 0:
+            logger.warning(
+                "Recovery to the failed step is not possible: %s. The run resumes from the last "
+                "committed checkpoint.",
+                why,
+            )
+        keeper.drop()  # nothing held now matches the committed state the ranks go back to
+        return None
+    keeper.pending_offer = offer.tag
+    if rank == 0:
+        logger.warning(
+            "Recovery to the failed step: rank(s) %s hold the state of round %d of attempt %d; "
+            "rank %d sends it to rank(s) %s (not from storage).",
+            list(offer.survivors),
+            offer.tag[1],
+            offer.tag[0],
+            offer.source,
+            [r for r in range(world) if r not in offer.survivors],
+        )
+    session.data_positions._resume.update(offer.data_record)
+    committed = session.latest_checkpoint
+    if committed is not None:
+        return PeerCheckpoint(committed.path, committed.filesystem, offer)
+    return PeerCheckpoint(tempfile.mkdtemp(prefix="phalanx-peer-"), None, offer)
+
+
+def _answer(session: Session, keeper: _Keeper) -> dict[str, Any]:
+    """What this rank tells the others: the rounds it holds and their positions, or why the
+    run cannot recover to the failed step."""
+    refused = keeper.refused
+    if keeper.pending_offer is not None:
+        refused = "the attempt that received the last hand-over failed before its first step"
+    elif session.dataset_shards:
+        refused = "the run reads a phalanx dataset, whose shards restart from the checkpoint"
+    elif session.data_positions._loaders:
+        refused = (
+            "a DataLoader was prepared before get_checkpoint() (HINT: call get_checkpoint() "
+            "first, so the loader continues from the recovered step)"
+        )
+    if refused is not None:
+        keeper.drop()
+        return {"refused": refused, "held": []}
+    held = []
+    for tag in sorted(keeper.held()):
+        slot = keeper.slot_of(tag)
+        assert slot is not None
+        positions = slot.positions or {}
+        if any(s.get("kind") != "map" for s in positions.values()):
+            keeper.drop()  # an iterable loader's state is its own rank's only
+            return {"refused": "an iterable DataLoader's position is its rank's own", "held": []}
+        held.append({"tag": list(tag), "positions": positions})
+    return {"refused": None, "held": held}
+
+
+def _agree(answers: list[dict[str, Any]], world: int) -> tuple[Offer | None, str | None]:
+    """The offer every rank computes alike from every rank's answer (None: why, if worth
+    saying)."""
+    for rank, answer in enumerate(answers):
+        if answer["refused"]:
+            return None, f"rank {rank}: {answer['refused']}"
+    held = {r: {tuple(h["tag"]): h["positions"] for h in a["held"]} for r, a in enumerate(answers)}
+    survivors = tuple(r for r in range(world) if held[r])
+    if not survivors:
+        return None, None  # nobody holds a state: a fresh group, or a loop without save_state
+    common = set.intersection(*(set(held[r]) for r in survivors))
+    if not common:
+        return None, "the surviving ranks hold no state of the same round"
+    tag = max(common)
+    source = survivors[0]
+    record: dict[str, Any] = {}
+    for key in held[source][tag]:
+        states = []
+        for r in range(world):
+            own = held[r].get(tag, {}).get(key) if r in survivors else None
+            states.append(own if own is not None else {**held[source][tag][key], "rank": r})
+        record[key] = {"world_size": world, "ranks": states}
+    return Offer((int(tag[0]), int(tag[1])), source, survivors, world, record), None
+
+
+# -- load_state(PeerCheckpoint): the hand-over ------------------------------------------------------
+
+
+@dataclass
+class HandOver:
+    """What one hand-over moved: its bytes and seconds (rank-local)."""
+
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+last_hand_over = HandOver()
+
+
+def load_from_peers(offer: Offer, state: dict[str, Any]) -> dict[str, Any]:
+    """The state of round ``offer.tag`` as a state dict for ``_apply``: a copy of this rank's
+    own snapshot on a survivor, received from ``offer.source`` on the others."""
+    import time
+
+    started = time.perf_counter()
+    rank = dist.get_rank()
+    receivers = [r for r in range(offer.world_size) if r not in offer.survivors]
+    # every rank makes the group (new_group is collective), only its members use it
+    group = dist.new_group(ranks=[offer.source, *receivers], backend="gloo")
+    sent = 0
+    try:
+        if rank in offer.survivors:
+            slot = _keeper.slot_of(offer.tag)
+            if slot is None or slot.snapshot is None:
+                raise RuntimeError(f"rank {rank} no longer holds round {offer.tag}")
+            if rank == offer.source:
+                sent = _send(slot.snapshot, offer.source, group)
+            loaded = _clone(slot.snapshot)
+        else:
+            loaded, sent = _receive(offer.source, group)
+    finally:
+        dist.destroy_process_group(group)
+    last_hand_over.bytes = sent
+    last_hand_over.seconds = time.perf_counter() - started
+    if rank == offer.source and receivers:
+        logger.info(
+            "Recovery to the failed step: sent %.1f MB to rank(s) %s in %.3f s",
+            sent / 1e6,
+            receivers,
+            last_hand_over.seconds,
+        )
+    return loaded
+
+
+def _skeleton(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """``value`` with each tensor replaced by its place in ``tensors`` (and appended there)."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _TensorRef(len(tensors) - 1, tuple(value.shape), value.dtype)
+    if isinstance(value, dict):
+        return {k: _skeleton(v, tensors) for k, v in value.items()}
+    if isinstance(value, list | tuple) and _any(value, lambda v: isinstance(v, torch.Tensor)):
+        items = [_skeleton(v, tensors) for v in value]
+        return items if isinstance(value, list) else type(value)(items)
+    return value
+
+
+@dataclass(frozen=True)
+class _TensorRef:
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _fill(value: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(value, _TensorRef):
+        return tensors[value.index]
+    if isinstance(value, dict):
+        return {k: _fill(v, tensors) for k, v in value.items()}
+    if isinstance(value, list | tuple) and _any(value, lambda v: isinstance(v, _TensorRef)):
+        items = [_fill(v, tensors) for v in value]
+        return items if isinstance(value, list) else type(value)(items)
+    return value
+
+
+def _send(snapshot: dict[str, Any], source: int, group: Any) -> int:
+    tensors: list[torch.Tensor] = []
+    skeleton = _skeleton(snapshot, tensors)
+    dist.broadcast_object_list([skeleton], src=source, group=group)
+    for tensor in tensors:
+        dist.broadcast(tensor, src=source, group=group)
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _receive(source: int, group: Any) -> tuple[dict[str, Any], int]:
+    box: list[Any] = [None]
+    dist.broadcast_object_list(box, src=source, group=group)
+    refs: list[_TensorRef] = []
+    _collect_refs(box[0], refs)
+    tensors = [torch.empty(r.shape, dtype=r.dtype) for r in sorted(refs, key=lambda r: r.index)]
+    for tensor in tensors:
+        dist.broadcast(tensor, src=source, group=group)
+    return _fill(box[0], tensors), sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _collect_refs(value: Any, refs: list[_TensorRef]) -> None:
+    if isinstance(value, _TensorRef):
+        refs.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _collect_refs(v, refs)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _collect_refs(v, refs)
+
+
+def _clone(value: Any) -> Any:
+    """A copy whose tensors are new (the snapshot's buffers are overwritten by later reports,
+    and an optimizer's ``load_state_dict`` may keep the tensors it is given)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, list | tuple) and _any(value, lambda v: isinstance(v, torch.Tensor)):
+        items = [_clone(v) for v in value]
+        return items if isinstance(value, list) else type(value)(items)
+    return copy.deepcopy(value)
+
+
+session_module.checkpoint_providers.append(_provide)
+session_module.report_hooks.append(_on_report)

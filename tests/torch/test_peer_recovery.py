@@ -1,0 +1,147 @@
+"""Recovery to the failed step (issue 44) on real local workers (TorchTrainer, gloo, CPU): rank 1
+is SIGKILLed mid-run; the survivors keep their processes and hand their state to its replacement,
+so the run trains again at most the step that failed and ends with the same weights as a run that
+never failed. CI runs one kill step per case (the issue asks for 10 seeds: bench/recovery.py's
+peer mode runs more)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+from unittest.mock import ANY
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import phalanx as train
+from phalanx.torch import TorchTrainer, load_state, prepare_data_loader, prepare_model, save_state
+
+pytestmark = pytest.mark.slow
+
+SIZE, BATCH, EPOCHS, EVERY = 48, 4, 3, 10
+
+
+def _loop(config: dict[str, Any]) -> list[float]:
+    """SIZE samples in batches of BATCH per rank for EPOCHS epochs, DDP, SGD with momentum; a
+    checkpoint at each step in ``save_at`` (default: every EVERY steps); each report appended to
+    ``<log>/<rank>`` as "attempt step pid restored-from"; ``kill``: (rank, attempt, step) SIGKILLs
+    that rank as it starts that step; ``die_after_load``: (rank, attempt) SIGKILLs it right after
+    load_state, before its first step (a second failure during the hand-over)."""
+    ctx = train.get_context()
+    rank, attempt = ctx.get_world_rank(), ctx.get_attempt()
+    torch.manual_seed(0)
+    model = prepare_model(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    state: dict[str, Any] = {"model": model, "opt": opt, "step": 0, "epoch": 0}
+    checkpoint = train.get_checkpoint()  # before prepare_data_loader: the loader follows it
+    if checkpoint is not None:
+        load_state(checkpoint, state)
+    kind = type(checkpoint).__name__ if checkpoint is not None else "none"
+    with open(os.path.join(config["log"], f"load-{rank}"), "a") as f:
+        f.write(f"{attempt} {state['step']} {os.getpid()} {kind}\n")
+    if [rank, attempt] == list(config.get("die_after_load", ())):
+        os.kill(os.getpid(), signal.SIGKILL)
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(SIZE, 8, generator=g), torch.randn(SIZE, 1, generator=g))
+    loader = prepare_data_loader(DataLoader(data, batch_size=BATCH, shuffle=True))
+    save_at = config.get("save_at")
+    log = open(os.path.join(config["log"], str(rank)), "a", buffering=1)
+    for epoch in range(state["epoch"], EPOCHS):
+        loader.sampler.set_epoch(epoch)
+        for x, y in loader:
+            if [rank, attempt, state["step"] + 1] == list(config.get("kill", ())):
+                os.kill(os.getpid(), signal.SIGKILL)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            state["step"] += 1
+            state["epoch"] = epoch
+            step = state["step"]
+            save = step in save_at if save_at is not None else step % EVERY == 0
+            log.write(f"{attempt} {step} {os.getpid()} {kind}\n")
+            train.report(
+                {"step": step}, checkpoint=save_state(state, blocking=True) if save else None
+            )
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+
+
+def _fit(tmp_path: Any, name: str, workers: int, **config: Any) -> tuple[train.Result, Any]:
+    log = tmp_path / f"{name}-log"
+    log.mkdir()
+    result = TorchTrainer(
+        _loop,
+        train_loop_config={"log": str(log), **config},
+        scaling_config=train.ScalingConfig(num_workers=workers),
+        run_config=train.RunConfig(
+            name=name,
+            storage_path=str(tmp_path),
+            failure_config=train.FailureConfig(max_failures=2),
+        ),
+    ).fit()
+    lines = {}
+    for name in [str(r) for r in range(workers)] + [f"load-{r}" for r in range(workers)]:
+        with open(log / name) as f:
+            lines[name] = [line.split() for line in f]
+    return result, lines
+
+
+def _attempt(lines: list[list[str]], attempt: int) -> list[list[str]]:
+    return [line for line in lines if int(line[0]) == attempt]
+
+
+@pytest.fixture(scope="module")
+def twice(tmp_path_factory: Any) -> tuple[train.Result, Any]:
+    """Rank 1 killed at step 14, and its replacement again right after the hand-over."""
+    tmp = tmp_path_factory.mktemp("twice")
+    return _fit(tmp, "twice", 2, kill=[1, 0, 14], die_after_load=[1, 1])
+
+
+def test_a_second_failure_during_the_hand_over_falls_back_to_the_checkpoint(twice):
+    result, lines = twice
+    assert result.attempts == 3
+    assert _attempt(lines["load-1"], 1) == [["1", "13", ANY, "PeerCheckpoint"]]
+    third = _attempt(lines["0"], 2)
+    assert int(third[0][1]) == 11  # from the checkpoint of step 10
+    assert {line[3] for line in third} == {"Checkpoint"}
+    names = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_0"))
+    assert names == ["checkpoint_000009"]  # step 10's
+
+
+def test_two_ranks_resume_at_the_failed_step_with_the_weights_of_a_run_from_storage(
+    tmp_path, twice
+):
+    """With 2 ranks a restart from storage ends with an uninterrupted run's weights
+    (tests/controller/test_fault_tolerance.py), so the fallback run is the reference here."""
+    result, lines = _fit(tmp_path, "killed", 2, kill=[1, 0, 14])
+    assert result.attempts == 2
+    before, after = _attempt(lines["0"], 0), _attempt(lines["0"], 1)
+    last_done, first_again = int(before[-1][1]), int(after[0][1])
+    assert first_again >= last_done  # at most the failed step is trained again
+    assert first_again > 11  # not from the checkpoint of step 10
+    assert {line[3] for line in after} == {"PeerCheckpoint"}
+    assert {line[3] for line in _attempt(lines["1"], 1)} == {"PeerCheckpoint"}
+    assert before[0][2] == after[0][2]  # rank 0 kept its process
+    assert _attempt(lines["1"], 0)[0][2] != _attempt(lines["1"], 1)[0][2]  # rank 1 replaced
+    assert result.return_value == twice[0].return_value  # bitwise
+    names = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_0"))
+    assert names == ["checkpoint_000009"]  # the peer state was never written as a checkpoint
+
+
+def test_three_ranks_resume_at_the_failed_step_as_a_restart_there_from_the_same_state(
+    tmp_path, monkeypatch
+):
+    """With 3 ranks a re-created DDP's buckets change the allreduce's rounding, also for a
+    restart from storage: the reference is a full restart at the same step (checkpoint there)."""
+    peer, lines = _fit(tmp_path, "peer3", 3, kill=[1, 0, 8], save_at=[5, 10])
+    after = _attempt(lines["0"], 1)
+    assert int(after[0][1]) >= int(_attempt(lines["0"], 0)[-1][1])
+    assert int(after[0][1]) == 8 and {line[3] for line in after} == {"PeerCheckpoint"}
+    monkeypatch.setenv("PHALANX_RESTORE_MODE", "full")
+    restarted, lines = _fit(tmp_path, "full3", 3, kill=[1, 0, 8], save_at=[5, 7, 10])
+    assert int(_attempt(lines["0"], 1)[0][1]) == 8
+    assert peer.return_value == restarted.return_value
