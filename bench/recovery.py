@@ -70,7 +70,8 @@ import harness
 from common import median
 from harness import Record
 
-SYSTEMS = ("phalanx", "phalanx-nopreload", "raytrain", "torchrun")
+SYSTEMS = ("phalanx", "phalanx-nopreload", "phalanx-peer", "phalanx-state", "raytrain", "torchrun")
+STATE_SYSTEMS = ("phalanx-peer", "phalanx-state")  # save_state loops (issue 44)
 WORLD_SIZE = 2
 STATE_FILE = "state.pt"
 # report(metrics, directory holding STATE_FILE or None)
@@ -190,10 +191,82 @@ def _load_from(checkpoint: Any) -> Any:
         return torch.load(os.path.join(d, STATE_FILE), weights_only=False)
 
 
+def _train_state(cfg: dict[str, Any], rank: int, first_attempt: bool) -> None:
+    """The B2 loop kept through save_state/load_state (issue 44), with ``state_mb`` MB of
+    extra float32 state (a stand-in for a larger model's weights and moments): every rank
+    reports every step, with a save_state checkpoint every ``ckpt_every`` steps; the loader is
+    prepared after get_checkpoint(), so it follows a recovery to the failed step."""
+    marks: Record = {"t_first_line": time.time()}
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import phalanx
+    from phalanx.torch import load_state, prepare_data_loader, prepare_model, save_state
+
+    torch.set_num_threads(cfg["threads"])
+    out = Path(cfg["out_dir"])
+    mark_file = out / f"rank{rank}-{'fresh' if first_attempt else 'restored'}.json"
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(cfg["rows"], 784, generator=g)
+    y = (x @ torch.randn(784, 10, generator=g)).argmax(dim=1)
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    )
+    marks["t_data"] = time.time()
+    model = prepare_model(model)
+    marks["t_prepared"] = time.time()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    extra = torch.zeros(cfg["state_mb"] * (1 << 20) // 4)
+    state: dict[str, Any] = {"model": model, "optimizer": optimizer, "extra": extra,
+                             "step": 0, "epoch": 0}  # fmt: skip
+    marks["t_load_start"] = time.time()
+    checkpoint = phalanx.get_checkpoint()
+    if checkpoint is not None:
+        load_state(checkpoint, state)
+    from phalanx.torch import _peer
+
+    marks.update(t_loaded=time.time(), start_step=state["step"],
+                 restored_from=type(checkpoint).__name__ if checkpoint else None,
+                 hand_over_bytes=_peer.last_hand_over.bytes,
+                 hand_over_s=_peer.last_hand_over.seconds)  # fmt: skip
+    loader = prepare_data_loader(
+        DataLoader(TensorDataset(x, y), batch_size=cfg["batch_size"], shuffle=True)
+    )
+    loss = torch.zeros(())
+    for epoch in range(state["epoch"], cfg["epochs"]):
+        loader.sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+            state["step"] += 1
+            state["epoch"] = epoch
+            step = state["step"]
+            if "t_first_step" not in marks:
+                marks["t_first_step"] = time.time()
+                if rank == 0:
+                    _write_json(mark_file, marks)
+            if rank == 1 and first_attempt and step == cfg["kill_step"]:
+                _write_json(out / "kill.json", {"t_kill": time.time(), "step": step})
+                os.kill(os.getpid(), signal.SIGKILL)
+            saved = save_state(state) if step % cfg["ckpt_every"] == 0 else None
+            phalanx.report({"step": step, "loss": loss.item()}, checkpoint=saved)
+    if rank == 0:
+        marks.update(t_done=time.time(), end_step=state["step"], final_loss=loss.item())
+        _write_json(mark_file, marks)
+
+
 def _phalanx_fn(cfg: dict[str, Any]) -> None:
     import phalanx
 
     ctx = phalanx.get_context()
+    if cfg["system"] in STATE_SYSTEMS:
+        _train_state(cfg, ctx.get_world_rank(), ctx.get_attempt() == 0)
+        return
 
     def report(metrics: dict[str, Any], directory: str | None) -> None:
         ckpt = phalanx.Checkpoint.from_directory(directory) if directory else None
@@ -388,6 +461,11 @@ def _derive(rec: Record, out: Path) -> Record:
         rec["load_s"] = restored["t_loaded"] - restored["t_load_start"]
         rec["step1_s"] = restored["t_first_step"] - restored["t_loaded"]
         rec["resumed_from_step"] = restored["start_step"]
+        rec["steps_redone"] = kill.get("step", 0) - restored["start_step"]
+        rec["restored_from"] = restored.get("restored_from")
+    if restored.get("hand_over_bytes"):
+        rec["hand_over_gb"] = restored["hand_over_bytes"] / 1e9
+        rec["hand_over_gbps"] = restored["hand_over_bytes"] / 1e9 / restored["hand_over_s"]
     return rec
 
 
@@ -407,6 +485,7 @@ def run_one(args: argparse.Namespace) -> Record:
         "batch_size": args.batch_size,
         "ckpt_every": args.ckpt_every,
         "kill_step": args.kill_step,
+        "state_mb": args.state_mb,
         "threads": 1,
         "out_dir": str(out),
         "detect_file": str(out / "detect.json"),
@@ -416,6 +495,8 @@ def run_one(args: argparse.Namespace) -> Record:
     elif args.one == "torchrun":
         rec = _fit_torchrun(cfg, tmp)
     else:
+        if args.one == "phalanx-state":  # today's restore: from the save_state checkpoint
+            os.environ["PHALANX_PEER_RECOVERY"] = "0"
         rec = _fit_phalanx(cfg, tmp, preload=args.one != "phalanx-nopreload")
     rec = _derive(rec, out)
     rec.update(import_s=import_s, fit_total_s=rec["t_end"] - rec["t_fit"])
@@ -439,6 +520,12 @@ BREAKDOWN = [
     ("load_s", "load ckpt"),
     ("step1_s", "skip to step + first step"),
 ]
+# Recovery to the failed step (issue 44): peer vs the save_state checkpoint.
+PEER = [
+    ("steps_redone", "steps trained again"),
+    ("hand_over_gb", "hand-over GB (rank 0 sent)"),
+    ("hand_over_gbps", "hand-over GB/s"),
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -447,6 +534,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=128, help="per worker")
     p.add_argument("--ckpt-every", type=int, default=20, help="steps between checkpoints")
     p.add_argument("--kill-step", type=int, default=50, help="rank 1 dies after this step")
+    p.add_argument(
+        "--state-mb", type=int, default=256, help="extra state of the save_state systems (MB)"
+    )
     p.add_argument("--torchrun-worker", help=argparse.SUPPRESS)
 
 
@@ -464,6 +554,11 @@ def workload(meta: Record) -> list[str]:
         "`Worker group FAILED ... will restart` (after teardown). restore_s: kill → first "
         "optimizer step done by the restarted rank 0 (includes load ckpt and the skip to the "
         "checkpoint's step). fit_total_s: fit() (torchrun: the whole torchrun command). Seconds.",
+        f"- phalanx-peer / phalanx-state: the same loop kept through save_state/load_state with "
+        f"{meta['state_mb']} MB of extra float32 state, every rank reporting every step, a "
+        f"save_state checkpoint every {meta['ckpt_every']} steps; phalanx-peer resumes from the "
+        "survivors' state (issue 44), phalanx-state from the checkpoint "
+        "(PHALANX_PEER_RECOVERY=0).",
     ]
 
 
@@ -472,7 +567,12 @@ def report(runs: list[Record], meta: Record) -> list[str]:
     lines = harness.table(runs, systems, COLUMNS, digits=3)
     lines += ["", "Restarted rank 0, first line of the training fn → first step:", ""]
     lines += harness.table(runs, systems, BREAKDOWN, digits=3)
+    state_systems = [s for s in systems if s in STATE_SYSTEMS]
+    if state_systems:
+        lines += ["", "save_state loops: recovery to the failed step (peer) vs the checkpoint:", ""]
+        lines += harness.table(runs, state_systems, PEER, digits=3)
     wanted = [(a, b) for a in ("phalanx", "phalanx-nopreload") for b in ("raytrain", "torchrun")]
+    wanted += [("phalanx-peer", "phalanx-state"), ("phalanx-peer", "raytrain")]
     pairs = harness.pairs_of(systems, [*wanted, ("phalanx", "phalanx-nopreload")])
     lines += ["", *harness.ratio_table(runs, pairs, COLUMNS)]
     return [*lines, "", *_targets(runs, systems), *_notes(runs, systems)]

@@ -258,7 +258,10 @@ def test_a_worker_killed_mid_write_leaves_the_previous_checkpoint_as_the_latest(
         tmp_path,
         train_loop_config=config,
         run_config=train.RunConfig(
-            storage_path=str(tmp_path), failure_config=train.FailureConfig(max_failures=1)
+            storage_path=str(tmp_path),
+            failure_config=train.FailureConfig(max_failures=1),
+            # from storage, not from the survivor's state (tests/torch/test_peer_recovery.py)
+            worker_runtime_env={"env_vars": {"PHALANX_PEER_RECOVERY": "0"}},
         ),
     )
     assert result.error is None

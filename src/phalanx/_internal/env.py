@@ -87,6 +87,14 @@ def fence_s() -> float:
     return float(os.environ.get(FENCE_VAR, "5"))
 
 
+PEER_RECOVERY_VAR = "PHALANX_PEER_RECOVERY"
+
+
+def peer_recovery() -> bool:
+    """Whether a restarted attempt may resume from the survivors' state (phalanx.torch)."""
+    return os.environ.get(PEER_RECOVERY_VAR, "1").strip().lower() not in ("0", "false", "off")
+
+
 def reuse_stop_s() -> float:
     """How long a surviving worker gets to end its training call before it is replaced."""
     return float(os.environ.get("PHALANX_REUSE_STOP_S", "10"))
@@ -259,6 +267,12 @@ VARIABLES: tuple[Variable, ...] = (
         "`in-place`: a retry keeps the surviving actors (Ray) or processes (local) and replaces "
         "only the lost ranks; "
         "`full`: every rank anew, as Ray Train does.",
+    ),
+    Variable(
+        "PHALANX_PEER_RECOVERY",
+        "1",
+        "`0`: after in-place recovery, save_state loops resume from the last committed "
+        "checkpoint instead of the survivors' state at the failed step.",
     ),
     Variable(
         "PHALANX_RESTORE_PRESTART",

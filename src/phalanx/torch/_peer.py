@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx._internal import env
 from phalanx._internal.worker import session as session_module
 from phalanx._internal.worker.session import Session
 from phalanx.checkpoint import Checkpoint
@@ -90,6 +91,7 @@ class _Keeper:
         self.refused: str | None = None  # why this state cannot be handed over
         self.pending_offer: tuple[int, int] | None = None  # offered, not yet past a report
         self.failed = False  # a snapshot failed once: no more of them
+        self.to_state_dict: Any = None  # _state's: the live state dict of ``state``
 
     def watch(self, session: Session, state: dict[str, Any], state_dict: dict[str, Any]) -> None:
         if self.session is session and self.state is state:
@@ -119,10 +121,12 @@ class _Keeper:
 _keeper = _Keeper()
 
 
-def watch(state: dict[str, Any], state_dict: dict[str, Any]) -> None:
-    """``save_state``/``load_state`` named ``state`` (``state_dict``: its live state dict)."""
+def watch(state: dict[str, Any], state_dict: dict[str, Any], to_state_dict: Any) -> None:
+    """``save_state``/``load_state`` named ``state`` (``state_dict``: its live state dict, as
+    ``to_state_dict(state)`` makes it at every report)."""
     current = session_module.get_session()
     if current is not None and current.context.world_size > 1:
+        _keeper.to_state_dict = to_state_dict
         _keeper.watch(current, state, state_dict)
 
 
@@ -152,13 +156,11 @@ def _on_report(session: Session, index: int) -> None:
         keeper.pending_offer = None
     if keeper.session is not session or keeper.state is None or keeper.refused or keeper.failed:
         return
-    from phalanx.torch._state import _to_state_dict
-
     slot = min(keeper.slots, key=lambda s: (s.tag is not None, s.tag or (0, 0)))
     with keeper.lock:
         slot.tag = None  # half-written until tagged (an interrupt may land inside the copy)
         try:
-            slot.snapshot = take_snapshot(_to_state_dict(keeper.state, full=False), slot.pool)
+            slot.snapshot = take_snapshot(keeper.to_state_dict(keeper.state), slot.pool)
             slot.positions = copy.deepcopy(session.data_positions.snapshot())
         except Exception:
             keeper.failed = True
@@ -176,7 +178,8 @@ def _on_report(session: Session, index: int) -> None:
 
 
 def _provide(session: Session) -> Checkpoint | None:
-    if session.attempt == 0 or session.context.world_size < 2:
+    if session.attempt == 0 or session.context.world_size < 2 or not env.peer_recovery():
+        _keeper.drop()
         return None
     if not (dist.is_available() and dist.is_initialized()):
         return None

@@ -113,7 +113,7 @@ def _save_state(
     writer.slot(index)
     state_dict = _to_state_dict(state, full=format == "safetensors")
     if format == "dcp":
-        _peer.watch(state, state_dict)  # every report() from now on keeps a copy (issue 44)
+        _peer.watch(state, state_dict, _live_state)  # every report() keeps a copy (issue 44)
     snapshot = take_snapshot(state_dict, writer.pools[index % writer.slots])
     writer.count += 1
     path = _private_dir(session, index)
@@ -165,7 +165,7 @@ def load_state(checkpoint: Checkpoint, state: dict[str, Any]) -> None:
             _quiet_single_process()
         _dcp().load(state_dict, checkpoint_id=path, no_dist=not _distributed())
     _apply(state, state_dict)
-    _peer.watch(state, state_dict)
+    _peer.watch(state, state_dict, _live_state)
 
 
 def _load_from_peers(offer: _peer.Offer, state: dict[str, Any]) -> None:
@@ -177,7 +177,11 @@ def _load_from_peers(offer: _peer.Offer, state: dict[str, Any]) -> None:
             with torch.no_grad():
                 value.copy_(loaded[key])
     _apply(state, loaded)
-    _peer.watch(state, _to_state_dict(state, full=False))
+    _peer.watch(state, _live_state(state), _live_state)
+
+
+def _live_state(state: dict[str, Any]) -> dict[str, Any]:
+    return _to_state_dict(state, full=False)
 
 
 def _check_arguments(state: Any, max_pending: int, format: str) -> None:
