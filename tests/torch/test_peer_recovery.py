@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from typing import Any
 from unittest.mock import ANY
 
@@ -43,6 +44,10 @@ def _loop(config: dict[str, Any]) -> list[float]:
     kind = type(checkpoint).__name__ if checkpoint is not None else "none"
     with open(os.path.join(config["log"], f"load-{rank}"), "a") as f:
         f.write(f"{attempt} {state['step']} {os.getpid()} {kind}\n")
+    if config.get("child") and (rank, attempt) == (0, 0):  # must not outlive the attempt
+        child = subprocess.Popen(["sleep", "120"])
+        with open(os.path.join(config["log"], "child"), "w") as f:
+            f.write(str(child.pid))
     if [rank, attempt] == list(config.get("die_after_load", ())):
         os.kill(os.getpid(), signal.SIGKILL)
     g = torch.Generator().manual_seed(1)
@@ -90,6 +95,14 @@ def _fit(tmp_path: Any, name: str, workers: int, **config: Any) -> tuple[train.R
     return result, lines
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def _attempt(lines: list[list[str]], attempt: int) -> list[list[str]]:
     return [line for line in lines if int(line[0]) == attempt]
 
@@ -117,7 +130,7 @@ def test_two_ranks_resume_at_the_failed_step_with_the_weights_of_a_run_from_stor
 ):
     """With 2 ranks a restart from storage ends with an uninterrupted run's weights
     (tests/controller/test_fault_tolerance.py), so the fallback run is the reference here."""
-    result, lines = _fit(tmp_path, "killed", 2, kill=[1, 0, 14])
+    result, lines = _fit(tmp_path, "killed", 2, kill=[1, 0, 14], child=True)
     assert result.attempts == 2
     before, after = _attempt(lines["0"], 0), _attempt(lines["0"], 1)
     last_done, first_again = int(before[-1][1]), int(after[0][1])
@@ -128,6 +141,8 @@ def test_two_ranks_resume_at_the_failed_step_with_the_weights_of_a_run_from_stor
     assert before[0][2] == after[0][2]  # rank 0 kept its process
     assert _attempt(lines["1"], 0)[0][2] != _attempt(lines["1"], 1)[0][2]  # rank 1 replaced
     assert result.return_value == twice[0].return_value  # bitwise
+    child = int((tmp_path / "killed-log" / "child").read_text())
+    assert not _alive(child)  # what the survivor's failed call started was killed at its reset
     names = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_0"))
     assert names == ["checkpoint_000009"]  # the peer state was never written as a checkpoint
 

@@ -6,10 +6,11 @@ every ``report()`` copies that state into one of two reused host snapshots of th
 tagged with the round (the attempt and the report's index) and the rank's data positions. A
 survivor of in-place recovery keeps its process, so its snapshots outlive the failed attempt.
 
-In the next attempt, the first ``get_checkpoint()`` of every rank agrees, through the re-formed
-process group's store, on an *offer*: the newest round that every survivor holds a snapshot of
-(every rank completed it; at most the step that failed is trained again). It returns a
-:class:`PeerCheckpoint` (the committed checkpoint's path, if any, plus the offer);
+In the next attempt, every rank agrees as its training function starts (TorchBackend's
+``TrainFuncContext``), through the re-formed process group's store, on an *offer*: the newest
+round that every survivor holds a snapshot of (every rank completed it; at most the step that
+failed is trained again). The first ``get_checkpoint()`` returns a :class:`PeerCheckpoint`
+(the committed checkpoint's path, if any, plus the offer);
 ``load_state`` with it restores a survivor from its own snapshot and sends the state from one
 survivor to the new ranks over a gloo group of their own (module ``torch.distributed``
 broadcasts of the snapshot's host buffers). The data positions of that round go with it: each
@@ -46,7 +47,7 @@ from phalanx.torch._snapshot import BufferPool, _dtensor_class, take_snapshot
 
 logger = logging.getLogger(__name__)
 
-OFFER_TIMEOUT_S = 60.0  # how long a rank waits for the others' answers at get_checkpoint()
+OFFER_TIMEOUT_S = 30.0  # how long a rank waits for the others' answers at get_checkpoint()
 SLOTS = 2  # survivors may be one report apart: the newer and the one before
 
 
@@ -92,6 +93,7 @@ class _Keeper:
         self.pending_offer: tuple[int, int] | None = None  # offered, not yet past a report
         self.failed = False  # a snapshot failed once: no more of them
         self.to_state_dict: Any = None  # _state's: the live state dict of ``state``
+        self.offer: tuple[Session, Offer] | None = None  # agreed at the function's start
 
     def watch(self, session: Session, state: dict[str, Any], state_dict: dict[str, Any]) -> None:
         if self.session is session and self.state is state:
@@ -125,7 +127,7 @@ def watch(state: dict[str, Any], state_dict: dict[str, Any], to_state_dict: Any)
     """``save_state``/``load_state`` named ``state`` (``state_dict``: its live state dict, as
     ``to_state_dict(state)`` makes it at every report)."""
     current = session_module.get_session()
-    if current is not None and current.context.world_size > 1:
+    if current is not None and current.context.world_size > 1 and env.peer_recovery():
         _keeper.to_state_dict = to_state_dict
         _keeper.watch(current, state, state_dict)
 
@@ -177,13 +179,20 @@ def _on_report(session: Session, index: int) -> None:
 # -- the first get_checkpoint() of a restarted attempt: the offer ----------------------------------
 
 
-def _provide(session: Session) -> Checkpoint | None:
-    if session.attempt == 0 or session.context.world_size < 2 or not env.peer_recovery():
-        _keeper.drop()
-        return None
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
+def agree_at_start() -> None:
+    """Every rank of a restarted attempt, as its training function starts (TorchBackend's
+    ``TrainFuncContext``, so every rank takes part whatever the loop does): tell the others
+    which rounds this process holds, and agree on the offer ``get_checkpoint()`` returns."""
+    session = session_module.get_session()
     keeper = _keeper
+    keeper.offer = None
+    if session is None or session.context.world_size < 2:
+        return
+    if session.attempt == 0 or not env.peer_recovery():
+        keeper.drop()
+        return
+    if not (dist.is_available() and dist.is_initialized()):
+        return
     rank, world = session.context.world_rank, session.context.world_size
     answer = _answer(session, keeper)
     store = dist.distributed_c10d._get_default_store()
@@ -191,13 +200,21 @@ def _provide(session: Session) -> Checkpoint | None:
     store.set(keys[rank], json.dumps(answer))
     try:
         store.wait(keys, timedelta(seconds=OFFER_TIMEOUT_S))
-    except RuntimeError:
+        complete = True
+    except RuntimeError:  # DistStoreError: some rank did not start in time
+        complete = False
+    # One decision for all: the first rank to see every answer, or to give up waiting, sets
+    # it; a rank arriving after one gave up must not go on alone.
+    decision = f"phalanx/peer/{session.attempt}/decision"
+    if store.compare_set(decision, "", "go" if complete else "abandon").decode() != "go":
+        keeper.drop()
+        keeper.pending_offer = None
         logger.warning(
-            "Recovery to the failed step: not every rank called get_checkpoint() within %g s; "
-            "resuming from the last committed checkpoint.",
+            "Recovery to the failed step: not every rank started its training function within "
+            "%g s of the others; resuming from the last committed checkpoint.",
             OFFER_TIMEOUT_S,
         )
-        return None
+        return
     answers = [json.loads(store.get(key)) for key in keys]
     offer, why = _agree(answers, world)
     keeper.pending_offer = None
@@ -209,6 +226,27 @@ def _provide(session: Session) -> Checkpoint | None:
                 why,
             )
         keeper.drop()  # nothing held now matches the committed state the ranks go back to
+        return
+    keeper.offer = (session, offer)
+
+
+def _provide(session: Session) -> Checkpoint | None:
+    """``get_checkpoint()``'s first call before a report: the agreed offer, if any."""
+    keeper = _keeper
+    if keeper.offer is None or keeper.offer[0] is not session:
+        return None
+    offer = keeper.offer[1]
+    keeper.offer = None
+    rank, world = session.context.world_rank, session.context.world_size
+    if session.data_positions._loaders:  # the same on every rank: they run the same code
+        keeper.drop()
+        if rank == 0:
+            logger.warning(
+                "Recovery to the failed step is not possible: a DataLoader was prepared before "
+                "get_checkpoint(), so it could not continue from the recovered step. The run "
+                "resumes from the last committed checkpoint.\nHINT: call get_checkpoint() "
+                "before prepare_data_loader()."
+            )
         return None
     keeper.pending_offer = offer.tag
     if rank == 0:
@@ -236,11 +274,6 @@ def _answer(session: Session, keeper: _Keeper) -> dict[str, Any]:
         refused = "the attempt that received the last hand-over failed before its first step"
     elif session.dataset_shards:
         refused = "the run reads a phalanx dataset, whose shards restart from the checkpoint"
-    elif session.data_positions._loaders:
-        refused = (
-            "a DataLoader was prepared before get_checkpoint() (HINT: call get_checkpoint() "
-            "first, so the loader continues from the recovered step)"
-        )
     if refused is not None:
         keeper.drop()
         return {"refused": refused, "held": []}

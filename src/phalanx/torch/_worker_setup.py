@@ -237,6 +237,9 @@ class TrainFuncContext:
             device = get_device()
             if device.type == "cuda":
                 torch.cuda.set_device(device)
+        from phalanx.torch._peer import agree_at_start
+
+        agree_at_start()  # recovery to the failed step: every rank says what it holds
 
     def __exit__(
         self,
