@@ -160,3 +160,26 @@ def test_three_ranks_resume_at_the_failed_step_as_a_restart_there_from_the_same_
     restarted, lines = _fit(tmp_path, "full3", 3, kill=[1, 0, 8], save_at=[5, 7, 10])
     assert int(_attempt(lines["0"], 1)[0][1]) == 8
     assert peer.return_value == restarted.return_value
+
+
+def test_the_offer_is_the_newest_round_every_survivor_holds_with_each_ranks_position():
+    from phalanx.torch._peer import _agree
+
+    def held(*steps: int) -> list[dict[str, Any]]:
+        return [{"tag": [0, s], "positions": {"loader/0": {"kind": "map", "rank": -1, "yielded": s}}}
+                for s in steps]  # fmt: skip
+
+    answers = [
+        {"refused": None, "held": held(12, 13)},
+        {"refused": None, "held": []},  # the replacement
+        {"refused": None, "held": held(13, 14)},  # one report ahead
+    ]
+    offer, why = _agree(answers, 3)
+    assert why is None and offer is not None
+    assert (offer.tag, offer.source, offer.survivors) == ((0, 13), 0, (0, 2))
+    ranks = offer.data_record["loader/0"]["ranks"]
+    assert [s["rank"] for s in ranks] == [-1, 1, -1] and {s["yielded"] for s in ranks} == {13}
+    assert _agree([answers[0], {"refused": "sharded", "held": []}], 2) == (None, "rank 1: sharded")
+    assert _agree([{"refused": None, "held": []}] * 2, 2) == (None, None)  # nobody holds one
+    apart = [{"refused": None, "held": held(3)}, {"refused": None, "held": held(5)}]
+    assert _agree(apart, 2)[0] is None

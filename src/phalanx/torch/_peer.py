@@ -127,7 +127,9 @@ def watch(state: dict[str, Any], state_dict: dict[str, Any], to_state_dict: Any)
     """``save_state``/``load_state`` named ``state`` (``state_dict``: its live state dict, as
     ``to_state_dict(state)`` makes it at every report)."""
     current = session_module.get_session()
-    if current is not None and current.context.world_size > 1 and env.peer_recovery():
+    if current is None or current.context.world_size < 2 or not env.peer_recovery():
+        return
+    if dist.is_available() and dist.is_initialized():  # one rank per process, a torch group
         _keeper.to_state_dict = to_state_dict
         _keeper.watch(current, state, state_dict)
 
