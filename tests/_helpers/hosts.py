@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -389,3 +390,12 @@ class RayHosts:
         """Kill every Ray process of every host (by pid: never ``ray stop``)."""
         for host in self.hosts.hosts:
             self.hosts.kill(host.index)
+
+
+def last_json_line(out: str) -> dict:
+    """The driver's result: its last line that is a JSON object (Ray's raylet may print its own
+    lines, such as a worker's death, to the driver's stdout after it)."""
+    for line in reversed(out.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise AssertionError(f"the driver printed no result:\n{out[-3000:]}")

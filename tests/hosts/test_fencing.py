@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests._helpers.hosts import Hosts, RayHosts, namespaces_unavailable
+from tests._helpers.hosts import Hosts, RayHosts, last_json_line, namespaces_unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -210,7 +210,7 @@ def test_the_drivers_host_cut_off_its_workers_stop_and_a_new_driver_takes_over(
             tool("stale")  # as a minute without the old driver's heartbeat would
             new = hosts.popen(0, [*run, "new", "16"], stdout=log("new"), stderr=log("new.err"))
             assert new.wait(timeout=180) == 0
-            found = json.loads((tmp_path / "new").read_text().strip().splitlines()[-1])
+            found = last_json_line((tmp_path / "new").read_text())
             assert found["error"] is None and found["metrics"]["step"] == 15, found
             resumed = sorted(int(m.name.rsplit("-", 1)[1]) for m in marks.glob("new-*"))
             assert resumed and resumed[0] > 0, resumed  # from the old driver's last commit

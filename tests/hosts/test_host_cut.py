@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests._helpers.hosts import Hosts, RayHosts, namespaces_unavailable
+from tests._helpers.hosts import Hosts, RayHosts, last_json_line, namespaces_unavailable
 from tests._helpers.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -200,7 +200,7 @@ def test_ddp_across_hosts_trains_without_interface_variables(
     out = hosts.run(
         0, [sys.executable, str(script), ray_hosts.address, str(tmp_path / "runs")], 240
     )
-    found = json.loads(out.strip().splitlines()[-1])
+    found = last_json_line(out)
     assert found["error"] is None, found
     assert found["metrics"]["step"] == 2 and found["metrics"]["sum"] == 3.0
     assert found["metrics"]["ifname"] == "eth0"  # the host's own interface, not loopback
@@ -225,7 +225,7 @@ def test_cut_blip_rejoin_and_master_cut_with_default_health_checks(
             if driver.poll() is None:
                 driver.kill()
                 driver.wait()
-    found = json.loads((tmp_path / "out").read_text().strip().splitlines()[-1])
+    found = last_json_line((tmp_path / "out").read_text())
     assert found["error"] is None, found
     print(f"\nhost cuts: {json.dumps([first_cut, second_cut])}; noticed: {found['noticed']}")
 
