@@ -44,6 +44,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "uvicorn": ("serve", "uvicorn"),
     "libcst": ("migrate", "libcst"),
     "prometheus_client": ("metrics", "prometheus_client"),
+    "optuna": ("tune", "optuna"),
 }
 
 
