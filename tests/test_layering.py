@@ -69,6 +69,7 @@ LOOSE_INTERNAL = {
     "frozen_gc": "foundation",
     "terminal": "foundation",
     "logs": "foundation",
+    "run_scope": "foundation",  # a sweep's trial around fit(); RunStopped, which ends a run
     "checkpoint_class": "definitions",
     "checkpoint_files": "definitions",
     "execution_options": "definitions",  # DataConfig.default_ingest_options() returns one

@@ -200,9 +200,11 @@ class DataParallelTrainer(BaseTrainer):
     def _fit_with_signals(self) -> Result:
         from phalanx._internal.controller.interrupt import sigterm_interrupts
         from phalanx._internal.logs import console_logging
+        from phalanx._internal.run_scope import fit_scope
 
+        # fit_scope: a sweep's trial sets the run's defaults and waits for its workers' share
         # sigterm: a `kill` of the driver stops the run like Ctrl-C
-        with sigterm_interrupts(), console_logging(self.run_config):
+        with fit_scope(self), sigterm_interrupts(), console_logging(self.run_config):
             return self._fit()
 
     def _fit(self) -> Result:

@@ -8,6 +8,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
+from phalanx._internal.run_scope import RunStopped
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.history import MetricsHistory
 from phalanx._internal.storage.run_storage import ERROR_PICKLE_FILE, ERROR_TEXT_FILE, RunStorage
@@ -37,6 +38,8 @@ def outcome_name(error: BaseException | None) -> str:
         return "preempted" if kinds == {"preempted"} else "hang" if "hang" in kinds else "failed"
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
+    if isinstance(error, RunStopped):  # a callback ended it (a sweep's scheduler)
+        return "stopped"
     return "failed"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.messages import Events, Exited, in_process_event
+from phalanx._internal.run_scope import RunStopped
 from phalanx._internal.worker.runtime import RemoteCallError, capture_exception, set_outbox
 from phalanx._internal.worker.session import clear_thread_session
 
@@ -46,8 +47,8 @@ class InlineWorkerHandle(WorkerHandle):
         try:
             future.set_result(fn(*args, **kwargs))
         except BaseException as exc:  # as a worker would: the controller decides what it means
-            if isinstance(exc, KeyboardInterrupt):
-                raise  # Ctrl-C in the driver stops fit(), as it does with workers
+            if isinstance(exc, KeyboardInterrupt | RunStopped):
+                raise  # Ctrl-C in the driver (or a stop from a callback) stops fit()
             future.set_exception(RemoteCallError(capture_exception(exc)))
         return future
 
