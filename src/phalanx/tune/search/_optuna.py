@@ -92,6 +92,7 @@ class OptunaSearch(Searcher):
                 f"OptunaSearch needs a metric and a mode (got metric={self._metric!r}, "
                 f"mode={self._mode!r}).\nHINT: TuneConfig(metric='loss', mode='min')."
             )
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # as Ray: no line per study
         sampler = self._sampler or optuna.samplers.TPESampler(seed=self._seed)
         self._study = optuna.create_study(
             direction="maximize" if self._mode == "max" else "minimize",

@@ -1,0 +1,1 @@
+"""Integrations of sweeps with Train runs, under Ray Tune's paths (``ray.tune.integration``)."""
