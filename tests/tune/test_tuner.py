@@ -33,7 +33,7 @@ def test_asha_sweep_stops_the_losers_early_and_finds_the_best(tmp_path):
             metric="loss",
             mode="min",
             scheduler=ASHAScheduler(max_t=8, grace_period=1, reduction_factor=2),
-        ),  # fmt: skip
+        ),
         run_config=tune.RunConfig(name="asha", storage_path=str(tmp_path)),
     )
     grid = tuner.fit()
@@ -71,7 +71,7 @@ def test_function_trainable_checkpoints_context_parameters_and_resources(tmp_pat
             name="fn",
             storage_path=str(tmp_path / "s"),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-        ),  # fmt: skip
+        ),
     ).fit()
     assert [r.metrics["score"] for r in grid] == [11, 12]
     assert grid.get_best_result("score", "max").config == {"a": 2}

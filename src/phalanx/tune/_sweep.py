@@ -86,6 +86,7 @@ class Sweep:
         self._cond = threading.Condition(threading.RLock())
         self._live: dict[str, threading.Thread] = {}
         self._placed: set[str] = set()
+        self._threads: list[threading.Thread] = []
         self._body_held: dict[str, dict[str, float]] = {}  # a function trainable's own share
         self._uid = uuid.uuid4().hex[:5]
         self._finished_searching = False
@@ -109,6 +110,8 @@ class Sweep:
                 if not self._live and (self._finished_searching or self._failure):
                     break
                 self._cond.wait(timeout=1.0)
+        for thread in self._threads:  # each has ended its trial: only its exit is left
+            thread.join()
         if self._failure is not None:
             self.save("ERROR")
             raise self._failure
@@ -145,9 +148,10 @@ class Sweep:
                 return
             trial.begin()
             thread = threading.Thread(
-                target=self._trial_thread, args=(trial,), name=f"trial-{trial.trial_id}"
+                target=self._trial_thread, args=(trial,), name=f"phalanx-trial-{trial.trial_id}"
             )
             self._live[trial.trial_id] = thread
+            self._threads.append(thread)
             thread.start()
 
     def _new_trial(self) -> Trial | None:
