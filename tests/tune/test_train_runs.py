@@ -21,7 +21,7 @@ from phalanx.trainer import DataParallelTrainer
 from phalanx.tune.integration.ray_train import TuneReportCallback
 from phalanx.tune.schedulers import ASHAScheduler
 
-REPORT_INTERVAL_S = 0.5
+REPORT_INTERVAL_S = 1.0  # generous: a loaded 2-core CI machine stalls threads for 100s of ms
 
 
 def train_fn_per_worker(config):
