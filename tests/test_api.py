@@ -58,6 +58,12 @@ PUBLIC_MODULES = {
     "phalanx.torch": "ray.train.torch",
     "phalanx.serve": "phalanx serve / Ray Serve deployments of predictors",
     "phalanx.ui": "phalanx ui: the run viewer (start() serves it from a notebook)",
+    "phalanx.tune": "ray.tune (Tuner, TuneConfig, search spaces, report, get_context)",
+    "phalanx.tune.integration": "ray.tune.integration",
+    "phalanx.tune.integration.ray_train": "ray.tune.integration.ray_train (TuneReportCallback)",
+    "phalanx.tune.schedulers": "ray.tune.schedulers",
+    "phalanx.tune.search": "ray.tune.search",
+    "phalanx.tune.search.optuna": "ray.tune.search.optuna (OptunaSearch)",
     "phalanx.sklearn": "ray.train.sklearn (AIR's SklearnTrainer)",
     "phalanx.xgboost": "ray.train.xgboost",
     # Modules inside packages that mirror a Ray module path.
