@@ -494,13 +494,17 @@ def test_airs_framework_trainers_are_rewritten_with_a_note_once_each() -> None:
 
 
 ATTENTION: dict[str, tuple[str, list[tuple[int, str]]]] = {
-    "Ray Tune's Tuner": (
+    "Ray Tune's names phalanx.tune lacks": (
         """
         from ray import tune
-        from ray.train.torch import TorchTrainer
-        tuner = tune.Tuner(TorchTrainer(f), param_space={"lr": tune.grid_search([0.1])})
+        from ray.tune.search.hyperopt import HyperOptSearch
+        analysis = tune.run(f, search_alg=HyperOptSearch())
         """,
-        [(1, "ray.tune"), (3, "ray.tune.Tuner"), (3, "ray.tune.grid_search")],
+        [
+            (2, "ray.tune.search.hyperopt.HyperOptSearch"),
+            (3, "ray.tune.run"),
+            (3, "ray.tune.search.hyperopt.HyperOptSearch"),
+        ],
     ),
     "ray.data functions phalanx lacks": (
         """
@@ -528,9 +532,9 @@ ATTENTION: dict[str, tuple[str, list[tuple[int, str]]]] = {
     "star import of a module phalanx covers in part": (
         """
         from ray.air import *
-        from ray.tune import *
+        from ray.data import *
         """,
-        [(1, "ray.air.*"), (2, "ray.tune.*")],
+        [(1, "ray.air.*"), (2, "ray.data.*")],
     ),
     "names phalanx lacks in a covered module": (
         """

@@ -70,6 +70,15 @@ MODULES: dict[str, str] = {
     "ray.data.preprocessors": "phalanx.preprocess",
     # Tune's logger callbacks, which Ray Train's RunConfig(callbacks=...) takes.
     "ray.tune.logger": "phalanx.integrations.logger",
+    # Ray Tune's sweeps over Train runs (a name phalanx.tune lacks is listed, with _TUNE).
+    "ray.tune": "phalanx.tune",
+    "ray.tune.tuner": "phalanx.tune",
+    "ray.tune.tune_config": "phalanx.tune",
+    "ray.tune.result_grid": "phalanx.tune",
+    "ray.tune.search": "phalanx.tune.search",
+    "ray.tune.search.optuna": "phalanx.tune.search.optuna",
+    "ray.tune.schedulers": "phalanx.tune.schedulers",
+    "ray.tune.integration.ray_train": "phalanx.tune.integration.ray_train",
 }
 
 # Modules phalanx covers in part: only the names in NAMES are rewritten.
@@ -138,8 +147,10 @@ NAMES: dict[str, str] = {
 }
 
 _TUNE = (
-    "Ray Tune has no phalanx equivalent: keep this part on Ray Tune (it needs Ray Train's "
-    "trainers), or run the phalanx trainer in your own search loop (one fit() per config)"
+    "phalanx.tune has no {name} (it has Tuner, TuneConfig, the search spaces, "
+    "BasicVariantGenerator, OptunaSearch, ASHA, MedianStoppingRule, PBT and FIFO): keep this "
+    "part on Ray Tune (class Trainables, tune.run, Tune's other searchers and schedulers), or "
+    "see docs/guides/sweeps.md"
 )
 _DATA = (
     "phalanx.data has no {name}: build the dataset with phalanx.data.from_items / from_pandas / "
