@@ -29,6 +29,7 @@ from phalanx.cli import _commands as commands
 from phalanx.cli import _migrate as migrate
 from phalanx.cli import _profile as profile
 from phalanx.cli import _serve as serve
+from phalanx.cli import _sweeps as sweeps
 from phalanx.cli import _ui as ui
 from phalanx.cli._runs import CLIError, RunView, find_runs, open_run
 from phalanx.errors import StorageError
@@ -93,7 +94,10 @@ def _run(args: argparse.Namespace, out: Callable[[str], None]) -> None:
         _plot(_open_all(args.runs), args.metric, args.output, out)
     elif args.command == "compare":
         if len(args.runs) < 2:
-            raise CLIError("compare needs two runs or more.\nHINT: phalanx compare <run> <run>")
+            raise CLIError(
+                "compare needs two runs or more, or a sweep.\nHINT: phalanx compare <run> <run>, "
+                "or phalanx compare <sweep> for its trials."
+            )
         commands.compare(_open_all(args.runs), args.all, out)
     elif args.command == "serve":
         serve.serve(args)
@@ -144,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "migrate":
             return migrate.migrate(args, _print, _print_err)
-        _run(args, _print)
+        if not sweeps.handled(args, _print):  # ls (runs, then sweeps), show/compare <sweep>
+            _run(args, _print)
     except (CLIError, StorageError, MissingDependencyError) as exc:
         print(f"phalanx: {exc}", file=sys.stderr)
         return 2

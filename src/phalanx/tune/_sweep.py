@@ -413,8 +413,9 @@ class Sweep:
         state = {
             "name": self.name,
             "status": status,
-            "metric": self.tune_config.metric,
-            "mode": self.tune_config.mode,
+            # the scheduler's or searcher's own metric when TuneConfig has none (Ray's form)
+            "metric": self.tune_config.metric or self.scheduler.metric or self.searcher.metric,
+            "mode": self.tune_config.mode or self.scheduler.mode or self.searcher.mode,
             "num_samples": self.tune_config.num_samples,
             "scheduler": type(self.scheduler).__name__,
             "search_alg": type(self.searcher).__name__,
