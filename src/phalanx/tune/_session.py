@@ -99,7 +99,13 @@ def report(metrics: dict[str, Any], *, checkpoint: Checkpoint | None = None) -> 
 
 def get_checkpoint() -> Checkpoint | None:
     """The checkpoint a function trainable resumes from: its own latest (after a retry or
-    ``Tuner.restore``) or the one ``PopulationBasedTraining`` gave it; None on a fresh trial."""
+    ``Tuner.restore``) or the one ``PopulationBasedTraining`` gave it; None on a fresh trial.
+
+    Example::
+
+        if checkpoint := tune.get_checkpoint():
+            step = load_step(checkpoint.path)
+    """
     found = _active.get()
     if found is None:
         return None

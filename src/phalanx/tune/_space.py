@@ -162,55 +162,133 @@ def _check_bounds(name: str, lower: float, upper: float, log: bool) -> None:
 
 
 def uniform(lower: float, upper: float) -> Float:
+    """A float drawn uniformly from ``[lower, upper)``.
+
+    Example::
+
+        tune.uniform(0.0, 1.0)
+    """
     return Float(lower, upper)
 
 
 def quniform(lower: float, upper: float, q: float) -> Float:
+    """A uniform float rounded to a multiple of ``q``.
+
+    Example::
+
+        tune.quniform(0.0, 1.0, 0.25)
+    """
     return Float(lower, upper, q=q)
 
 
 def loguniform(lower: float, upper: float, base: float = 10) -> Float:
+    """A float drawn uniformly in log space between ``lower`` and ``upper``.
+
+    Example::
+
+        tune.loguniform(1e-4, 1e-1)
+    """
     return Float(lower, upper, log=True)
 
 
 def qloguniform(lower: float, upper: float, q: float, base: float = 10) -> Float:
+    """A log-uniform float rounded to a multiple of ``q``.
+
+    Example::
+
+        tune.qloguniform(1e-4, 1e-1, 5e-5)
+    """
     return Float(lower, upper, log=True, q=q)
 
 
 def randint(lower: int, upper: int) -> Integer:
+    """An integer from ``lower`` (included) to ``upper`` (excluded), as Ray.
+
+    Example::
+
+        tune.randint(1, 10)
+    """
     return Integer(lower, upper)
 
 
 def qrandint(lower: int, upper: int, q: int = 1) -> Integer:
+    """A uniform integer rounded to a multiple of ``q`` (``upper`` included, as Ray).
+
+    Example::
+
+        tune.qrandint(8, 64, 8)
+    """
     return Integer(lower, upper, q=q)
 
 
 def lograndint(lower: int, upper: int, base: float = 10) -> Integer:
+    """An integer drawn uniformly in log space, ``upper`` excluded.
+
+    Example::
+
+        tune.lograndint(1, 1000)
+    """
     return Integer(lower, upper, log=True)
 
 
 def qlograndint(lower: int, upper: int, q: int, base: float = 10) -> Integer:
+    """A log-uniform integer rounded to a multiple of ``q``.
+
+    Example::
+
+        tune.qlograndint(8, 1024, 8)
+    """
     return Integer(lower, upper, log=True, q=q)
 
 
 def randn(mean: float = 0.0, sd: float = 1.0) -> Normal:
+    """A float from a normal distribution.
+
+    Example::
+
+        tune.randn(0.0, 1.0)
+    """
     return Normal(mean, sd)
 
 
 def qrandn(mean: float, sd: float, q: float) -> Normal:
+    """A normal float rounded to a multiple of ``q``.
+
+    Example::
+
+        tune.qrandn(0.0, 1.0, 0.1)
+    """
     return Normal(mean, sd, q=q)
 
 
 def choice(categories: Sequence[Any]) -> Categorical:
+    """One of ``categories``, each equally likely.
+
+    Example::
+
+        tune.choice([16, 32, 64])
+    """
     return Categorical(categories)
 
 
 def sample_from(func: Callable[..., Any]) -> Function:
+    """A value computed from the rest of the trial's config: ``func(spec)`` with
+    ``spec.config`` the resolved config (Ray's form).
+
+    Example::
+
+        tune.sample_from(lambda spec: spec.config.width * 2)
+    """
     return Function(func)
 
 
 def grid_search(values: Iterable[Any]) -> dict[str, list[Any]]:
-    """Every value, one trial each (times ``num_samples``), as Ray's ``{"grid_search": [...]}``."""
+    """Every value, one trial each (times ``num_samples``), as Ray's ``{"grid_search": [...]}``.
+
+    Example::
+
+        param_space={"lr": tune.grid_search([1e-3, 1e-2, 1e-1])}
+    """
     values = list(values)
     if not values:
         raise ConfigError("grid_search([]) is invalid: it needs at least one value.")

@@ -17,7 +17,14 @@ __all__ = ["FIFOScheduler", "TrialScheduler"]
 
 
 class TrialScheduler:
-    """Decides, at each result, whether the trial that reported it goes on."""
+    """Decides, at each result, whether the trial that reported it goes on.
+
+    Example::
+
+        class StopAbove(TrialScheduler):
+            def on_trial_result(self, tune_controller, trial, result):
+                return self.STOP if result["loss"] > 10 else self.CONTINUE
+    """
 
     CONTINUE = "CONTINUE"
     PAUSE = "PAUSE"
@@ -83,7 +90,12 @@ def check_mode(owner: str, mode: str | None) -> None:
 
 
 class FIFOScheduler(TrialScheduler):
-    """Runs every trial to its end, in the order they were created."""
+    """Runs every trial to its end, in the order they were created (the default).
+
+    Example::
+
+        TuneConfig(scheduler=FIFOScheduler())
+    """
 
     def __init__(self) -> None:
         super().__init__()

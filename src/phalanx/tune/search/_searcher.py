@@ -22,6 +22,12 @@ class Searcher:
 
     ``suggest`` returns a config, None (nothing now: ask again when a trial ends) or
     ``Searcher.FINISHED`` (no more trials).
+
+    Example::
+
+        class Fixed(Searcher):
+            def suggest(self, trial_id):
+                return {"lr": 0.01}
     """
 
     FINISHED = "FINISHED"
