@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,30 @@ def test_bad_trainables_and_restore_paths_fail_with_a_hint(tmp_path):
     assert not tune.Tuner.can_restore(tmp_path)
     with pytest.raises(ConfigError, match="HINT"):
         tune.Tuner.restore(str(tmp_path), trainable=quadratic)
+
+
+def test_ctrl_c_ends_every_trial_at_its_next_report_and_restore_goes_on(tmp_path):
+    import _thread
+
+    interrupted: list[bool] = []
+
+    def trainable(config):
+        for i in range(20):
+            if i == 3 and config["x"] == 1 and not interrupted:
+                interrupted.append(True)
+                _thread.interrupt_main()  # Ctrl-C in the sweep's driver, once
+            time.sleep(0.05)  # the step's work: the trials are still running when it lands
+            tune.report({"i": i})
+
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 0}),
+        param_space={"x": tune.grid_search([1, 2])},
+        run_config=tune.RunConfig(name="s", storage_path=str(tmp_path)),
+    )
+    with pytest.raises(KeyboardInterrupt):
+        tuner.fit()
+    state = json.loads((tmp_path / "s" / "tuner_state.json").read_text())
+    assert state["status"] == "INTERRUPTED"
+    assert [t["status"] for t in state["trials"]] == ["RUNNING", "RUNNING"]  # not finished
+    grid = tune.Tuner.restore(str(tmp_path / "s"), trainable).fit()
+    assert [r.metrics["i"] for r in grid] == [19, 19] and not grid.errors

@@ -104,12 +104,20 @@ class Sweep:
                 del trial.results[trial.iterations_at_checkpoint :]
         self._replay()
         self.save("RUNNING")
-        with self._cond:
-            while True:
-                self._launch()
-                if not self._live and (self._finished_searching or self._failure):
-                    break
-                self._cond.wait(timeout=1.0)
+        try:
+            with self._cond:
+                while True:
+                    self._launch()
+                    if not self._live and (self._finished_searching or self._failure):
+                        break
+                    self._cond.wait(timeout=1.0)
+        except BaseException as exc:  # Ctrl-C: every trial ends at its next report
+            with self._cond:
+                self._failure = exc
+            for thread in self._threads:
+                thread.join()
+            self.save("INTERRUPTED")
+            raise
         for thread in self._threads:  # each has ended its trial: only its exit is left
             thread.join()
         if self._failure is not None:
@@ -192,6 +200,7 @@ class Sweep:
         set_active(trial, self)
         set_current(self)
         error: BaseException | None = None
+        interrupted = False
         try:
             while True:
                 try:
@@ -203,6 +212,8 @@ class Sweep:
                     continue  # its next run starts at once from the donor's checkpoint
                 except RunStopped:
                     error = None
+                    if self._failure is not None:  # the sweep ended it: restore resumes it
+                        interrupted = True
                     break
                 except Exception as exc:
                     error = exc
@@ -227,7 +238,7 @@ class Sweep:
             with self._cond:
                 self._failure = exc
         finally:
-            self._end_trial(trial, error)
+            self._end_trial(trial, error, interrupted)
 
     @contextlib.contextmanager
     def _body_share(self, trial: Trial) -> Iterator[None]:
@@ -271,9 +282,14 @@ class Sweep:
         else:
             self.trainable(config)
 
-    def _end_trial(self, trial: Trial, error: BaseException | None) -> None:
+    def _end_trial(self, trial: Trial, error: BaseException | None, interrupted: bool) -> None:
         with self._cond:
             trial.time_total_s = time.time() - trial.started
+            if interrupted:  # not finished: Tuner.restore goes on from its checkpoint
+                self._live.pop(trial.trial_id, None)
+                self._placed.discard(trial.trial_id)
+                self._cond.notify_all()
+                return
             trial.status = ERROR if error is not None else TERMINATED
             trial.error = None if error is None else f"{type(error).__name__}: {error}"
             if error is None:
@@ -297,6 +313,8 @@ class Sweep:
     ) -> None:
         """One result of ``trial`` (in its thread): recorded, decided on; raises RunStopped when
         the trial ends here and TrialExploited when PBT restarts it."""
+        if self._failure is not None:  # the sweep is ending (Ctrl-C, an internal error)
+            raise RunStopped("the sweep was interrupted")
         with self._cond:
             now = time.time()
             result = dict(metrics)
