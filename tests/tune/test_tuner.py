@@ -200,3 +200,23 @@ def test_ctrl_c_ends_every_trial_at_its_next_report_and_restore_goes_on(tmp_path
     assert [t["status"] for t in state["trials"]] == ["RUNNING", "RUNNING"]  # not finished
     grid = tune.Tuner.restore(str(tmp_path / "s"), trainable).fit()
     assert [r.metrics["i"] for r in grid] == [19, 19] and not grid.errors
+
+
+def test_time_budget_stops_the_sweep_and_name_creators_name_the_trials(tmp_path):
+    def slow(config):
+        for i in range(1000):
+            time.sleep(0.01)  # the step's work
+            tune.report({"i": i})
+
+    grid = tune.Tuner(
+        tune.with_resources(slow, {"cpu": 0}),
+        param_space={"x": tune.grid_search([1, 2, 3])},
+        tune_config=tune.TuneConfig(
+            time_budget_s=0.3, trial_dirname_creator=lambda t: f"x{t.config['x']}"
+        ),
+        run_config=tune.RunConfig(name="budget", storage_path=str(tmp_path)),
+    ).fit()
+    assert 1 <= len(grid) <= 3 and all(r.metrics["i"] < 999 for r in grid)
+    assert [r.path for r in grid] == [str(tmp_path / "budget" / f"x{i}") for i in (1, 2, 3)][
+        : len(grid)
+    ]

@@ -20,6 +20,9 @@ class TuneConfig(KeywordChecked):
 
     ``max_concurrent_trials`` caps the trials running at once; without it the trials' own
     resources decide (a trial starts while the machine has room for its workers).
+    ``time_budget_s``: once spent, no trial starts and each running one stops at its next
+    report. ``reuse_actors`` is accepted for Ray scripts and changes nothing (trials are
+    threads).
 
     Example::
 

@@ -163,7 +163,7 @@ class Sweep:
             thread.start()
 
     def _new_trial(self) -> Trial | None:
-        if self._finished_searching:
+        if self._finished_searching or self._over_budget():
             return None
         total = self.searcher.total_samples
         if total is None and self.tune_config.num_samples != -1:
@@ -187,8 +187,8 @@ class Sweep:
             sweep_path=self.path,
             resources=dict(getattr(self.trainable, RESOURCES_ATTR, DEFAULT_DEMAND)),
         )
-        creator = self.tune_config.trial_name_creator
-        if creator is not None:
+        creator = self.tune_config.trial_dirname_creator or self.tune_config.trial_name_creator
+        if creator is not None:  # the trial's name is its directory's
             trial.trial_name = str(creator(trial))
         self.trials.append(trial)
         self.scheduler.on_trial_add(self, trial)
@@ -344,7 +344,14 @@ class Sweep:
         if decision == TrialScheduler.PAUSE:
             raise TrialExploited(f"trial {trial.trial_id} goes on from another trial's checkpoint")
 
+    def _over_budget(self) -> bool:
+        """TuneConfig(time_budget_s=...) spent: no new trial, and each running one stops."""
+        budget = self.tune_config.time_budget_s
+        return budget is not None and time.time() - self._started > budget
+
     def _meets_stop(self, trial: Trial, result: dict[str, Any]) -> bool:
+        if self._over_budget():
+            return True
         stop = self.run_config.stop
         if stop is None:
             return False
