@@ -195,18 +195,17 @@ class PassPlan:
         return total
 
     def _plan(self, n: int) -> None:
-        out: list[np.ndarray] = []
+        out: list[np.ndarray] = []  # (steps, ranks, sources) each
         todo = min(n, self.total_steps - self.steps)
-        while len(out) < todo:
-            safe = self._safe_steps(todo - len(out))
-            if safe:
-                out.extend(self._fast_steps(safe))
-            else:
-                out.append(self._step())
+        done = 0
+        while done < todo:
+            safe = self._safe_steps(todo - done)
+            out.append(self._fast_steps(safe) if safe else self._step()[None])
+            done += len(out[-1])
         if out:
             self._starts.append(self.steps)
-            self._chunks.append(np.stack(out))
-            self.steps += len(out)
+            self._chunks.append(out[0] if len(out) == 1 else np.concatenate(out))
+            self.steps += done
 
     def _safe_steps(self, most: int) -> int:
         """Steps no constraint can bind in: every rank has at least a batch of rows per step
@@ -219,7 +218,7 @@ class PassPlan:
         k = min(int(left[:, ~used_up].min()), int(self._left.min())) // batch
         return min(k, most)
 
-    def _fast_steps(self, k: int) -> list[np.ndarray]:
+    def _fast_steps(self, k: int) -> np.ndarray:
         """``k`` steps as ``_step`` computes them (the same arithmetic, in plain Python: numpy's
         cost per call dominates on arrays of a few items), where ``_safe_steps`` allows."""
         batch, world = self.batch, self.world
@@ -232,6 +231,10 @@ class PassPlan:
         taken = self._taken.tolist()
         rows = batch * world
         sources = range(len(v))
+        fixed = [math.floor(x * rows) for x in v]
+        if sum(fixed) == rows and all(c % world == 0 for c in fixed):
+            # whole rows of every source per step, as many for every rank: all k steps alike
+            return self._same_steps(k, fixed)
         out = []
         for _ in range(k):
             counts = [math.floor(x * rows) for x in v]
@@ -241,7 +244,7 @@ class PassPlan:
                 behind = {i: v[i] * total - consumed[i] - counts[i] for i in free}
                 for i in sorted(free, key=lambda i: (-behind[i], -v[i], i))[:extra]:
                     counts[i] += 1
-            step = _deal_lists(counts, world, taken)
+            step = [counts] if world == 1 else _deal_lists(counts, world, taken)
             for r in range(world):
                 row = step[r]
                 for s in sources:
@@ -254,7 +257,18 @@ class PassPlan:
         self._taken = np.array(taken, dtype=np.int64).reshape(world, len(v))
         self._consumed = np.array(consumed, dtype=np.int64)
         self._left -= k * batch
-        return list(dealt)
+        return dealt
+
+    def _same_steps(self, k: int, counts: list[int]) -> np.ndarray:
+        """``k`` steps of ``counts`` rows of each source, dealt evenly over the ranks (what
+        ``_fast_steps`` gives when no step has an extra row to place)."""
+        each = np.array(counts, dtype=np.int64) // self.world
+        step = np.broadcast_to(each, (self.world, len(counts)))
+        self._left_in_shard -= k * step
+        self._taken += k * step
+        self._consumed += k * np.array(counts, dtype=np.int64)
+        self._left -= k * self.batch
+        return np.broadcast_to(step, (k, *step.shape)).copy()
 
     def _step(self) -> np.ndarray:
         need = np.minimum(self._left, self.batch)
