@@ -30,13 +30,11 @@ from phalanx.data._dataset import (
     from_items,
     from_numpy,
     from_pandas,
-    read_csv,
-    read_json,
-    read_parquet,
 )
 from phalanx.data._ingest import as_dataset
 from phalanx.data._iterator import DataIterator
 from phalanx.data._mix import MixStoppingCondition
+from phalanx.data._read import read_csv, read_json, read_parquet
 
 __all__ = [
     "DataIterator",

@@ -1,8 +1,8 @@
 """Dataset: a description of where rows are and how to read them; cheap to create and to pickle.
 
 ``datasets={"train": X}`` accepts a :class:`Dataset` or anything :func:`as_dataset` turns into
-one; the constructors here (``read_parquet``, ``from_pandas``, ...) carry options a bare value
-cannot (columns, the file shuffle).
+one; the constructors here (``from_pandas``, ``from_numpy``, ...) and in ``_read``
+(``read_parquet``, ...) carry options a bare value cannot (columns, the file shuffle).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import numpy as np
 import pyarrow as pa
 
 from phalanx.data._batching import to_arrow_column
-from phalanx.data._files import file_source
 from phalanx.data._iterator import Assignment, DataIterator, Passes
 from phalanx.data._mix import MixStoppingCondition, make_rule, split_mixed
 from phalanx.data._mix_plan import MixRule
@@ -31,9 +30,6 @@ __all__ = [
     "from_items",
     "from_numpy",
     "from_pandas",
-    "read_csv",
-    "read_json",
-    "read_parquet",
 ]
 
 
@@ -278,69 +274,6 @@ class Dataset:
         return f"Dataset({self._source.describe()}, columns={self.columns()}{shuffle})"
 
 
-def read_parquet(
-    paths: Any,
-    *,
-    filesystem: Any = None,
-    columns: Sequence[str] | None = None,
-    shuffle: str | None = None,
-    seed: int | None = None,
-) -> Dataset:
-    """Parquet files or folders (local paths or URIs; ``filesystem``: an fsspec or pyarrow
-    filesystem). Workers read only the row groups of their shard. ``shuffle="files"``: a new
-    seeded order of the row groups every epoch.
-
-    Example::
-
-        train = phalanx.data.read_parquet("s3://bucket/train/", shuffle="files", seed=0)
-        TorchTrainer(train_func, datasets={"train": train}, ...)
-    """
-    source = file_source(
-        paths, label="read_parquet", format="parquet", filesystem=filesystem, columns=columns
-    )
-    return _with_shuffle(source, shuffle, seed)
-
-
-def read_csv(
-    paths: Any,
-    *,
-    filesystem: Any = None,
-    columns: Sequence[str] | None = None,
-    shuffle: str | None = None,
-    seed: int | None = None,
-) -> Dataset:
-    """CSV files or folders (with a header line; ``.gz``/``.bz2``/``.zst`` read as such).
-
-    Example::
-
-        dataset = phalanx.data.read_csv(["data/a.csv", "data/b.csv.gz"], columns=["x", "y"])
-    """
-    source = file_source(
-        paths, label="read_csv", format="csv", filesystem=filesystem, columns=columns
-    )
-    return _with_shuffle(source, shuffle, seed)
-
-
-def read_json(
-    paths: Any,
-    *,
-    filesystem: Any = None,
-    columns: Sequence[str] | None = None,
-    shuffle: str | None = None,
-    seed: int | None = None,
-) -> Dataset:
-    """JSON-lines files or folders (one object per line).
-
-    Example::
-
-        dataset = phalanx.data.read_json("logs/", shuffle="files", seed=1)
-    """
-    source = file_source(
-        paths, label="read_json", format="json", filesystem=filesystem, columns=columns
-    )
-    return _with_shuffle(source, shuffle, seed)
-
-
 def from_arrow(table: pa.Table) -> Dataset:
     """A dataset of a pyarrow table's rows (held in memory, sharded by rows across workers).
 
@@ -382,12 +315,6 @@ def from_items(items: list[dict[str, Any]]) -> Dataset:
         dataset = phalanx.data.from_items([{"x": i, "y": i % 2} for i in range(100)])
     """
     return Dataset(TableSource(pa.Table.from_pylist(items)))
-
-
-def _with_shuffle(source: Source, shuffle: str | None, seed: int | None) -> Dataset:
-    if shuffle not in (None, "files"):
-        raise ValueError(f"shuffle={shuffle!r} is invalid: use None or 'files'.")
-    return Dataset(source, shuffle_files=shuffle == "files", seed=seed)
 
 
 class MixedDataset(Dataset):
