@@ -12,11 +12,15 @@ then ``torch.from_numpy(column[i:i + b])`` per column) vs plain Ray Data 2.60
     python bench/ingest.py --systems phalanx,inmem --reps 5
     python bench/ingest.py --systems phalanx,phalanx_mix,raydata_mix   # Dataset.mix (issue 48)
     python bench/ingest.py --before-src /tmp/before/src     # adds phalanx_before: that src's phalanx
+    python bench/ingest.py --before-src /tmp/b/src --systems phalanx,phalanx_before,phalanx_mix,\
+        phalanx_mix_before --batch-sizes 32,4096            # before/after of the mix
 
 ``phalanx_mix`` / ``raydata_mix`` read a mix (weights 0.5, 0.5) of two Parquet sources (the
-file read as two datasets); ``phalanx_before`` is ``phalanx`` run with ``PYTHONPATH`` at
-``--before-src`` (a ``git worktree add /tmp/before <sha>`` of an older commit), interleaved with
-the others, for before/after figures.
+file read as two datasets); ``phalanx_before`` (``phalanx_mix_before``, ``phalanx_stack_before``)
+is ``phalanx`` (``phalanx_mix``, ``phalanx_stack``) run with ``PYTHONPATH`` at ``--before-src``
+(a ``git worktree add /tmp/before <sha>`` of an older commit), interleaved with the others, for
+before/after figures. Besides rows/s, each run gives the process's CPU time per batch (all its
+threads, first batch to last): on a shared machine it moves less than wall time does.
 
 Every run is a fresh Python subprocess (this script with ``--one``), interleaved
 A B C A B C ... ; results go to bench/results/ingest.{md,json}. Time to first batch counts from
@@ -51,6 +55,11 @@ SYSTEMS = (
     "raydata_mix",
 )
 BEFORE = "phalanx_before"
+BEFORES = {
+    BEFORE: "phalanx",
+    "phalanx_mix_before": "phalanx_mix",
+    "phalanx_stack_before": "phalanx_stack",
+}
 COLUMNS = 100
 ROW_GROUP = 65536
 THREADS = 2
@@ -77,14 +86,16 @@ def measure(system: str, path: str, batch_size: int, max_rows: int) -> dict[str,
         ray.data.DataContext.get_current().enable_progress_bars = False
     start = time.perf_counter()
     batches = open_batches(system, path, batch_size)
-    rows, first_at = 0, None
+    rows, first_at, count, cpu_at = 0, None, 0, 0.0
     for batch in batches:
         if first_at is None:
-            first_at = time.perf_counter()
+            first_at, cpu_at = time.perf_counter(), time.process_time()
+        else:
+            count += 1
         rows += len(next(iter(batch.values())))
         if rows >= max_rows:
             break
-    end = time.perf_counter()
+    end, cpu = time.perf_counter(), time.process_time() - cpu_at
     close = getattr(batches, "close", None)
     if close is not None:
         close()
@@ -95,6 +106,8 @@ def measure(system: str, path: str, batch_size: int, max_rows: int) -> dict[str,
         "rows_per_s": rows / (end - first_at) if end > first_at else float("nan"),
         "e2e_rows_per_s": rows / (end - start),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        # CPU of every thread (reading ahead too) per batch after the first
+        "cpu_us_per_batch": cpu / count * 1e6 if count else float("nan"),
     }
 
 
@@ -118,7 +131,8 @@ def open_batches(system: str, path: str, batch_size: int) -> Any:
 
         mixed = ray.data.read_parquet(path).mix(ray.data.read_parquet(path), weights=[0.5, 0.5])
         return iter(mixed.iter_torch_batches(batch_size=batch_size))
-    if system in ("phalanx", BEFORE):
+    system = BEFORES.get(system, system)
+    if system == "phalanx":
         import phalanx.data
 
         (shard,) = phalanx.data.read_parquet(path).streaming_split(1)
@@ -202,8 +216,11 @@ def workload(meta: dict[str, Any]) -> list[str]:
         "- phalanx_mix / raydata_mix: the same file read as two datasets mixed with weights "
         "(0.5, 0.5): `a.mix(b, weights=[0.5, 0.5])`, phalanx's split for one worker, Ray's "
         "`iter_torch_batches` on the mixed dataset (an epoch is twice the file's rows).",
-        "- phalanx_before (when run with --before-src): `phalanx` with PYTHONPATH at that "
-        "older checkout's src, interleaved with the others.",
+        "- phalanx_before, phalanx_mix_before, phalanx_stack_before (when run with --before-src): "
+        "`phalanx`, `phalanx_mix`, `phalanx_stack` with PYTHONPATH at that older checkout's src, "
+        "interleaved with the others.",
+        "- CPU/batch: the process's CPU time (every thread, the read-ahead one too) from the "
+        "first batch to the last, per batch after the first.",
         f"- batch size 32 reads the first {meta['small_rows']:,} rows only (all systems); the "
         "others read the whole file.",
     ]
@@ -212,7 +229,7 @@ def workload(meta: dict[str, Any]) -> list[str]:
 def _split(meta: dict[str, Any]) -> tuple[list[int], list[str]]:
     runs = [name.rsplit("-", 1) for name in meta["systems"]]
     sizes = sorted({int(size) for _, size in runs})
-    systems = [s for s in (*SYSTEMS, BEFORE) if any(r[0] == s for r in runs)]
+    systems = [s for s in (*SYSTEMS, *BEFORES) if any(r[0] == s for r in runs)]
     return sizes, systems
 
 
@@ -223,21 +240,22 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
         f"File size on disk: {mib:.0f} MiB.",
         "",
         "| batch size | system | ok | time to first batch (s) | rows/s (median, min..max) "
-        "| rows/s incl. time to first batch | peak RSS (MB) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| rows/s incl. time to first batch | CPU/batch (us) | peak RSS (MB) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for size in sizes:
         for system in systems:
             name = f"{system}-{size}"
             ok = [r for r in runs if r["system"] == name and r["ok"]]
             if not ok:
-                lines.append(f"| {size} | {system} | 0 | - | - | - | - |")
+                lines.append(f"| {size} | {system} | 0 | - | - | - | - | - |")
                 continue
             rate = [r["rows_per_s"] for r in ok]
             lines.append(
                 f"| {size} | {system} | {len(ok)} | {median([r['ttfb_s'] for r in ok]):.3f} | "
                 f"{median(rate):,.0f} ({min(rate):,.0f}..{max(rate):,.0f}) | "
                 f"{median([r['e2e_rows_per_s'] for r in ok]):,.0f} | "
+                f"{median([r.get('cpu_us_per_batch', float('nan')) for r in ok]):,.1f} | "
                 f"{median([r['peak_rss_mb'] for r in ok]):.0f} |"
             )
     lines += ["", "Ratios: median over reps of (rep i of one system) / (rep i of the other).", ""]
@@ -251,10 +269,19 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
         ("rows_per_s", "phalanx_stack", "phalanx"),
         ("rows_per_s", "phalanx_mix", "phalanx"),
         ("rows_per_s", "phalanx_mix", "raydata_mix"),
+        ("cpu_us_per_batch", "phalanx_mix", "phalanx"),
         ("rows_per_s", "phalanx", BEFORE),
+        ("rows_per_s", "phalanx_mix", "phalanx_mix_before"),
+        ("cpu_us_per_batch", "phalanx_mix", "phalanx_mix_before"),
+        ("rows_per_s", "phalanx_stack", "phalanx_stack_before"),
     ]
     pairs = [(m, a, b) for m, a, b in pairs if a in systems and b in systems]
-    names = {"rows_per_s": "rows/s", "e2e_rows_per_s": "rows/s incl. TTFB", "ttfb_s": "TTFB"}
+    names = {
+        "rows_per_s": "rows/s",
+        "e2e_rows_per_s": "rows/s incl. TTFB",
+        "ttfb_s": "TTFB",
+        "cpu_us_per_batch": "CPU/batch",
+    }
     lines += ["| batch size | " + " | ".join(f"{names[m]}: {a} / {b}" for m, a, b in pairs) + " |"]
     lines += ["| --- " * (len(pairs) + 1) + "|"]
     for size in sizes:
@@ -265,14 +292,14 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
 
 def make_bench(sizes: str, before: bool = False) -> harness.Bench:
     """The runs are (system, batch size) pairs, ``phalanx-256``, size by size."""
-    systems = (*SYSTEMS, BEFORE) if before else SYSTEMS
+    systems = (*SYSTEMS, *BEFORES) if before else SYSTEMS
     runs = [f"{system}-{size}" for size in sizes.split(",") for system in systems]
     return harness.Bench.of(
         sys.modules[__name__],
         name="ingest",
         title="phalanx benchmark B8 (ingest)",
         systems=tuple(runs),
-        summary_keys=("ttfb_s", "rows_per_s"),
+        summary_keys=("ttfb_s", "rows_per_s", "cpu_us_per_batch"),
         ok=lambda rec: "ttfb_s" in rec,
         extra_versions=("pyarrow", "numpy"),
         env={**THREAD_ENV, "RAY_DEDUP_LOGS": "0"},
@@ -281,9 +308,10 @@ def make_bench(sizes: str, before: bool = False) -> harness.Bench:
 
 
 def _run_env(name: str, args: argparse.Namespace) -> dict[str, str]:
-    """``phalanx_before`` imports phalanx from ``--before-src``."""
+    """``phalanx_before`` (and the other ``_before`` systems) import phalanx from
+    ``--before-src``."""
     src = getattr(args, "before_src", None)
-    if name.startswith(BEFORE + "-") and src:
+    if name.rsplit("-", 1)[0] in BEFORES and src:
         return {"PYTHONPATH": os.pathsep.join([str(REPO / "bench"), src])}
     return {}
 
@@ -298,7 +326,7 @@ def main() -> None:
     if args.one or args.render:
         harness.main(bench, args)
         return
-    given = (*SYSTEMS, BEFORE) if args.before_src else SYSTEMS
+    given = (*SYSTEMS, *BEFORES) if args.before_src else SYSTEMS
     given = given if args.systems == ",".join(bench.systems) else args.systems.split(",")
     args.systems = ",".join(
         s if "-" in s else f"{s}-{size}" for size in args.batch_sizes.split(",") for s in given

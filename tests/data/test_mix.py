@@ -225,7 +225,7 @@ def test_a_source_used_up_before_the_checkpoint_stays_used_up():
     assert all((s == 1).all() for s in steps)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(
     world=st.integers(1, 3),
     batch=st.integers(1, 40),
