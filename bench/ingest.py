@@ -112,6 +112,7 @@ def measure(system: str, path: str, batch_size: int, max_rows: int) -> dict[str,
 
 
 def open_batches(system: str, path: str, batch_size: int) -> Any:
+    system = BEFORES.get(system, system)  # the same system, phalanx from --before-src
     if system == "phalanx_stack":
         import phalanx.data
 
@@ -131,7 +132,6 @@ def open_batches(system: str, path: str, batch_size: int) -> Any:
 
         mixed = ray.data.read_parquet(path).mix(ray.data.read_parquet(path), weights=[0.5, 0.5])
         return iter(mixed.iter_torch_batches(batch_size=batch_size))
-    system = BEFORES.get(system, system)
     if system == "phalanx":
         import phalanx.data
 
@@ -223,6 +223,7 @@ def workload(meta: dict[str, Any]) -> list[str]:
         "first batch to the last, per batch after the first.",
         f"- batch size 32 reads the first {meta['small_rows']:,} rows only (all systems); the "
         "others read the whole file.",
+        *([f"- runs left out of the tables: {meta['dropped']}"] if meta.get("dropped") else []),
     ]
 
 
