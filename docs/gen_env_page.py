@@ -1,5 +1,5 @@
 """Write docs/guides/environment-variables.md from the one table of phalanx's variables
-(``phalanx._internal.env.VARIABLES``)::
+(``phalanx._foundation.env.VARIABLES``)::
 
     python docs/gen_env_page.py > docs/guides/environment-variables.md
 
@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from phalanx._internal.env import VARIABLES
+from phalanx._foundation.env import VARIABLES
 
 HEAD = """\
 # Environment variables
@@ -16,7 +16,7 @@ HEAD = """\
 Every `PHALANX_*` variable phalanx reads, with its default. Configuration belongs in the
 configs (`ScalingConfig`, `RunConfig`, `FailureConfig`, ...); these variables change what a
 config does not reach: where runs go by default, how workers start, bounds that protect a run,
-the metrics endpoint. phalanx reads them in one module (`phalanx/_internal/env.py`), and this
+the metrics endpoint. phalanx reads them in one module (`phalanx/_foundation/env.py`), and this
 page is generated from its table (`python docs/gen_env_page.py`; a test checks it is current).
 
 | variable | default | what it changes |

@@ -1,4 +1,4 @@
-"""`phalanx._internal.env.VARIABLES` is the one table of phalanx's environment variables: every
+"""`phalanx._foundation.env.VARIABLES` is the one table of phalanx's environment variables: every
 PHALANX_* name the module reads has a row, every row is read, each row's default is the one its
 reader applies, and the docs page generated from the table is current."""
 
@@ -8,7 +8,7 @@ import ast
 import importlib.util
 from pathlib import Path
 
-from phalanx._internal import env
+from phalanx._foundation import env
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = Path(env.__file__).read_text()

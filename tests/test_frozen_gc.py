@@ -1,5 +1,5 @@
 """fit() keeps the objects the program had before it out of the collector while it runs (see
-``_internal/frozen_gc.py``), and hands them back when it returns."""
+``_fit/frozen_gc.py``), and hands them back when it returns."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import phalanx
-from phalanx._internal.optional import EXTRAS, MissingDependencyError, missing, require
+from phalanx._foundation.optional import EXTRAS, MissingDependencyError, missing, require
 
 ROOT = Path(__file__).resolve().parents[1]
 

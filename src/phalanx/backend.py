@@ -36,7 +36,7 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from phalanx._internal.keywords import KeywordChecked
+from phalanx._foundation.keywords import KeywordChecked
 
 if TYPE_CHECKING:
     from phalanx.config import ScalingConfig

@@ -12,8 +12,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from phalanx._internal.checkpoint_files import PREPROCESSOR_FILE, RAY_PREPROCESSOR_KEY
-from phalanx._internal.fs.access import copy_tree, is_local, resolve_filesystem
+from phalanx._foundation.checkpoint_files import PREPROCESSOR_FILE, RAY_PREPROCESSOR_KEY
+from phalanx._foundation.fs.access import copy_tree, is_local, resolve_filesystem
 
 __all__ = ["Checkpoint", "CheckpointUploadMode"]
 

@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from phalanx._internal.goodput import Goodput
-from phalanx._internal.optional import require
+from phalanx._foundation.goodput_parts import Goodput
+from phalanx._foundation.optional import require
 from phalanx.checkpoint import Checkpoint
 
 if TYPE_CHECKING:

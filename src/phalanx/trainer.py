@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from phalanx._internal import env
-from phalanx._internal.keywords import KeywordChecked
-from phalanx._internal.picklable import check_picklable
+from phalanx._fit.picklable import check_picklable
+from phalanx._foundation import env
+from phalanx._foundation.keywords import KeywordChecked
 from phalanx._internal.worker.code_origins import dump_function
 from phalanx.backend import BackendConfig
 from phalanx.checkpoint import Checkpoint
@@ -47,7 +47,7 @@ class BaseTrainer(KeywordChecked):
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        from phalanx._internal.restore import init_arguments
+        from phalanx._fit.restore import init_arguments
 
         trainer = super().__new__(cls, *args, **kwargs)
         # What restore() rebuilds the trainer from (saved by fit(), as Ray V1's trainer.pkl).
@@ -60,7 +60,7 @@ class BaseTrainer(KeywordChecked):
     @classmethod
     def can_restore(cls, path: str | os.PathLike[str], storage_filesystem: Any = None) -> bool:
         """Whether ``path`` (a run directory, ``result.path``) holds a run to resume."""
-        from phalanx._internal.restore import can_restore
+        from phalanx._fit.restore import can_restore
 
         return can_restore(path, storage_filesystem)
 
@@ -88,7 +88,7 @@ class BaseTrainer(KeywordChecked):
                 trainer = TorchTrainer.restore(path, datasets={"train": ds})
             result = trainer.fit()
         """
-        from phalanx._internal.restore import restore_kwargs
+        from phalanx._fit.restore import restore_kwargs
 
         if train_loop_per_worker is not None:
             kwargs["train_loop_per_worker"] = train_loop_per_worker
@@ -183,7 +183,7 @@ class DataParallelTrainer(BaseTrainer):
             check_preprocessor(self.preprocessor)
 
     def fit(self) -> Result:
-        from phalanx._internal.frozen_gc import objects_before_frozen
+        from phalanx._fit.frozen_gc import objects_before_frozen
 
         try:
             with objects_before_frozen():  # before fit()'s imports allocate: see the module
@@ -198,9 +198,9 @@ class DataParallelTrainer(BaseTrainer):
             raise exc.with_traceback(None) from exc.__cause__
 
     def _fit_with_signals(self) -> Result:
+        from phalanx._fit.logs import console_logging
+        from phalanx._foundation.run_scope import fit_scope
         from phalanx._internal.controller.interrupt import sigterm_interrupts
-        from phalanx._internal.logs import console_logging
-        from phalanx._internal.run_scope import fit_scope
 
         # fit_scope: a sweep's trial sets the run's defaults and waits for its workers' share
         # sigterm: a `kill` of the driver stops the run like Ctrl-C
@@ -208,8 +208,8 @@ class DataParallelTrainer(BaseTrainer):
             return self._fit()
 
     def _fit(self) -> Result:
-        from phalanx._internal.config_checks import check_runtime_env_locally
-        from phalanx._internal.elastic import resolve_locally
+        from phalanx._fit.elastic_size import resolve_locally
+        from phalanx._foundation.config_checks import check_runtime_env_locally
         from phalanx._internal.engines.choose import resolve_engine
         from phalanx._internal.storage.run_lock import RunLock
         from phalanx._internal.storage.run_storage import RunStorage
@@ -255,17 +255,17 @@ class DataParallelTrainer(BaseTrainer):
         checkpoint_files: dict[str, bytes],
         started: float | None = None,
     ) -> Result:
+        from phalanx._fit.restore import save_trainer
+        from phalanx._fit.shards import DatasetShards
         from phalanx._internal.controller.controller import Controller
         from phalanx._internal.controller.resume import log_resume
         from phalanx._internal.controller.spec import RunSpec
-        from phalanx._internal.restore import save_trainer
         from phalanx._internal.storage.checkpoint_manager import CheckpointManager
         from phalanx._internal.storage.run_record import (
             describe_run,
             recorded_run,
             start_afresh_after_config_error,
         )
-        from phalanx._trainer_shards import DatasetShards
 
         run_config = self.run_config
         storage.prepare()

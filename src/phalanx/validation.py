@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from phalanx._internal.keywords import KeywordChecked
+from phalanx._foundation.keywords import KeywordChecked
 from phalanx.errors import ConfigError
 
 if TYPE_CHECKING:

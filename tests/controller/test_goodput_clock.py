@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from phalanx._foundation.goodput_parts import PARTS, Goodput
 from phalanx._internal.controller.goodput import GoodputClock
 from phalanx._internal.controller.rounds import Report, Round
-from phalanx._internal.goodput import PARTS, Goodput
 
 
 class Clock:

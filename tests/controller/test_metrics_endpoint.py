@@ -19,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import phalanx as train
 from phalanx import DataParallelTrainer, RunConfig, ScalingConfig
+from phalanx._foundation.goodput_parts import PARTS
 from phalanx._internal.controller.goodput import GoodputClock
 from phalanx._internal.controller.metrics_endpoint import EXPORTED, start_endpoint
-from phalanx._internal.goodput import PARTS
 
 DASHBOARD = Path(__file__).parents[2] / "docs" / "grafana" / "phalanx.json"
 DEADLINE_S = 60.0

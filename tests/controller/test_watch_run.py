@@ -237,7 +237,7 @@ def test_lifecycle_lines_go_through_the_phalanx_logger(tmp_path: Path, caplog) -
 
 
 def test_rank_prefixes_go_at_line_starts_and_after_carriage_returns() -> None:
-    from phalanx._internal.terminal import LineState
+    from phalanx._foundation.terminal import LineState
 
     state = LineState("[rank1]: ")
     pieces = ["epoch 1", " done\nbar  0%", "\r bar 50%", "\r bar 100%\r\n", "\nlast"]

@@ -9,7 +9,7 @@ import pytest
 
 import phalanx as train
 from phalanx import ConfigError, DataParallelTrainer, RunConfig, ScalingConfig
-from phalanx._internal.elastic import resolve_locally
+from phalanx._fit.elastic_size import resolve_locally
 from phalanx.data import from_items
 
 CPUS = os.cpu_count() or 1

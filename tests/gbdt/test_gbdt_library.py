@@ -16,12 +16,12 @@ import pytest
 
 import phalanx
 from phalanx import Checkpoint, CheckpointConfig, ConfigError, RunConfig, ScalingConfig
-from phalanx._internal.checkpoint_files import MODEL_FILES, PREPROCESSOR_FILE, framework_of
-from phalanx._internal.gbdt.checkpoint import BoosterCheckpoint
-from phalanx._internal.gbdt.library import BuiltinLoopArgs
-from phalanx._internal.gbdt.reporting import MetricsArg, ReportingCore, ReportSettings
-from phalanx._internal.gbdt.spec import Frame
-from phalanx._internal.gbdt.trainer import GBDTTrainer
+from phalanx._foundation.checkpoint_files import MODEL_FILES, PREPROCESSOR_FILE, framework_of
+from phalanx._gbdt.checkpoint import BoosterCheckpoint
+from phalanx._gbdt.library import BuiltinLoopArgs
+from phalanx._gbdt.reporting import MetricsArg, ReportingCore, ReportSettings
+from phalanx._gbdt.spec import Frame
+from phalanx._gbdt.trainer import GBDTTrainer
 from phalanx.backend import BackendConfig
 
 # lightgbm sets KMP_* variables when imported: import both at collection, not inside a test.

@@ -15,8 +15,8 @@ from gbdt_data import auc, make_classification, make_regression
 
 import phalanx
 from phalanx import CheckpointConfig, ConfigError, DataConfig, RunConfig, ScalingConfig
-from phalanx._internal.gbdt import addresses, checks, threads
-from phalanx._internal.gbdt.reporting import ReportSettings, flatten_metrics
+from phalanx._gbdt import addresses, checks, threads
+from phalanx._gbdt.reporting import ReportSettings, flatten_metrics
 
 xgboost = pytest.importorskip("xgboost")
 lightgbm = pytest.importorskip("lightgbm")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx._internal.engines.ray.liveness import FLOOR_S, Followed, HostLiveness
 
 A, B, DRIVER = "10.0.0.11", "10.0.0.12", "10.0.0.10"

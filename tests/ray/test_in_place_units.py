@@ -12,7 +12,7 @@ import cloudpickle
 from _helpers import wait_until
 
 from phalanx._internal.engines.ray.actor import MessageBuffer
-from phalanx._internal.engines.ray.calls import CallRunner
+from phalanx._internal.engines.ray.call_runner import CallRunner
 
 
 def returns(buffer: MessageBuffer) -> list[tuple]:

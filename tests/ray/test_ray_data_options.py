@@ -50,7 +50,7 @@ def test_options_reach_the_split_ray_dataset_and_every_row_is_read(storage, monk
 def test_options_are_set_on_a_copy_of_the_dataset():
     import ray.data
 
-    from phalanx._internal.execution_options import (
+    from phalanx._foundation.execution_options import (
         ExecutionOptions,
         ExecutionResources,
         as_ray_options,

@@ -113,7 +113,7 @@ def test_a_checkpoint_subclass_of_the_user_comes_back(tmp_path):
 def test_a_class_named_in_a_snapshot_is_never_imported(tmp_path, monkeypatch):
     import sys
 
-    from phalanx._internal.checkpoint_class import checkpoint_class
+    from phalanx._internal.storage.checkpoint_class import checkpoint_class
 
     name = "planted_checkpoint_module"  # importable: only the rule keeps it from running
     (tmp_path / f"{name}.py").write_text(

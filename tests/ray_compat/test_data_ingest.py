@@ -97,7 +97,7 @@ def test_default_ingest_options_are_accepted_and_bad_options_are_not():
 
 
 def test_no_limit_and_rays_infinite_limit_leave_read_ahead_alone():
-    from phalanx._internal.execution_options import (
+    from phalanx._foundation.execution_options import (
         ExecutionOptions,
         ExecutionResources,
         prefetch_bytes,

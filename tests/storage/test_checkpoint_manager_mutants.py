@@ -20,7 +20,7 @@ import fsspec
 import pytest
 
 from phalanx import Checkpoint, CheckpointConfig
-from phalanx._internal.fs.paths import checkpoint_name_problem
+from phalanx._foundation.fs.paths import checkpoint_name_problem
 from phalanx._internal.storage import checkpoint_manager as cm
 from phalanx._internal.storage import snapshot_journal as sj
 from phalanx._internal.storage.commit_record import CommitRecord, record_file, write_commit_record

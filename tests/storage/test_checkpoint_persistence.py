@@ -30,8 +30,8 @@ from phalanx import (
     StorageError,
     TrainingFailedError,
 )
-from phalanx._internal.fs import copy as local_copy
-from phalanx._internal.fs import paths
+from phalanx._foundation.fs import copy as local_copy
+from phalanx._foundation.fs import paths
 from phalanx._internal.storage import run_storage
 from phalanx._internal.storage.run_storage import RunStorage
 
@@ -544,7 +544,7 @@ def test_ranks_moving_same_named_subdirectories_into_one_part_at_once_merge_them
     """Two ranks' parts both have ``nested/``: whichever rename lands second merges into it."""
     import threading
 
-    from phalanx._internal.fs.access import move_tree_contents
+    from phalanx._foundation.fs.access import move_tree_contents
 
     for trial in range(150):
         root = tmp_path / str(trial)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from phalanx import Checkpoint, StorageError
-from phalanx._internal.fs.syncfs import syncfs
+from phalanx._foundation.fs.syncfs import syncfs
 from phalanx._internal.storage import local_store
 from phalanx._internal.storage.run_storage import RunStorage
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from phalanx._internal.fs.access import move_tree_contents
+from phalanx._foundation.fs.access import move_tree_contents
 from phalanx._internal.storage.local_store import _move_dir
 
 

@@ -11,7 +11,7 @@ import torch
 
 import phalanx
 import phalanx.torch as ptorch
-from phalanx._internal.devices import device_indices
+from phalanx._devices import device_indices
 from phalanx._internal.engines.base import WorkerMetadata
 from phalanx._internal.worker_group.ranks import RankInfo, assign_ranks
 from phalanx.torch import TorchCheckpoint, TorchConfig, TorchTrainer

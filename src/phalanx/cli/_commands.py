@@ -6,9 +6,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from phalanx._foundation.goodput_parts import Goodput
+from phalanx._foundation.optional import require
 from phalanx._internal.controller.anatomy import excess_line
-from phalanx._internal.goodput import Goodput
-from phalanx._internal.optional import require
 from phalanx._internal.worker.data_position import dataset_records, read_record
 from phalanx.cli import _text as text
 from phalanx.cli._runs import CLIError, RunView, flatten, is_number

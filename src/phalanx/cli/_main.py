@@ -23,7 +23,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from phalanx._internal.optional import MissingDependencyError
+from phalanx._foundation.optional import MissingDependencyError
 from phalanx._version import __version__
 from phalanx.cli import _commands as commands
 from phalanx.cli import _migrate as migrate
@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace, out: Callable[[str], None]) -> None:
     if args.command == "ls":
-        from phalanx._internal.env import default_storage_path
+        from phalanx._foundation.env import default_storage_path
 
         commands.ls(
             find_runs(args.storage_path or default_storage_path()), args.sort, args.desc, out

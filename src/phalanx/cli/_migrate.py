@@ -54,7 +54,7 @@ def add_parser(sub: Any) -> None:
 
 def migrate(args: argparse.Namespace, out: Out, err: Out) -> int:
     """Run ``phalanx migrate`` on ``args.paths``; returns the exit status."""
-    from phalanx._internal.optional import require
+    from phalanx._foundation.optional import require
 
     cst = require("libcst", "phalanx migrate", extra="migrate")
     from phalanx.migrate import migrate_source

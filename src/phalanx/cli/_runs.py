@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from phalanx._internal.fs.access import resolve_filesystem, storage_error, storage_errors
+from phalanx._foundation.fs.access import resolve_filesystem, storage_error, storage_errors
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.history import user_metrics
 from phalanx._internal.storage.reader import RunReader
@@ -191,7 +191,7 @@ def locate(argument: str, run: bool = True) -> str:
     """
     if "://" in argument or os.path.isabs(argument):
         return argument
-    from phalanx._internal.env import default_storage_path
+    from phalanx._foundation.env import default_storage_path
 
     storage_path = default_storage_path()
     candidate = storage_path.rstrip("/") + "/" + argument

@@ -33,7 +33,7 @@ def handled(args: Any, out: Out) -> bool:
     """Runs ``phalanx ls`` when the storage path holds sweeps (its runs, then its sweeps), and
     ``show``/``compare`` of a sweep; False when the command is not about sweeps."""
     if args.command == "ls":
-        from phalanx._internal.env import default_storage_path
+        from phalanx._foundation.env import default_storage_path
         from phalanx.cli import _commands as commands
         from phalanx.cli._runs import CLIError, find_runs
 
@@ -71,7 +71,7 @@ def sweep_path(argument: str) -> str | None:
     storage), or None when it names no sweep."""
     if "://" in argument:
         return None
-    from phalanx._internal.env import default_storage_path
+    from phalanx._foundation.env import default_storage_path
 
     for path in (argument, os.path.join(default_storage_path(), argument)):
         if read_sweep(path) is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from phalanx._internal.keywords import KeywordChecked
+from phalanx._foundation.keywords import KeywordChecked
 from phalanx.config._checks import _fail, _is_int
 
 

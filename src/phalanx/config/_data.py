@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from phalanx._internal.keywords import KeywordChecked
+from phalanx._foundation.keywords import KeywordChecked
 from phalanx.config._checks import _fail
 
 
@@ -79,6 +79,6 @@ class DataConfig(KeywordChecked):
     def default_ingest_options() -> Any:
         """Ray's default execution options for training ingest (the driver's Ray Data
         options when Ray Data is in use; otherwise ``phalanx.data.ExecutionOptions``)."""
-        from phalanx._internal.execution_options import default_ingest_options
+        from phalanx._foundation.execution_options import default_ingest_options
 
         return default_ingest_options()

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from phalanx._internal.keywords import KeywordChecked
+from phalanx._foundation.keywords import KeywordChecked
 from phalanx.config._checks import _fail, _is_hang_timeout, _is_int, _is_number
 
 

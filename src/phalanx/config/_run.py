@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from phalanx._internal.keywords import KeywordChecked
+from phalanx._foundation.keywords import KeywordChecked
 from phalanx.config._checkpoint import CheckpointConfig
 from phalanx.config._checks import _fail, _is_int
 from phalanx.config._failure import FailureConfig
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def _check_run_name(name: Any) -> None:
     """The run directory is ``<storage_path>/<name>``: one path component, or it escapes."""
-    from phalanx._internal.fs.paths import RESERVED_PREFIX, component_problem
+    from phalanx._foundation.fs.paths import RESERVED_PREFIX, component_problem
 
     problem = component_problem(name)
     if problem is None and name.startswith(RESERVED_PREFIX):
@@ -115,7 +115,7 @@ class RunConfig(KeywordChecked):
                 "RunConfig", "checkpoint_config", self.checkpoint_config, "a CheckpointConfig"
             )
         self._validate_callbacks()
-        from phalanx._internal.config_checks import validate_runtime_env
+        from phalanx._foundation.config_checks import validate_runtime_env
 
         validate_runtime_env(self.worker_runtime_env)
         if self.logging_config is not None and not isinstance(self.logging_config, LoggingConfig):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx._internal.keywords import KeywordChecked
+from phalanx._foundation.keywords import KeywordChecked
 from phalanx.config._checks import _fail, _is_int, _is_number
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -90,7 +90,7 @@ class ScalingConfig(KeywordChecked):
 
     def __post_init__(self) -> None:
         _check_num_workers(self.num_workers)
-        from phalanx._internal.config_checks import validate_placement_fields
+        from phalanx._foundation.config_checks import validate_placement_fields
 
         validate_placement_fields(self)
         if not isinstance(self.use_gpu, bool):

@@ -18,12 +18,12 @@ only its own Parquet row groups or files.
 
 from __future__ import annotations
 
-from phalanx._internal.optional import missing as _missing_extra
+from phalanx._foundation.optional import missing as _missing_extra
 
 if _missing := _missing_extra("phalanx.data", "numpy", "pyarrow", "pandas"):
     raise _missing
 
-from phalanx._internal.execution_options import ExecutionOptions, ExecutionResources
+from phalanx._foundation.execution_options import ExecutionOptions, ExecutionResources
 from phalanx.data._dataset import (
     Dataset,
     from_arrow,

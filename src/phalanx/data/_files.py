@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from phalanx._internal.fs.access import resolve_filesystem
+from phalanx._foundation.fs.access import resolve_filesystem
 from phalanx.data._plan import Piece
 from phalanx.data._source import Source, slice_stream
 from phalanx.data._text import open_text_reader, scan_text_file, unify_text_schemas

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from phalanx._internal.execution_options import options_for, prefetch_bytes
+from phalanx._foundation.execution_options import options_for, prefetch_bytes
 from phalanx.config import DataConfig
 from phalanx.data._dataset import (
     Dataset,

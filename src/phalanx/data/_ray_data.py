@@ -46,7 +46,7 @@ def is_ray_dataset(obj: Any) -> bool:
 def with_execution_options(ds: Any, options: Any) -> Any:
     """A copy of ``ds`` that runs with ``options`` (``DataConfig(execution_options=...)``;
     None: Ray's ingest defaults), as Ray Train's ``DataConfig.configure`` does."""
-    from phalanx._internal.execution_options import as_ray_options
+    from phalanx._foundation.execution_options import as_ray_options
 
     copied = type(ds).copy(ds)
     copied.context.execution_options = as_ray_options(options)

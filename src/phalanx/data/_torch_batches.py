@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from phalanx._internal.devices import torch_devices
+from phalanx._devices import torch_devices
 from phalanx.data._batching import BlockOps, arrow_to_numpy, as_numpy, interleaved
 from phalanx.data._describe import describe_value, shorten
 from phalanx.data._staging import CudaFeed, Part

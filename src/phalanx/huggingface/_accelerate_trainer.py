@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx._internal.worker.session import _takes_config
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig

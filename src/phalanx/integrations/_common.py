@@ -9,12 +9,12 @@ import tempfile
 from numbers import Number
 from typing import TYPE_CHECKING, Any
 
-from phalanx._internal import env
-from phalanx._internal.optional import require as require  # the trackers import it here
+from phalanx._foundation import env
+from phalanx._foundation.optional import require as require  # the trackers import it here
 from phalanx._internal.storage.run_storage import RunStorage
 
 if TYPE_CHECKING:
-    from phalanx._internal.goodput import Goodput
+    from phalanx._foundation.goodput_parts import Goodput
     from phalanx.callbacks import TrainRunContext
 
 logger = logging.getLogger(__name__)

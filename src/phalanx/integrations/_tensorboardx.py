@@ -9,7 +9,7 @@ from phalanx.callbacks import Callback, ReportInfo, TrainRunContext
 from phalanx.integrations._common import OutputDir, goodput_metrics, require, scalars
 
 if TYPE_CHECKING:
-    from phalanx._internal.goodput import Goodput
+    from phalanx._foundation.goodput_parts import Goodput
     from phalanx.result import Result
 
 __all__ = ["TBXLoggerCallback"]

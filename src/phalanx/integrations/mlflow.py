@@ -15,13 +15,13 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx.callbacks import Callback, ReportInfo, TrainRunContext
 from phalanx.errors import ConfigError
 from phalanx.integrations._common import flatten, goodput_metrics, require, run_storage, scalars
 
 if TYPE_CHECKING:
-    from phalanx._internal.goodput import Goodput
+    from phalanx._foundation.goodput_parts import Goodput
     from phalanx.result import Result
 
 __all__ = ["MLflowLoggerCallback", "setup_mlflow"]

@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from phalanx._internal.optional import missing as _missing_extra
+from phalanx._foundation.optional import missing as _missing_extra
 
 if _missing := _missing_extra("phalanx.jax", "jax"):
     raise _missing

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import phalanx.session as session
-from phalanx._internal import env
+from phalanx._foundation import env
 
 __all__ = ["JaxWorkerSpec", "initialize", "reserve_port", "shutdown"]
 

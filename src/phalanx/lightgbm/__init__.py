@@ -8,14 +8,14 @@ checkpoints from your own ``lightgbm.train`` call.
 batches with one, as ``ray.train.lightgbm`` did in AIR.
 """
 
-from phalanx._internal.optional import missing as _missing_extra
+from phalanx._foundation.optional import missing as _missing_extra
 
 if _missing := _missing_extra(
     "phalanx.lightgbm", "lightgbm", "numpy", "pandas", "pyarrow", extra="lightgbm"
 ):
     raise _missing
 
-from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths
+from phalanx._foundation.module_aliases import keep_old_module_paths as _keep_old_paths
 from phalanx.lightgbm._callback import RayTrainReportCallback, ReportCallback
 from phalanx.lightgbm._checkpoint import LightGBMCheckpoint
 from phalanx.lightgbm._config import LightGBMConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from phalanx._internal.gbdt.addresses import LOOPBACK, cpus_per_worker, group_addresses
+from phalanx._gbdt.addresses import LOOPBACK, cpus_per_worker, group_addresses
 from phalanx.backend import Backend, BackendConfig, WorkerGroup
 from phalanx.errors import ConfigError
 from phalanx.lightgbm._network import reserve_port_on_rank, set_network

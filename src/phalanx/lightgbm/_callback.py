@@ -8,8 +8,8 @@ from typing import Any
 
 import lightgbm
 
-from phalanx._internal.checkpoint_files import MODEL_FILES
-from phalanx._internal.gbdt.reporting import (
+from phalanx._foundation.checkpoint_files import MODEL_FILES
+from phalanx._gbdt.reporting import (
     MetricsArg,
     ReportingCore,
     ReportSettings,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from phalanx._internal.gbdt.checkpoint import BoosterCheckpoint
+from phalanx._gbdt.checkpoint import BoosterCheckpoint
 from phalanx.lightgbm._library import LIGHTGBM
 
 __all__ = ["LightGBMCheckpoint"]

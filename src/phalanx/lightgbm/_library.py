@@ -1,4 +1,4 @@
-"""LightGBM, as the shared GBDT code sees it (:class:`~phalanx._internal.gbdt.library.BoostingLibrary`)."""
+"""LightGBM, as the shared GBDT code sees it (:class:`~phalanx._gbdt.library.BoostingLibrary`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import lightgbm
 
-from phalanx._internal.checkpoint_files import MODEL_FILES
-from phalanx._internal.gbdt.spec import TRAIN, Frame, GBDTSpec
+from phalanx._foundation.checkpoint_files import MODEL_FILES
+from phalanx._gbdt.spec import TRAIN, Frame, GBDTSpec
 from phalanx.backend import BackendConfig
 from phalanx.config import DataConfig, ScalingConfig
 from phalanx.errors import ConfigError

@@ -13,8 +13,8 @@ from types import TracebackType
 from typing import Any
 
 import phalanx.session as session
-from phalanx._internal.gbdt.addresses import reserve_port
-from phalanx._internal.gbdt.threads import cpu_share, default_threads
+from phalanx._gbdt.addresses import reserve_port
+from phalanx._gbdt.threads import cpu_share, default_threads
 
 __all__ = ["NetworkContext", "get_network_params", "reserve_port_on_rank", "set_network"]
 

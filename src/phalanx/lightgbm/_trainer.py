@@ -7,8 +7,8 @@ from typing import Any
 
 import lightgbm
 
-from phalanx._internal.gbdt.library import BuiltinLoopArgs
-from phalanx._internal.gbdt.trainer import GBDTTrainer
+from phalanx._gbdt.library import BuiltinLoopArgs
+from phalanx._gbdt.trainer import GBDTTrainer
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
 from phalanx.lightgbm._callback import ReportCallback

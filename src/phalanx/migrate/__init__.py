@@ -17,7 +17,7 @@ phalanx.report({'loss': 1.0})
 
 from __future__ import annotations
 
-from phalanx._internal.optional import missing as _missing_extra
+from phalanx._foundation.optional import missing as _missing_extra
 
 if _missing := _missing_extra("phalanx.migrate", "libcst", extra="migrate"):
     raise _missing

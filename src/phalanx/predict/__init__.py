@@ -17,7 +17,7 @@ xgboost or lightgbm.
 
 from __future__ import annotations
 
-from phalanx._internal.optional import missing as _missing_extra
+from phalanx._foundation.optional import missing as _missing_extra
 
 if _missing := _missing_extra("phalanx.predict", "numpy", "pyarrow", "pandas"):
     raise _missing

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from phalanx._internal.checkpoint_files import framework_of, load_preprocessor
+from phalanx._foundation.checkpoint_files import framework_of, load_preprocessor
 from phalanx.checkpoint import Checkpoint
 
 __all__ = [

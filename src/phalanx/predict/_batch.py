@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from phalanx._internal.terminal import TERMINAL
+from phalanx._foundation.terminal import TERMINAL
 from phalanx.callbacks import Callback
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig
@@ -73,7 +73,7 @@ class BatchPredictor:
     def get_preprocessor(self) -> Any:
         if self._preprocessor_set:
             return self._preprocessor
-        from phalanx._internal.checkpoint_files import load_preprocessor
+        from phalanx._foundation.checkpoint_files import load_preprocessor
 
         return load_preprocessor(self.checkpoint)
 

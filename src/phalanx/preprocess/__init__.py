@@ -14,12 +14,12 @@ predictors apply it to raw input.
 
 from __future__ import annotations
 
-from phalanx._internal.optional import missing as _missing_extra
+from phalanx._foundation.optional import missing as _missing_extra
 
 if _missing := _missing_extra("phalanx.preprocess", "numpy", "pyarrow", "pandas"):
     raise _missing
 
-from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths
+from phalanx._foundation.module_aliases import keep_old_module_paths as _keep_old_paths
 from phalanx.preprocess._base import FitStatus, Preprocessor, PreprocessorNotFittedError
 from phalanx.preprocess._concat import Chain, Concatenator
 from phalanx.preprocess._encoders import LabelEncoder, OneHotEncoder, OrdinalEncoder

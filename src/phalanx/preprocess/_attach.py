@@ -14,7 +14,7 @@ from typing import Any
 import cloudpickle
 import pyarrow as pa
 
-from phalanx._internal.checkpoint_files import PREPROCESSOR_FILE as PREPROCESSOR_FILENAME
+from phalanx._foundation.checkpoint_files import PREPROCESSOR_FILE as PREPROCESSOR_FILENAME
 from phalanx.data._iterator import DataIterator
 from phalanx.data._plan import Piece
 from phalanx.data._source import Source

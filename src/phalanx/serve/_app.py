@@ -185,7 +185,7 @@ def build_app(api: ServeAPI, load_in_background: bool = True) -> Any:
     and the batcher stops after shutdown has let the requests in flight finish."""
     import contextlib
 
-    from phalanx._internal.optional import require
+    from phalanx._foundation.optional import require
 
     require("starlette", "phalanx serve")  # a clear error naming phalanx[serve] if missing
     from starlette.applications import Starlette

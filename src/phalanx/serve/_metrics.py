@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx._internal.optional import require
+from phalanx._foundation.optional import require
 
 __all__ = ["ServeMetrics"]
 

@@ -209,7 +209,7 @@ def uvicorn_server(spec: ModelSpec, config: ServeConfig, load_in_background: boo
     """A uvicorn server for ``spec``; ``server.api`` is its :class:`ServeAPI`. With
     ``load_in_background`` the model loads once the server runs (``/healthz`` answers meanwhile,
     ``/readyz`` says when); without it the caller loads it (``server.api.load()``) first."""
-    from phalanx._internal.optional import require
+    from phalanx._foundation.optional import require
 
     require("uvicorn", "phalanx serve")  # a clear error naming phalanx[serve] if missing
     import uvicorn

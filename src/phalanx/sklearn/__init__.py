@@ -6,7 +6,7 @@ other dataset, cross-validates it, and saves a ``SklearnCheckpoint`` (``from_est
 ``phalanx serve --predictor sklearn`` too.
 """
 
-from phalanx._internal.optional import missing as _missing_extra
+from phalanx._foundation.optional import missing as _missing_extra
 
 if _missing := _missing_extra(
     "phalanx.sklearn", "sklearn", "numpy", "pandas", "pyarrow", extra="sklearn"

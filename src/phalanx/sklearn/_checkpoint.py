@@ -8,7 +8,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 import cloudpickle
 
-from phalanx._internal.checkpoint_files import find_model_file
+from phalanx._foundation.checkpoint_files import find_model_file
 from phalanx.checkpoint import Checkpoint
 
 __all__ = ["SklearnCheckpoint", "load_estimator"]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx.sklearn._estimator import CPU_PARAM_NAMES
 
 __all__ = ["CV_GROUPS", "TRAIN", "SklearnSpec", "fit_loop"]

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phalanx._internal.checkpoint_files import check_framework, load_preprocessor
-from phalanx._internal.gbdt.predictor import as_features, prediction_columns
+from phalanx._foundation.checkpoint_files import check_framework, load_preprocessor
+from phalanx._gbdt.predictor import as_features, prediction_columns
 from phalanx.checkpoint import Checkpoint
 from phalanx.predict._base import Predictor
 from phalanx.sklearn._checkpoint import load_estimator

@@ -162,7 +162,7 @@ def _check_arguments(
 def _check_label(datasets: dict[str, Any], label_column: str | None) -> None:
     """Every dataset given as a table has the label column: checked before any worker starts
     (data known only later, a function or a Ray dataset, is checked by the fit)."""
-    from phalanx._internal.gbdt.checks import head_frame
+    from phalanx._gbdt.checks import head_frame
 
     if label_column is None:
         return

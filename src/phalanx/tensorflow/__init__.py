@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import typing as _typing
 
-from phalanx._internal.optional import missing as _missing_extra
+from phalanx._foundation.optional import missing as _missing_extra
 
 if _missing := _missing_extra(
     "phalanx.tensorflow", "tensorflow", "numpy", "pyarrow", extra="tensorflow"
 ):
     raise _missing
 
-from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths
+from phalanx._foundation.module_aliases import keep_old_module_paths as _keep_old_paths
 from phalanx.tensorflow._checkpoint import TensorflowCheckpoint
 from phalanx.tensorflow._config import TensorflowConfig
 from phalanx.tensorflow._data import prepare_dataset_shard

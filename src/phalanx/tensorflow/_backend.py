@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, cast
 
-from phalanx._internal.gbdt.addresses import group_addresses
+from phalanx._gbdt.addresses import group_addresses
 from phalanx.backend import Backend, BackendConfig, WorkerGroup
 from phalanx.errors import ConfigError
 from phalanx.tensorflow._worker_setup import reserve_port_on_rank, set_tf_config

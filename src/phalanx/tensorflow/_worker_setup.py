@@ -14,8 +14,8 @@ import sys
 from types import TracebackType
 
 import phalanx.session as session
-from phalanx._internal import env
-from phalanx._internal.gbdt.addresses import reserve_port
+from phalanx._foundation import env
+from phalanx._gbdt.addresses import reserve_port
 from phalanx.errors import ConfigError
 
 __all__ = ["TrainFuncContext", "release_port", "reserve_port_on_rank", "set_tf_config"]

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import typing as _typing
 
-from phalanx._internal.optional import missing as _missing_extra
+from phalanx._foundation.optional import missing as _missing_extra
 
 if _missing := _missing_extra("phalanx.torch", "torch", "numpy", extra="torch"):
     raise _missing
 
-from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths
+from phalanx._foundation.module_aliases import keep_old_module_paths as _keep_old_paths
 from phalanx.torch._amp import accelerate, backward, prepare_optimizer
 from phalanx.torch._checkpoint import TorchCheckpoint
 from phalanx.torch._config import TorchConfig

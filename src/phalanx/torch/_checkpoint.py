@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from phalanx._internal.checkpoint_files import MODEL_FILES
+from phalanx._foundation.checkpoint_files import MODEL_FILES
 from phalanx.checkpoint import Checkpoint
 
 __all__ = ["TorchCheckpoint"]

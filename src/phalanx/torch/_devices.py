@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from phalanx._internal.devices import torch_devices
+from phalanx._devices import torch_devices
 
 __all__ = ["get_device", "get_devices"]
 

@@ -5,7 +5,7 @@ share per worker, which GPUs a worker sees, which interface a rank's collectives
 tested without processes or GPUs; the few readers of this host's state (its interfaces, its
 route to an address) are passed in where a rule needs them.
 :mod:`phalanx.torch._worker_setup` applies the results inside the workers. Which of its GPUs is
-a worker's device is :mod:`phalanx._internal.devices`.
+a worker's device is :mod:`phalanx._devices`.
 """
 
 from __future__ import annotations

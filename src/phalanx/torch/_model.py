@@ -11,7 +11,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import phalanx.session as session
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx.errors import ConfigError
 from phalanx.torch import _amp as amp
 from phalanx.torch._anatomy import install_step_clock

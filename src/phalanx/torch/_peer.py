@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx._internal.worker import session as session_module
 from phalanx._internal.worker.session import Session
 from phalanx.checkpoint import Checkpoint

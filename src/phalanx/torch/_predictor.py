@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from phalanx._internal.checkpoint_files import check_framework, load_preprocessor
+from phalanx._foundation.checkpoint_files import check_framework, load_preprocessor
 from phalanx.checkpoint import Checkpoint
 from phalanx.predict._base import Predictor
 

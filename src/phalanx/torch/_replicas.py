@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx._internal.worker.session import get_session
 from phalanx.errors import ConfigError
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx._internal.storage.run_storage import STAGING_DIR
 from phalanx._internal.worker import checkpoint_wait
 from phalanx._internal.worker.session import Session, get_session, require_session
@@ -372,7 +372,7 @@ def _write_dcp(snapshot: dict[str, Any], path: str, group: Any) -> None:
 
 
 def _write_safetensors(snapshot: dict[str, Any], path: str) -> None:
-    from phalanx._internal.optional import missing
+    from phalanx._foundation.optional import missing
 
     if error := missing("save_state(format='safetensors')", "safetensors", extra="torch"):
         raise error

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import phalanx.session as session
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx.torch._abort import forget_sockets, tracking_sockets
 from phalanx.torch._devices import get_device
 from phalanx.torch._environment import INTERFACE_VARIABLES, collective_interface, cpu_share

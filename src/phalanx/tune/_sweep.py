@@ -7,7 +7,7 @@ Train run, on the driver side once the round is committed); the scheduler decide
 then, and a trial it stops raises :class:`RunStopped` at that very report: a Train run's
 controller stops its workers and records the run as ``stopped``.
 
-The sweep is also the :class:`~phalanx._internal.run_scope.RunScope` of its trials' ``fit()``
+The sweep is also the :class:`~phalanx._foundation.run_scope.RunScope` of its trials' ``fit()``
 calls: it puts each run in the sweep's directory under the trial's name, adds the
 ``TuneReportCallback`` a run needs, warm-starts an exploited trial and holds the run back until
 the machine has room for its workers.
@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from phalanx._internal.run_scope import RunStopped, set_current
+from phalanx._foundation.run_scope import RunStopped, set_current
 from phalanx.checkpoint import Checkpoint
 from phalanx.errors import ConfigError
 from phalanx.tune._callback import TuneReportCallback

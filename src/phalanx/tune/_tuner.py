@@ -17,7 +17,7 @@ from typing import Any
 
 import cloudpickle
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx.config import RunConfig as TrainRunConfig
 from phalanx.errors import ConfigError
 from phalanx.tune._config import RunConfig, TuneConfig

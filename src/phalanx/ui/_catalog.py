@@ -15,13 +15,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx._internal.fs.access import (
+from phalanx._foundation.fs.access import (
     is_local,
     resolve_filesystem,
     storage_error,
     storage_errors,
 )
-from phalanx._internal.fs.paths import component_problem
+from phalanx._foundation.fs.paths import component_problem
 from phalanx._internal.storage.reader import RunReader
 from phalanx._internal.storage.run_record import RUN_FILE
 from phalanx._internal.storage.run_storage import MARKER_FILE, SNAPSHOT_FILE, RunStorage

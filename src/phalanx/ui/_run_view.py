@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from phalanx._internal.goodput import Goodput
+from phalanx._foundation.goodput_parts import Goodput
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.history import user_metrics
 from phalanx._internal.storage.reader import RunReader

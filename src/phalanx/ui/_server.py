@@ -110,7 +110,7 @@ def run_forever(
 def open_storage(storage_path: str | None) -> tuple[StorageRoot, str]:
     """The storage path to serve and the page to open first: given a run directory, the
     storage path that holds it and that run's page."""
-    from phalanx._internal.env import default_storage_path
+    from phalanx._foundation.env import default_storage_path
 
     path = storage_path or default_storage_path()
     root = StorageRoot.open(path)
@@ -158,7 +158,7 @@ def url_of(host: str, sock: socket.socket) -> str:
 
 
 def _uvicorn(root: StorageRoot, host: str) -> Any:
-    from phalanx._internal.optional import require
+    from phalanx._foundation.optional import require
 
     require("starlette", "phalanx ui", extra="ui")
     uvicorn = require("uvicorn", "phalanx ui", extra="ui")

@@ -7,14 +7,14 @@ metrics and saves checkpoints from your own ``xgboost.train`` call.
 batches with one, as ``ray.train.xgboost`` did in AIR.
 """
 
-from phalanx._internal.optional import missing as _missing_extra
+from phalanx._foundation.optional import missing as _missing_extra
 
 if _missing := _missing_extra(
     "phalanx.xgboost", "xgboost", "numpy", "pandas", "pyarrow", extra="xgboost"
 ):
     raise _missing
 
-from phalanx._internal.module_aliases import keep_old_module_paths as _keep_old_paths
+from phalanx._foundation.module_aliases import keep_old_module_paths as _keep_old_paths
 from phalanx.xgboost._callback import RayTrainReportCallback, ReportCallback
 from phalanx.xgboost._checkpoint import XGBoostCheckpoint
 from phalanx.xgboost._config import XGBoostConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, cast
 
-from phalanx._internal.gbdt.addresses import cpus_per_worker, group_addresses
+from phalanx._gbdt.addresses import cpus_per_worker, group_addresses
 from phalanx.backend import Backend, BackendConfig, WorkerGroup
 from phalanx.errors import ConfigError, WorkerGroupError
 from phalanx.xgboost._collective import prepare_rank, start_tracker, stop_tracker

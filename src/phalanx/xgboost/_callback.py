@@ -9,8 +9,8 @@ from typing import Any
 import xgboost
 from xgboost.callback import TrainingCallback
 
-from phalanx._internal.checkpoint_files import MODEL_FILES
-from phalanx._internal.gbdt.reporting import MetricsArg, ReportingCore, ReportSettings
+from phalanx._foundation.checkpoint_files import MODEL_FILES
+from phalanx._gbdt.reporting import MetricsArg, ReportingCore, ReportSettings
 from phalanx.checkpoint import Checkpoint
 
 __all__ = ["RayTrainReportCallback", "ReportCallback"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from phalanx._internal.gbdt.checkpoint import BoosterCheckpoint
+from phalanx._gbdt.checkpoint import BoosterCheckpoint
 from phalanx.xgboost._library import XGBOOST
 
 __all__ = ["XGBoostCheckpoint"]

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any
 
 import phalanx.session as session
-from phalanx._internal.gbdt.threads import cpu_share, default_threads
+from phalanx._gbdt.threads import cpu_share, default_threads
 
 __all__ = ["CollectiveContext", "prepare_rank", "start_tracker", "stop_tracker"]
 

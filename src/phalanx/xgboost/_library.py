@@ -1,4 +1,4 @@
-"""XGBoost, as the shared GBDT code sees it (:class:`~phalanx._internal.gbdt.library.BoostingLibrary`)."""
+"""XGBoost, as the shared GBDT code sees it (:class:`~phalanx._gbdt.library.BoostingLibrary`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import xgboost
 
-from phalanx._internal.checkpoint_files import MODEL_FILES
-from phalanx._internal.gbdt.spec import Frame
+from phalanx._foundation.checkpoint_files import MODEL_FILES
+from phalanx._gbdt.spec import Frame
 from phalanx.backend import BackendConfig
 from phalanx.xgboost._callback import FRAMEWORK, ReportCallback, load_booster
 

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phalanx._internal.gbdt.predictor import (
+from phalanx._gbdt.predictor import (
     BoosterPredictor,
     as_features,
     check_width,

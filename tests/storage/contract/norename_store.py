@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx._internal.fs.access import copy_tree, private_log_dir, private_log_path
+from phalanx._foundation.fs.access import copy_tree, private_log_dir, private_log_path
 from phalanx._internal.storage.claim import Owner
 from phalanx._internal.storage.commit_record import (
     CommitRecord,

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from phalanx._internal import env
+from phalanx._foundation import env
+from phalanx._foundation.goodput_parts import Goodput
 from phalanx._internal.controller.agreement import ReplicaAgreement
 from phalanx._internal.controller.attempt import Attempt
 from phalanx._internal.controller.commit import RoundCommitter
@@ -57,7 +58,6 @@ from phalanx._internal.controller.watchdog import ProgressWatchdog, hang_error
 from phalanx._internal.engines import messages
 from phalanx._internal.engines.base import Engine
 from phalanx._internal.engines.rank_output import log_failures
-from phalanx._internal.goodput import Goodput
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.history import MetricsHistory
 from phalanx._internal.storage.reader import RunReader

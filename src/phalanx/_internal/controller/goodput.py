@@ -38,11 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from phalanx._foundation.fs.access import is_local
+from phalanx._foundation.goodput_parts import PARTS, Goodput
 from phalanx._internal.controller.anatomy import PARTS as STEP_PARTS
 from phalanx._internal.controller.anatomy import RankParts, RoundAnatomy, slow_ranks
 from phalanx._internal.controller.rounds import Round
-from phalanx._internal.fs.access import is_local
-from phalanx._internal.goodput import PARTS, Goodput
 
 __all__ = ["AttemptClock", "GoodputClock", "RunCounts", "tree_bytes"]
 

@@ -14,10 +14,10 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from phalanx._internal import env
+from phalanx._foundation import env
+from phalanx._foundation.goodput_parts import PARTS
+from phalanx._foundation.optional import require
 from phalanx._internal.controller.goodput import GoodputClock
-from phalanx._internal.goodput import PARTS
-from phalanx._internal.optional import require
 
 __all__ = ["EXPORTED", "MetricsEndpoint", "start_endpoint"]
 

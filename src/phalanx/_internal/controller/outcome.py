@@ -8,7 +8,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-from phalanx._internal.run_scope import RunStopped
+from phalanx._foundation.run_scope import RunStopped
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.history import MetricsHistory
 from phalanx._internal.storage.run_storage import ERROR_PICKLE_FILE, ERROR_TEXT_FILE, RunStorage

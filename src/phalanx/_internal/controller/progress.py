@@ -18,9 +18,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from phalanx._internal import env
+from phalanx._foundation import env
+from phalanx._foundation.terminal import TERMINAL
 from phalanx._internal.controller.anatomy import short
-from phalanx._internal.terminal import TERMINAL
 
 if TYPE_CHECKING:
     from collections.abc import Callable

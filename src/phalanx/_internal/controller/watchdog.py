@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx.errors import HangError, WorkerFailure
 
 AUTO = "auto"

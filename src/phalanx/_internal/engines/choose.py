@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx._internal.engines.base import Engine
 from phalanx.config import ScalingConfig
 from phalanx.config._scaling import ENGINES

@@ -8,7 +8,7 @@ import os
 import time
 from typing import IO, Protocol
 
-from phalanx._internal.terminal import TERMINAL, LineState
+from phalanx._foundation.terminal import TERMINAL, LineState
 from phalanx._internal.worker.runtime import RemoteCallError, RemoteException
 from phalanx.errors import WorkerFailure
 

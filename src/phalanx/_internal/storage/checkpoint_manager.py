@@ -10,9 +10,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from phalanx._internal.checkpoint_class import checkpoint_class
-from phalanx._internal.fs.access import storage_errors
-from phalanx._internal.fs.paths import checkpoint_name_problem
+from phalanx._foundation.fs.access import storage_errors
+from phalanx._foundation.fs.paths import checkpoint_name_problem
+from phalanx._internal.storage.checkpoint_class import checkpoint_class
 from phalanx._internal.storage.commit_record import CommitRecord, read_commit_record
 from phalanx._internal.storage.history import encode_json
 from phalanx._internal.storage.run_storage import ORPHANED_PREFIX, SNAPSHOT_FILE

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx._internal.fs.access import storage_errors
+from phalanx._foundation.fs.access import storage_errors
 from phalanx._internal.storage.store import RunStore
 from phalanx.errors import StorageError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from phalanx._internal.fs.access import storage_errors
+from phalanx._foundation.fs.access import storage_errors
 
 
 class LocalLog:

@@ -17,15 +17,15 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx._internal.fs import copy as local_copy
-from phalanx._internal.fs.access import (
+from phalanx._foundation.fs import copy as local_copy
+from phalanx._foundation.fs.access import (
     copy_tree,
     is_local,
     move_tree_contents,
     storage_error,
     storage_errors,
 )
-from phalanx._internal.fs.syncfs import rename_no_replace, syncfs
+from phalanx._foundation.fs.syncfs import rename_no_replace, syncfs
 from phalanx._internal.storage.claim import LOCK_FILE, Owner, locked_error
 from phalanx._internal.storage.commit_record import (
     COMMIT_RECORDS_DIR,

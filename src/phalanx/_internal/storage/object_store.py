@@ -17,7 +17,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx._internal.fs.access import (
+from phalanx._foundation.fs.access import (
     copy_tree,
     is_local,
     private_log_dir,

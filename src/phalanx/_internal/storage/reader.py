@@ -25,8 +25,8 @@ import pickle
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from phalanx._internal.fs.access import storage_errors
-from phalanx._internal.goodput import Goodput
+from phalanx._foundation.fs.access import storage_errors
+from phalanx._foundation.goodput_parts import Goodput
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.history import (
     decode_lines,

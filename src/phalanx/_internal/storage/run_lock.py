@@ -8,7 +8,7 @@ owner's host, pid and start time, for the error the loser gets.
 
 from __future__ import annotations
 
-from phalanx._internal.fs.access import storage_errors
+from phalanx._foundation.fs.access import storage_errors
 from phalanx._internal.storage.claim import (
     LEASE_FILE,
     LOCK_FILE,

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from phalanx._internal.fs.access import storage_errors
+from phalanx._foundation.fs.access import storage_errors
 from phalanx._internal.storage.commit_record import has_commit_records
 from phalanx._internal.storage.run_storage import (
     ALL_RANKS_HISTORY_FILE,

@@ -62,8 +62,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from phalanx._internal.fs.access import resolve_filesystem, storage_errors
-from phalanx._internal.fs.paths import check_checkpoint_dir_name, component_problem
+from phalanx._foundation.fs.access import resolve_filesystem, storage_errors
+from phalanx._foundation.fs.paths import check_checkpoint_dir_name, component_problem
 from phalanx._internal.storage.claim import LEASE_FILE
 from phalanx._internal.storage.lease import RENEWALS_MISSED_S, lease_silence_s
 from phalanx._internal.storage.store import RunStore

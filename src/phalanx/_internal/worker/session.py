@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from phalanx._internal.checkpoint_class import class_name
-from phalanx._internal.fs.access import is_local
-from phalanx._internal.fs.paths import check_checkpoint_dir_name, default_checkpoint_dir_name
+from phalanx._foundation.fs.access import is_local
+from phalanx._foundation.fs.paths import check_checkpoint_dir_name, default_checkpoint_dir_name
+from phalanx._internal.storage.checkpoint_class import class_name
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker import checkpoint_wait, data_wait
 from phalanx._internal.worker.code_origins import load_function

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from phalanx._internal.fs.paths import check_checkpoint_dir_name, default_checkpoint_dir_name
-from phalanx._internal.optional import require
+from phalanx._foundation.fs.paths import check_checkpoint_dir_name, default_checkpoint_dir_name
+from phalanx._foundation.optional import require
 from phalanx._internal.worker.session import require_session
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from queue import SimpleQueue
 from typing import Any
 
-from phalanx._internal.fs.access import is_local, move_tree_contents
-from phalanx._internal.fs.paths import checkpoint_name_problem
+from phalanx._foundation.fs.access import is_local, move_tree_contents
+from phalanx._foundation.fs.paths import checkpoint_name_problem
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.runtime import Outbox
 from phalanx.checkpoint import Checkpoint

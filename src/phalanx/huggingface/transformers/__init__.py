@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import typing as _typing
 
-from phalanx._internal.optional import missing as _missing_extra
+from phalanx._foundation.optional import missing as _missing_extra
 
 if _missing := _missing_extra(
     "phalanx.huggingface.transformers",

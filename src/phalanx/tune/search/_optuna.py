@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from phalanx._internal.optional import require
+from phalanx._foundation.optional import require
 from phalanx.errors import ConfigError
 from phalanx.tune._space import (
     Categorical,

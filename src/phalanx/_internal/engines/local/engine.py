@@ -31,7 +31,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from phalanx._internal import env as env_vars
+from phalanx._foundation import env as env_vars
+from phalanx._foundation.env import NOTICE_FILE_VAR, START_METHOD_VAR
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.local import warm_server
 from phalanx._internal.engines.local.forkserver import ForkServer, SpawnedForkServer, main_imports
@@ -43,7 +44,6 @@ from phalanx._internal.engines.local.start_method import SPAWN, StartMethod, cho
 from phalanx._internal.engines.messages import Events
 from phalanx._internal.engines.process_tree import kill_descendants
 from phalanx._internal.engines.rank_output import RankOutput
-from phalanx._internal.env import NOTICE_FILE_VAR, START_METHOD_VAR
 from phalanx._internal.worker.runtime import RemoteException
 from phalanx.config import ScalingConfig
 from phalanx.errors import WorkerStartupError

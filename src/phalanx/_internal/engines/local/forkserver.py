@@ -45,7 +45,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from phalanx._internal import env as environment
+from phalanx._foundation import env as environment
 from phalanx._internal.engines.local.fork_safety import release_openmp_threads
 from phalanx._internal.engines.local.spawn import _interpreter_flags
 from phalanx._internal.engines.process_tree import become_subreaper, set_parent_death_signal

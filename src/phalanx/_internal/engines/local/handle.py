@@ -17,7 +17,6 @@ from typing import Any
 import cloudpickle
 
 from phalanx._internal.engines.base import WorkerHandle, WorkerMetadata
-from phalanx._internal.engines.calls import PendingCalls
 from phalanx._internal.engines.messages import (
     Events,
     Exited,
@@ -29,6 +28,7 @@ from phalanx._internal.engines.messages import (
     UnknownMessage,
     decode,
 )
+from phalanx._internal.engines.pending_calls import PendingCalls
 from phalanx._internal.engines.rank_output import reader_error
 from phalanx._internal.worker.runtime import RemoteCallError, undecodable_error
 

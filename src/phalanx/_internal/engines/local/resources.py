@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx.config import ScalingConfig
 from phalanx.errors import ConfigError
 
@@ -37,7 +37,7 @@ def _safe_listdir(path: str) -> list[str]:
 
 
 def check_local_resources(scaling: ScalingConfig) -> None:
-    from phalanx._internal.config_checks import check_no_labels_locally
+    from phalanx._foundation.config_checks import check_no_labels_locally
 
     check_no_labels_locally(scaling)
     n = scaling.max_workers  # elastic (min, max) is resolved to one size before this

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from phalanx._internal import env as environment
+from phalanx._foundation import env as environment
 from phalanx._internal.engines.local import spawn_server
 from phalanx._internal.engines.local.spawn_server import Channel
 

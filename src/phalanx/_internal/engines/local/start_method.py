@@ -23,7 +23,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx.errors import ConfigError
 
 logger = logging.getLogger(__name__)

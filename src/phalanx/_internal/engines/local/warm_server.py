@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from phalanx._internal import env as environment
+from phalanx._foundation import env as environment
 from phalanx._internal.engines.local.forkserver import SpawnedForkServer
 from phalanx._internal.engines.local.spawn import _interpreter_flags
 from phalanx._internal.engines.process_tree import kill_descendants

@@ -31,9 +31,9 @@ from typing import Any
 
 import cloudpickle
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx._internal.engines.process_tree import kill_descendants
-from phalanx._internal.engines.ray.calls import _async_raise, _drop_pending_interrupt
+from phalanx._internal.engines.ray.call_runner import _async_raise, _drop_pending_interrupt
 from phalanx._internal.worker.runtime import capture_exception, dumps, run_call, set_outbox
 from phalanx._internal.worker.session import AttemptInterrupted, get_session
 

@@ -36,13 +36,13 @@ import traceback
 from functools import partial
 from typing import Any
 
-from phalanx._internal import env as env_vars
+from phalanx._foundation import env as env_vars
 from phalanx._internal.engines.process_tree import (
     become_subreaper,
     descendants,
     kill_descendants,
 )
-from phalanx._internal.engines.ray.calls import CallRunner
+from phalanx._internal.engines.ray.call_runner import CallRunner
 from phalanx._internal.engines.ray.output import OutputCapture
 from phalanx._internal.worker.fence import Fence, stop_process
 from phalanx._internal.worker.runtime import dumps, run_call, set_outbox

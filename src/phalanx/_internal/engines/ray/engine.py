@@ -23,11 +23,11 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle
 from phalanx._internal.engines.messages import Events
 from phalanx._internal.engines.ray import gcs
-from phalanx._internal.engines.ray.elastic import Released, place_elastic, placeable_now
+from phalanx._internal.engines.ray.elastic_placement import Released, place_elastic, placeable_now
 from phalanx._internal.engines.ray.handle import DrainPoller, RayWorkerHandle
 from phalanx._internal.engines.ray.placement import (
     _fmt,

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import ray
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx.errors import RayClusterUnresponsiveError
 
 T = TypeVar("T")

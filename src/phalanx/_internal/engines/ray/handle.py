@@ -42,9 +42,8 @@ import cloudpickle
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx._internal.engines.base import WorkerHandle, WorkerMetadata
-from phalanx._internal.engines.calls import PendingCalls
 from phalanx._internal.engines.messages import (
     Closed,
     Events,
@@ -57,6 +56,7 @@ from phalanx._internal.engines.messages import (
     UnknownMessage,
     decode,
 )
+from phalanx._internal.engines.pending_calls import PendingCalls
 from phalanx._internal.engines.rank_output import RankOutput, reader_error
 from phalanx._internal.engines.ray import gcs
 from phalanx._internal.engines.ray.liveness import HostLiveness, HostSilence, driver_address

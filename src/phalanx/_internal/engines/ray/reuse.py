@@ -42,7 +42,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from phalanx._internal.engines.ray import gcs
-from phalanx._internal.engines.ray.elastic import PROBE_S, placeable_now
+from phalanx._internal.engines.ray.elastic_placement import PROBE_S, placeable_now
 from phalanx._internal.engines.ray.handle import RayWorkerHandle, _node_is_dead
 
 logger = logging.getLogger(__name__)

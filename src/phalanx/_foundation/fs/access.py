@@ -18,9 +18,9 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from phalanx._internal import env
-from phalanx._internal.fs import copy as local_copy
-from phalanx._internal.fs.syncfs import rename_no_replace
+from phalanx._foundation import env
+from phalanx._foundation.fs import copy as local_copy
+from phalanx._foundation.fs.syncfs import rename_no_replace
 from phalanx.errors import StorageError
 
 __all__ = [

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from phalanx._internal.gbdt.threads import cpu_share
+from phalanx._gbdt.threads import cpu_share
 
 __all__ = ["TRAIN", "Frame", "GBDTSpec", "read_frames"]
 

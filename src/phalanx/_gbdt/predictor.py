@@ -8,13 +8,13 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import pandas as pd
 
-from phalanx._internal.checkpoint_files import (
+from phalanx._foundation.checkpoint_files import (
     MODEL_FILES,
     check_framework,
     find_model_file,
     load_preprocessor,
 )
-from phalanx._internal.gbdt.library import BoostingLibrary
+from phalanx._gbdt.library import BoostingLibrary
 from phalanx.checkpoint import Checkpoint
 from phalanx.predict._base import TENSOR_COLUMN, Predictor
 

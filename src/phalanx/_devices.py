@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from phalanx._internal import env
+from phalanx._foundation import env
 from phalanx.errors import SessionMisuseError
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ import os
 import tempfile
 from typing import Any, ClassVar, TypeVar, cast
 
-from phalanx._internal.checkpoint_files import MODEL_FILES, find_model_file
-from phalanx._internal.gbdt.library import BoostingLibrary
+from phalanx._foundation.checkpoint_files import MODEL_FILES, find_model_file
+from phalanx._gbdt.library import BoostingLibrary
 from phalanx.checkpoint import Checkpoint
 
 __all__ = ["BoosterCheckpoint"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from phalanx._internal.gbdt.spec import Frame, GBDTSpec
+    from phalanx._gbdt.spec import Frame, GBDTSpec
     from phalanx.backend import BackendConfig
     from phalanx.config import DataConfig, ScalingConfig
 

@@ -11,9 +11,9 @@ import functools
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from phalanx._internal.gbdt import checks, loop
-from phalanx._internal.gbdt.library import BoostingLibrary, BuiltinLoopArgs
-from phalanx._internal.gbdt.spec import TRAIN, GBDTSpec
+from phalanx._gbdt import checks, loop
+from phalanx._gbdt.library import BoostingLibrary, BuiltinLoopArgs
+from phalanx._gbdt.spec import TRAIN, GBDTSpec
 from phalanx.backend import BackendConfig
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from phalanx._internal.gbdt.library import BuiltinLoopArgs
-from phalanx._internal.gbdt.spec import TRAIN
+from phalanx._gbdt.library import BuiltinLoopArgs
+from phalanx._gbdt.spec import TRAIN
 from phalanx.config import RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
 

@@ -1,5 +1,5 @@
 """The built-in training loop of every GBDT trainer, its keyword check and its probe, written
-once against :class:`~phalanx._internal.gbdt.library.BoostingLibrary`."""
+once against :class:`~phalanx._gbdt.library.BoostingLibrary`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import logging
 import warnings
 from typing import Any
 
-from phalanx._internal.gbdt.library import BoostingLibrary
-from phalanx._internal.gbdt.reporting import find_or_add_reporter
-from phalanx._internal.gbdt.spec import TRAIN, GBDTSpec, read_frames, split_frame
+from phalanx._gbdt.library import BoostingLibrary
+from phalanx._gbdt.reporting import find_or_add_reporter
+from phalanx._gbdt.spec import TRAIN, GBDTSpec, read_frames, split_frame
 from phalanx.errors import ConfigError
 
 __all__ = ["builtin_loop", "check_train_kwargs", "probe"]

@@ -1,0 +1,1 @@
+"""The driver side of ``fit()`` under the trainer: restore, elastic size, shards, logs."""
