@@ -1,25 +1,31 @@
-"""The layers of ``src/phalanx``, and the arrows between them pointing down only.
+"""The layers of ``src/phalanx``, one folder each, and the arrows between them pointing down only.
 
-From the bottom::
+From the bottom, each layer by its folder::
 
-    foundation    errors, _version, constants, _internal/env, the filesystem leaf (_internal/fs)
-                  and the loose helpers that import nothing above them
-    definitions   config, checkpoint, context, callbacks, backend, validation, result,
-                  reported_checkpoint (plain classes a user builds or receives)
-    storage       _internal/storage
-    worker        _internal/worker (the runtime inside a rank)
-    engines       _internal/engines
-    worker_group  _internal/worker_group
-    controller    _internal/controller
-    top           the trainer, the session, the package root, and every feature and framework
-                  package (data, predict, cli, torch, xgboost, _internal/gbdt, ...)
+    foundation    phalanx/_foundation/ (env, the filesystem leaf fs/, the helpers that import
+                  nothing above them), and errors, _version, constants at the root
+    definitions   config/, checkpoint, context, callbacks, backend, validation,
+                  reported_checkpoint at the root (plain classes a user builds or receives)
+    storage       phalanx/_internal/storage/
+    result        result (a run's outcome; it reads a run directory through storage's reader)
+    worker        phalanx/_internal/worker/ (the runtime inside a rank)
+    engines       phalanx/_internal/engines/
+    worker_group  phalanx/_internal/worker_group/
+    controller    phalanx/_internal/controller/
+    top           the trainer, the session, the package
+                  root, the driver side of fit() (phalanx/_fit/), and every feature and
+                  framework package (data, predict, cli, torch, xgboost, _gbdt, _devices, ...)
+
+A module's layer is read from its path alone: there is no table of loose modules, and
+``phalanx/_internal/`` holds the run machinery's five floors and nothing else.
 
 Rules, each one test below:
 
 - a module imports only modules of its own layer or a lower one; a function-level import counts
-  (cycles hide there), save ``Result.from_path``'s import of the run reader;
+  (cycles hide there);
 - a ``TYPE_CHECKING`` import follows the same order, except that it may point into the
-  definitions layer from anywhere (``errors`` names ``Result`` in an annotation);
+  definitions layer or at ``phalanx.result`` from anywhere (``errors`` names ``Result`` in an
+  annotation);
 - no module in ``src/`` imports the package root (``from phalanx import x`` runs the root's
   ``__init__``, and with it the trainer and the controller); ``__version__`` comes from
   ``phalanx._version``;
@@ -27,8 +33,6 @@ Rules, each one test below:
   function-level import graph all have size 1;
 - ``phalanx.data`` imports no framework package (``phalanx.tensorflow`` registers its conversion
   with the data package instead), and no layer below the top imports an ML framework library.
-
-A new loose module in ``_internal/`` must be placed in ``LOOSE_INTERNAL`` (a failing test says so).
 """
 
 from __future__ import annotations
@@ -47,40 +51,19 @@ LAYERS = (
     "foundation",
     "definitions",
     "storage",
+    "result",
     "worker",
     "engines",
     "worker_group",
     "controller",
     "top",
 )
-FOUNDATION = {"errors", "_version", "constants"}
-DEFINITIONS = {"config", "checkpoint", "context", "callbacks", "backend", "validation", "result"}
+FOUNDATION = {"_foundation", "errors", "_version", "constants"}
+DEFINITIONS = {"config", "checkpoint", "context", "callbacks", "backend", "validation"}
 DEFINITIONS |= {"reported_checkpoint"}
-INTERNAL_PACKAGES = {"fs": "foundation", "gbdt": "top"} | {
-    name: name for name in ("storage", "worker", "engines", "worker_group", "controller")
-}
-LOOSE_INTERNAL = {
-    "env": "foundation",
-    "keywords": "foundation",
-    "picklable": "foundation",
-    "config_checks": "foundation",
-    "optional": "foundation",
-    "module_aliases": "foundation",
-    "frozen_gc": "foundation",
-    "terminal": "foundation",
-    "logs": "foundation",
-    "run_scope": "foundation",  # a sweep's trial around fit(); RunStopped, which ends a run
-    "checkpoint_class": "definitions",
-    "checkpoint_files": "definitions",
-    "execution_options": "definitions",  # DataConfig.default_ingest_options() returns one
-    "goodput": "definitions",  # Result.goodput
-    "restore": "controller",
-    "elastic": "controller",
-    "devices": "top",  # reads the worker's session: shared by phalanx.torch and phalanx.data
-}
-# The one sanctioned upward import: Ray's API puts ``from_path`` on Result, a definition, and it
-# reads a run directory. Function-level only, and only this pair.
-UPWARD_IN_A_FUNCTION = {("phalanx.result", "phalanx._internal.storage.reader")}
+RUN_MACHINERY = ("storage", "worker", "engines", "worker_group", "controller")
+# Annotations may name these from any layer (no code runs).
+TYPE_ONLY_ANYWHERE = {"phalanx.result"}  # errors names Result
 PHALANX_FRAMEWORKS = {"torch", "tensorflow", "jax", "xgboost", "lightgbm", "lightning"}
 PHALANX_FRAMEWORKS |= {"huggingface", "horovod", "sklearn"}
 ML_LIBRARIES = {"torch", "tensorflow", "jax", "xgboost", "lightgbm", "lightning"}
@@ -113,18 +96,19 @@ MODULES = src_modules()
 
 
 def layer_of(module: str) -> str | None:
+    """The layer of a module, from its folder (None: a module in no layer's folder)."""
     parts = module.split(".")[1:]
     if not parts:
         return "top"
-    if parts[0] != "_internal":
-        if parts[0] in FOUNDATION:
-            return "foundation"
-        return "definitions" if parts[0] in DEFINITIONS else "top"  # config/ is a package
-    if len(parts) == 1:
-        return "foundation"  # the empty _internal/__init__.py
-    if parts[1] in INTERNAL_PACKAGES:
-        return INTERNAL_PACKAGES[parts[1]]
-    return LOOSE_INTERNAL.get(parts[1])
+    if parts[0] == "_internal":
+        if len(parts) == 1:
+            return "foundation"  # the empty _internal/__init__.py
+        return parts[1] if parts[1] in RUN_MACHINERY else None
+    if parts[0] in FOUNDATION:
+        return "foundation"
+    if parts[0] == "result":
+        return "result"
+    return "definitions" if parts[0] in DEFINITIONS else "top"
 
 
 def _resolve(name: str, modules: dict[str, Path]) -> str:
@@ -232,7 +216,10 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_every_module_has_a_layer() -> None:
     unplaced = [m for m in MODULES if layer_of(m) is None]
-    assert not unplaced, f"place these loose _internal modules in LOOSE_INTERNAL: {unplaced}"
+    assert not unplaced, (
+        f"phalanx/_internal/ holds only {RUN_MACHINERY}: move {unplaced} to the folder of its"
+        " layer (phalanx/_foundation/ for a helper that imports nothing above it)"
+    )
 
 
 def test_imports_point_down_the_layers() -> None:
@@ -241,9 +228,10 @@ def test_imports_point_down_the_layers() -> None:
         if edge.target == ROOT:
             continue  # its own test below
         upward = rank(edge.target) > rank(edge.source)
-        if edge.kind == "function" and (edge.source, edge.target) in UPWARD_IN_A_FUNCTION:
-            continue
-        if upward and not (edge.kind == "type" and layer_of(edge.target) == "definitions"):
+        type_only = edge.kind == "type" and (
+            layer_of(edge.target) == "definitions" or edge.target in TYPE_ONLY_ANYWHERE
+        )
+        if upward and not type_only:
             wrong.append(f"{edge}: {layer_of(edge.source)} -> {layer_of(edge.target)}")
     assert not wrong, "\n".join(wrong)
 

@@ -3,6 +3,7 @@
 ``import phalanx as train`` gives what ``from ray import train`` gave.
 """
 
+from phalanx._foundation import module_aliases as _module_aliases
 from phalanx._version import __version__
 from phalanx.backend import Backend, BackendConfig
 from phalanx.callbacks import Callback, TrainRunContext, UserCallback
@@ -48,6 +49,8 @@ from phalanx.session import (
 )
 from phalanx.trainer import BaseTrainer, DataParallelTrainer
 from phalanx.validation import ValidationConfig, ValidationFn, ValidationTaskConfig
+
+_module_aliases.keep_moved_module_paths()  # old run directories' pickles name moved modules
 
 __all__ = [
     "TRAIN_DATASET_KEY",

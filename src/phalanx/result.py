@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from phalanx._foundation.goodput_parts import Goodput
 from phalanx._foundation.optional import require
+from phalanx._internal.storage.reader import RunReader
 from phalanx.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
@@ -153,8 +154,6 @@ class Result:
         pickle: loading it runs code from the run directory, so it is loaded only with
         ``load_error_pickle=True``, for run directories you trust.
         """
-        from phalanx._internal.storage.reader import RunReader
-
         reader = RunReader.open(path, storage_filesystem)
         return reader.result(cls, load_error_pickle=load_error_pickle)
 
