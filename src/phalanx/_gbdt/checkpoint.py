@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 from phalanx._foundation.checkpoint_files import MODEL_FILES, find_model_file
 from phalanx._gbdt.library import BoostingLibrary
@@ -13,7 +13,14 @@ from phalanx.checkpoint import Checkpoint
 
 __all__ = ["BoosterCheckpoint"]
 
+
 SelfCheckpoint = TypeVar("SelfCheckpoint", bound="BoosterCheckpoint")
+
+
+class SavesModel(Protocol):
+    """A booster: it saves itself to a file."""
+
+    def save_model(self, fname: str) -> object: ...
 
 
 class BoosterCheckpoint(Checkpoint):
@@ -21,15 +28,15 @@ class BoosterCheckpoint(Checkpoint):
     checkpoint saved under another of the library's names (the trainer's) loads too.
     Subclasses set ``_library``."""
 
-    _library: ClassVar[BoostingLibrary]
+    _library: ClassVar[BoostingLibrary[Any]]  # the subclass's library, with its own model type
     MODEL_FILENAME: ClassVar[str]
 
     @classmethod
     def from_model(
         cls: type[SelfCheckpoint],
-        booster: Any,
+        booster: SavesModel,
         *,
-        preprocessor: Any = None,
+        preprocessor: object = None,
         path: str | None = None,
     ) -> SelfCheckpoint:
         """A checkpoint of ``booster`` in directory ``path`` (a new temporary one if None)."""
@@ -42,7 +49,7 @@ class BoosterCheckpoint(Checkpoint):
             checkpoint.set_preprocessor(preprocessor)
         return cast(SelfCheckpoint, checkpoint)
 
-    def get_model(self) -> Any:
+    def get_model(self) -> Any:  # the library's model type; subclasses narrow it
         """The booster saved in this checkpoint."""
         library = self._library
         others = MODEL_FILES.get(library.framework, ())

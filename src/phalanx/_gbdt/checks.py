@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from phalanx._gbdt.library import BuiltinLoopArgs
+from phalanx._gbdt.library import BuiltinLoopArgs, Params
 from phalanx._gbdt.spec import TRAIN
 from phalanx.config import RunConfig, ScalingConfig
 from phalanx.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
 
 __all__ = [
     "check_engine",
@@ -24,9 +28,9 @@ PROBE_ROWS = 256
 
 def check_style(
     trainer: str,
-    train_loop_per_worker: Callable[..., Any] | None,
+    train_loop_per_worker: Callable[..., object] | None,
     legacy: BuiltinLoopArgs,
-    train_kwargs: dict[str, Any],
+    train_kwargs: Params,
 ) -> None:
     """A trainer runs either the user's loop or the built-in one, never a mix of both."""
     if train_loop_per_worker is None:
@@ -43,11 +47,11 @@ def check_style(
 
 def check_legacy_args(
     trainer: str,
-    datasets: dict[str, Any],
-    label_column: Any,
-    params: Any,
-    num_boost_round: Any,
-    dmatrix_params: Any,
+    datasets: dict[str, object],
+    label_column: object,
+    params: object,
+    num_boost_round: object,
+    dmatrix_params: object,
     column_keys: frozenset[str],
 ) -> tuple[str, ...]:
     """Check the built-in loop's arguments; return the dataset names, ``"train"`` first."""
@@ -73,11 +77,11 @@ def check_legacy_args(
         raise ConfigError(
             f"{trainer}(num_boost_round={num_boost_round}) is invalid: it must be >= 1."
         )
-    _check_dmatrix_params(trainer, datasets, dmatrix_params)
+    per_dataset = _check_dmatrix_params(trainer, datasets, dmatrix_params)
     from phalanx.data._ingest import require_columns
 
     for name, value in datasets.items():
-        kwargs = (dmatrix_params or {}).get(name, {})
+        kwargs = per_dataset.get(name, {})
         named = [v for k, v in kwargs.items() if k in column_keys and isinstance(v, str)]
         what = f"{trainer}(label_column={label_column!r})"
         if named:
@@ -116,7 +120,7 @@ def checkpoint_settings(run_config: RunConfig) -> tuple[int, bool]:
     return int(config.checkpoint_frequency), at_end
 
 
-def head_frame(value: Any, rows: int = PROBE_ROWS) -> Any:
+def head_frame(value: object, rows: int = PROBE_ROWS) -> pd.DataFrame | None:
     """The first ``rows`` rows of a dataset value as a pandas DataFrame, read cheaply; None for
     data only known later (a function returning the data, a Ray dataset)."""
     import pandas as pd
@@ -149,15 +153,18 @@ def head_frame(value: Any, rows: int = PROBE_ROWS) -> Any:
             close()
 
 
-def _first(column: Any, rows: int) -> Any:
+def _first(column: Sequence[object], rows: int) -> np.ndarray:
     import numpy as np
 
     return np.asarray(column[:rows])
 
 
-def _check_dmatrix_params(trainer: str, datasets: dict[str, Any], dmatrix_params: Any) -> None:
+def _check_dmatrix_params(
+    trainer: str, datasets: dict[str, object], dmatrix_params: object
+) -> dict[str, dict[str, object]]:
+    """``dmatrix_params`` checked: per dataset name, the data object's keyword arguments."""
     if dmatrix_params is None:
-        return
+        return {}
     if not isinstance(dmatrix_params, dict) or not all(
         isinstance(v, dict) for v in dmatrix_params.values()
     ):
@@ -171,3 +178,4 @@ def _check_dmatrix_params(trainer: str, datasets: dict[str, Any], dmatrix_params
             f"{trainer}(dmatrix_params=...) refers to dataset(s) {unknown}, which are not in "
             f"datasets (given: {sorted(datasets)}).\nHINT: use the keys of datasets=."
         )
+    return dmatrix_params

@@ -11,30 +11,52 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from phalanx._gbdt.reporting import ReportingCore
     from phalanx._gbdt.spec import Frame, GBDTSpec
     from phalanx.backend import BackendConfig
+    from phalanx.checkpoint import Checkpoint
     from phalanx.config import DataConfig, ScalingConfig
 
-__all__ = ["BoostingLibrary", "BuiltinLoopArgs"]
+__all__ = ["BoostingLibrary", "BuiltinLoopArgs", "Params", "Reporter"]
+
+# Booster parameters and library keywords: the user's values, handed to the library unread.
+Params = dict[str, object]
+# The library's model (xgboost.Booster, lightgbm.Booster): made, resumed from and saved by
+# the library, passed along by the shared code.
+ModelT = TypeVar("ModelT")
 
 
 @dataclass(frozen=True)
 class BuiltinLoopArgs:
-    """The AIR-era arguments of a GBDT trainer, as given (None: not given)."""
+    """The AIR-era arguments of a GBDT trainer, as given (None: not given); the trainer's
+    annotations, not yet checked (:func:`phalanx._gbdt.checks.check_legacy_args` does)."""
 
-    label_column: Any = None
-    params: Any = None
-    num_boost_round: Any = None
-    dmatrix_params: Any = None
+    label_column: str | None = None
+    params: Params | None = None
+    num_boost_round: int | None = None
+    dmatrix_params: dict[str, Params] | None = None
 
     def given(self) -> list[str]:
         return [name for name, value in vars(self).items() if value is not None]
 
 
-class BoostingLibrary(Protocol):
+class Reporter(Protocol[ModelT]):
+    """A library's report callback, as the built-in loop uses it."""
+
+    _core: ReportingCore
+
+    def __init__(self, *, frequency: int, checkpoint_at_end: bool) -> None: ...
+
+    @classmethod
+    def get_model(cls, checkpoint: Checkpoint) -> ModelT: ...
+
+    def after_training(self, model: ModelT) -> object: ...
+
+
+class BoostingLibrary(Protocol[ModelT]):
     """One boosting library, as the shared GBDT code sees it.
 
     Names: ``name`` (``"XGBoost"``, in messages), ``framework`` (``"xgboost"``, in checkpoint
@@ -68,47 +90,47 @@ class BoostingLibrary(Protocol):
         ...
 
     @property
-    def report_callback(self) -> type[Any]:
+    def report_callback(self) -> type[Reporter[ModelT]]:
         """The library's report callback class (found among, or added to, ``callbacks``)."""
         ...
 
     @property
-    def train_function(self) -> Callable[..., Any]:
+    def train_function(self) -> Callable[..., object]:
         """The library's own training function, whose keywords a trainer accepts."""
         ...
 
-    def make_data(self, frame: Frame, reference: Any = None) -> Any:
+    def make_data(self, frame: Frame, reference: object = None) -> object:
         """The library's data object for ``frame``; ``reference``: the training data's, for
         an evaluation set (bins shared with it)."""
         ...
 
     def train(
         self,
-        params: dict[str, Any],
-        data: Any,
-        evals: dict[str, Any],
+        params: Params,
+        data: object,
+        evals: dict[str, object],
         rounds: int,
-        init_model: Any,
-        callbacks: list[Any] | None,
-        **kwargs: Any,
-    ) -> Any:
+        init_model: ModelT | None,
+        callbacks: list[object] | None,
+        **kwargs: object,
+    ) -> ModelT:
         """Boost ``rounds`` more rounds on ``data`` from ``init_model`` (None: from scratch),
         evaluating every ``evals`` entry by its name; return the model."""
         ...
 
-    def rounds_done(self, model: Any) -> int:
+    def rounds_done(self, model: ModelT) -> int:
         """How many boosting rounds ``model`` holds."""
         ...
 
-    def load_model(self, path: str) -> Any:
+    def load_model(self, path: str) -> ModelT:
         """The model saved in file ``path``."""
         ...
 
-    def worker_params(self, params: dict[str, Any]) -> dict[str, Any]:
+    def worker_params(self, params: Params) -> Params:
         """``params`` completed on a worker, right before training (network, defaults)."""
         ...
 
-    def probe_params(self, params: dict[str, Any]) -> dict[str, Any]:
+    def probe_params(self, params: Params) -> Params:
         """``params`` for one quiet round on one thread on the driver."""
         ...
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 import inspect
 import logging
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING
 
-from phalanx._gbdt.library import BoostingLibrary
+from phalanx._gbdt.library import BoostingLibrary, ModelT
 from phalanx._gbdt.reporting import find_or_add_reporter
 from phalanx._gbdt.spec import TRAIN, GBDTSpec, read_frames, split_frame
 from phalanx.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["builtin_loop", "check_train_kwargs", "probe"]
 
@@ -19,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 def builtin_loop(
-    library: BoostingLibrary, spec: GBDTSpec, config: dict[str, Any] | None = None
+    library: BoostingLibrary[ModelT], spec: GBDTSpec, config: dict[str, object] | None = None
 ) -> None:
     """On every worker: boost ``spec.num_boost_round`` rounds in total on this worker's shards,
     from the latest checkpoint's model when there is one."""
@@ -58,7 +61,7 @@ def builtin_loop(
     reporter.after_training(model)
 
 
-def check_train_kwargs(library: BoostingLibrary, spec: GBDTSpec) -> None:
+def check_train_kwargs(library: BoostingLibrary[ModelT], spec: GBDTSpec) -> None:
     """``train_kwargs`` must be arguments of the library's training function that the built-in
     loop does not set itself."""
     function = library.train_function
@@ -80,7 +83,7 @@ def check_train_kwargs(library: BoostingLibrary, spec: GBDTSpec) -> None:
         )
 
 
-def probe(library: BoostingLibrary, spec: GBDTSpec, head: Any) -> None:
+def probe(library: BoostingLibrary[ModelT], spec: GBDTSpec, head: pd.DataFrame) -> None:
     """On the driver: train one round on ``head`` (the first rows of the training data) with
     ``spec.params``, so the library's own error comes now rather than from every worker later."""
     frame = split_frame(

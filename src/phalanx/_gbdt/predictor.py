@@ -27,15 +27,15 @@ class BoosterPredictor(Predictor):
     """Predicts with a booster: a ``predictions`` column (``predictions_<i>`` for several
     outputs per row). Subclasses set ``_library`` and define ``_predict_pandas``."""
 
-    _library: ClassVar[BoostingLibrary]
+    _library: ClassVar[BoostingLibrary[Any]]  # the subclass's library, with its own model type
 
-    def __init__(self, model: Any, preprocessor: Any = None) -> None:
+    def __init__(self, model: Any, preprocessor: object = None) -> None:  # the library's model
         super().__init__(preprocessor)
         self.model = model
 
     @classmethod
     def from_checkpoint(
-        cls: type[SelfPredictor], checkpoint: Checkpoint, **kwargs: Any
+        cls: type[SelfPredictor], checkpoint: Checkpoint, **kwargs: object
     ) -> SelfPredictor:
         library = cls._library
         check_framework(checkpoint, library.framework, cls.__name__)
@@ -46,7 +46,10 @@ class BoosterPredictor(Predictor):
             booster = library.load_model(path)
         return cls(booster, preprocessor=load_preprocessor(checkpoint), **kwargs)
 
-    def _predict_numpy(self, data: Any, **kwargs: Any) -> dict[str, np.ndarray]:  # type: ignore[override]
+    def _predict_numpy(
+        self, data: np.ndarray | dict[str, np.ndarray], **kwargs: object
+    ) -> dict[str, np.ndarray]:
+
         frame = self._predict_pandas(as_features(data), **kwargs)
         return {str(c): frame[c].to_numpy() for c in frame.columns}
 
@@ -59,7 +62,9 @@ def prediction_columns(predictions: np.ndarray) -> pd.DataFrame:
     )
 
 
-def as_features(data: Any) -> Any:
+def as_features(
+    data: np.ndarray | dict[str, np.ndarray] | pd.DataFrame,
+) -> np.ndarray | pd.DataFrame:
     """What the booster gets: a DataFrame (its column names become feature names) or a
     matrix (a numpy array, or Ray's single tensor column of per-row arrays)."""
     if isinstance(data, np.ndarray):
@@ -73,7 +78,7 @@ def as_features(data: Any) -> Any:
     return data
 
 
-def check_width(features: Any, expected: int, names: list[str] | None) -> None:
+def check_width(features: object, expected: int, names: list[str] | None) -> None:
     """A matrix without column names is read in the trained feature order; it must have one
     column per feature (the libraries' own errors name neither the features nor the fix)."""
     if not isinstance(features, np.ndarray) or features.ndim != 2:

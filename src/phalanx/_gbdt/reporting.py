@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, SupportsFloat, TypeVar, cast
+
+if TYPE_CHECKING:
+    from phalanx._gbdt.library import Reporter
+    from phalanx._gbdt.spec import GBDTSpec
 
 from phalanx.errors import ConfigError
 
@@ -18,6 +22,11 @@ __all__ = [
 ]
 
 MetricsArg = str | list[str] | dict[str, str] | None
+# One round's reported values, by ``<dataset>-<metric>`` (and ``best_*``) name.
+Metrics = dict[str, object]
+# Writes the model to the given file (``booster.save_model``); its return value is unused.
+SaveModel = Callable[[str], object]
+ModelT = TypeVar("ModelT")
 
 
 class ReportSettings:
@@ -37,7 +46,7 @@ class ReportSettings:
         filename: str,
         frequency: int,
         checkpoint_at_end: bool,
-        results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None,
+        results_postprocessing_fn: Callable[[Metrics], Metrics] | None,
     ) -> None:
         if isinstance(metrics, str):
             metrics = [metrics]
@@ -70,7 +79,7 @@ class ReportSettings:
         """Whether boosting round ``iteration`` (0-based, counted over resumes) saves one."""
         return self.frequency > 0 and (iteration + 1) % self.frequency == 0
 
-    def select(self, flat: dict[str, Any]) -> dict[str, Any]:
+    def select(self, flat: Metrics) -> Metrics:
         """The metrics to report, from every ``<dataset>-<metric>`` value of this round."""
         if self.metrics is None:
             chosen = dict(flat)
@@ -88,10 +97,10 @@ class ReportSettings:
         return self.postprocess(chosen) if self.postprocess else chosen
 
 
-def flatten_metrics(evals: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def flatten_metrics(evals: Mapping[str, Mapping[str, object]]) -> Metrics:
     """``{"valid": {"auc": v}}`` -> ``{"valid-auc": v}``; the last value of history lists, and
     ``-mean``/``-std`` for the (mean, std) pairs of cross-validation."""
-    flat: dict[str, Any] = {}
+    flat: Metrics = {}
     for data_name, metrics in evals.items():
         for metric, value in metrics.items():
             if isinstance(value, list):
@@ -100,13 +109,14 @@ def flatten_metrics(evals: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             if isinstance(value, tuple) and len(value) == 2:
                 flat[f"{key}-mean"], flat[f"{key}-std"] = float(value[0]), float(value[1])
             elif value is not None:
-                flat[key] = float(value)
+                flat[key] = float(cast("SupportsFloat", value))  # a metric: a number
+
     return flat
 
 
 def send_report(
-    metrics: dict[str, Any],
-    save_model: Callable[[str], Any] | None,
+    metrics: Metrics,
+    save_model: SaveModel | None,
     filename: str,
     framework: str,
 ) -> None:
@@ -128,7 +138,7 @@ def send_report(
         session.report(metrics, checkpoint=checkpoint, delete_local_checkpoint_after_upload=True)
 
 
-def _valid_metrics(metrics: Any) -> bool:
+def _valid_metrics(metrics: object) -> bool:
     if isinstance(metrics, dict):
         return all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items())
     return isinstance(metrics, list | tuple) and all(isinstance(m, str) for m in metrics)
@@ -138,11 +148,13 @@ def _same(names: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
     return [(name, name) for name in names]
 
 
-def find_or_add_reporter(callbacks: list[Any], reporter_cls: type, spec: Any) -> Any:
+def find_or_add_reporter(
+    callbacks: list[object], reporter_cls: type[Reporter[ModelT]], spec: GBDTSpec
+) -> Reporter[ModelT]:
     """The user's report callback among ``callbacks``, or a new one (appended) that reports every
     round and checkpoints as ``spec`` (the built-in loop's settings) says. Either way it learns
     the run's total rounds, so the last round's report carries the final checkpoint."""
-    reporter: Any = next((c for c in callbacks if isinstance(c, reporter_cls)), None)
+    reporter = next((c for c in callbacks if isinstance(c, reporter_cls)), None)
     if reporter is None:
         reporter = reporter_cls(
             frequency=spec.checkpoint_frequency, checkpoint_at_end=spec.checkpoint_at_end
@@ -169,15 +181,15 @@ class ReportingCore:
 
     def reset(self) -> None:
         """Forget the previous training (the callback is used again)."""
-        self.last_metrics: dict[str, Any] = {}
+        self.last_metrics: Metrics = {}
         self.last_saved_rounds: int | None = None
         self.finished = False
 
     def round_done(
         self,
-        evals: Mapping[str, Mapping[str, Any]],
+        evals: Mapping[str, Mapping[str, object]],
         rounds: int,
-        save_model: Callable[[str], Any],
+        save_model: SaveModel,
         last: bool | None = None,
     ) -> None:
         """Report the round that brought the model to ``rounds`` rounds (counted over resumes);
@@ -192,9 +204,7 @@ class ReportingCore:
         else:
             self._send(self.last_metrics, None)
 
-    def training_done(
-        self, rounds: int, best: dict[str, Any], save_model: Callable[[str], Any]
-    ) -> None:
+    def training_done(self, rounds: int, best: Metrics, save_model: SaveModel) -> None:
         """After training (once): save the final checkpoint if the last round did not (early
         stopping, no rounds), or report ``best`` (``best_iteration``, ``best_score``)."""
         if self.finished:
@@ -207,5 +217,5 @@ class ReportingCore:
         elif metrics != self.last_metrics:  # early stopping: say which round was best
             self._send(metrics, None)
 
-    def _send(self, metrics: dict[str, Any], save_model: Callable[[str], Any] | None) -> None:
+    def _send(self, metrics: Metrics, save_model: SaveModel | None) -> None:
         send_report(metrics, save_model, self.settings.filename, self.framework)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx._gbdt.threads import cpu_share
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["TRAIN", "Frame", "GBDTSpec", "read_frames"]
 
@@ -28,11 +31,13 @@ class GBDTSpec:
     """
 
     label_column: str
-    params: dict[str, Any]
+    params: dict[str, object]
     num_boost_round: int
     dataset_names: tuple[str, ...]
-    dmatrix_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    dmatrix_params: dict[str, dict[str, object]] = field(default_factory=dict)
+    # Keyword arguments for the library's train function (callbacks, obj, ...): the user's.
     train_kwargs: dict[str, Any] = field(default_factory=dict)
+
     checkpoint_frequency: int = 0
     checkpoint_at_end: bool = True
     cpus_per_worker: float | None = None
@@ -47,7 +52,7 @@ class GBDTSpec:
             )
         return max(0, self.num_boost_round - done)
 
-    def params_with_threads(self, names: tuple[str, ...]) -> dict[str, Any]:
+    def params_with_threads(self, names: tuple[str, ...]) -> dict[str, object]:
         """``params`` with this worker's share of the cores as the thread count, unless one of
         ``names`` (the library's thread parameter and its aliases) is set."""
         params = dict(self.params)
@@ -63,8 +68,9 @@ class GBDTSpec:
 class Frame:
     """One dataset shard, ready for the library: features, label and the other columns."""
 
-    features: Any
-    label: Any
+    features: pd.DataFrame
+    label: pd.Series
+    # Keyword arguments for the library's data object (DMatrix, Dataset): the user's values.
     kwargs: dict[str, Any]
 
     @property
@@ -86,7 +92,7 @@ def read_frames(spec: GBDTSpec, column_keys: frozenset[str]) -> dict[str, Frame]
 
 
 def split_frame(
-    df: Any, label_column: str, kwargs: dict[str, Any], column_keys: frozenset[str]
+    df: pd.DataFrame, label_column: str, kwargs: dict[str, object], column_keys: frozenset[str]
 ) -> Frame:
     """Take the label and the columns named in ``kwargs`` (for ``column_keys``) out of ``df``."""
     kwargs = dict(kwargs)

@@ -28,24 +28,24 @@ DEFAULT_NUM_BOOST_ROUND = 10
 class GBDTTrainer(DataParallelTrainer):
     """Base of XGBoostTrainer and LightGBMTrainer (subclasses set ``_library``)."""
 
-    _library: ClassVar[BoostingLibrary]
+    _library: ClassVar[BoostingLibrary[Any]]  # the subclass's library, with its own model type
 
     label_column: str | None = None
-    params: dict[str, Any] | None = None
+    params: dict[str, object] | None = None
     num_boost_round: int | None = None
 
     def _init_gbdt(
         self,
-        train_loop_per_worker: Callable[..., Any] | None,
+        train_loop_per_worker: Callable[..., object] | None,
         backend_config: BackendConfig | None,
         *,
         scaling_config: ScalingConfig | None,
         run_config: RunConfig | None,
-        datasets: dict[str, Any] | None,
+        datasets: dict[str, object] | None,
         dataset_config: DataConfig | None,
         legacy: BuiltinLoopArgs,
         train_kwargs: dict[str, Any],
-        **rest: Any,
+        **rest: Any,  # DataParallelTrainer's other keywords, passed on as given
     ) -> None:
         lib = self._library
         checks.check_style(lib.trainer, train_loop_per_worker, legacy, train_kwargs)
@@ -84,13 +84,13 @@ class GBDTTrainer(DataParallelTrainer):
 
     def _builtin_loop(
         self,
-        datasets: dict[str, Any],
+        datasets: dict[str, object],
         scaling: ScalingConfig,
         run_config: RunConfig,
         dataset_config: DataConfig | None,
         legacy: BuiltinLoopArgs,
         train_kwargs: dict[str, Any],
-    ) -> tuple[Callable[..., Any], DataConfig | None]:
+    ) -> tuple[Callable[..., object], DataConfig | None]:
         lib = self._library
         rounds = legacy.num_boost_round
         rounds = DEFAULT_NUM_BOOST_ROUND if rounds is None else rounds
@@ -107,7 +107,7 @@ class GBDTTrainer(DataParallelTrainer):
         frequency, at_end = checks.checkpoint_settings(run_config)
         resources = scaling.resources_per_worker or {}
         spec = GBDTSpec(
-            label_column=legacy.label_column,
+            label_column=str(legacy.label_column),  # checked: a column name
             params=dict(legacy.params or {}),
             num_boost_round=rounds,
             dataset_names=names,
@@ -130,6 +130,6 @@ class GBDTTrainer(DataParallelTrainer):
         return functools.partial(loop.builtin_loop, lib, spec), dataset_config
 
     @classmethod
-    def get_model(cls, checkpoint: Checkpoint) -> Any:
+    def get_model(cls, checkpoint: Checkpoint) -> Any:  # the library's model type
         """The booster saved in a checkpoint of this trainer (``result.checkpoint``)."""
         return cls._library.report_callback.get_model(checkpoint)
