@@ -31,14 +31,22 @@ import logging
 import math
 from collections.abc import Callable
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from phalanx.errors import StorageError
 from phalanx.ui._catalog import RunRefused
 from phalanx.ui._logs import read_log
 from phalanx.ui._viewer import Viewer
 
+if TYPE_CHECKING:  # the ui extra may be missing: starlette is imported in build_app
+    from importlib.resources.abc import Traversable
+
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 logger = logging.getLogger(__name__)
+D = TypeVar("D")
 
 PAGES = ("/", "/run/{run_id:path}", "/compare", "/sweep/{name}")
 DEFAULT_POINTS = 1000
@@ -50,14 +58,12 @@ CSP = (
 )
 TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".txt": "text/plain"}
 
-Request = Any  # starlette.requests.Request (imported in build_app: the ui extra may be missing)
-
 
 def static_files() -> dict[str, tuple[bytes, str, str]]:
     """``{relative path: (bytes, content type, etag)}`` of the package's static files."""
     found: dict[str, tuple[bytes, str, str]] = {}
 
-    def walk(directory: Any, prefix: str) -> None:
+    def walk(directory: Traversable, prefix: str) -> None:
         for entry in directory.iterdir():
             if entry.is_dir():
                 walk(entry, f"{prefix}{entry.name}/")
@@ -71,7 +77,7 @@ def static_files() -> dict[str, tuple[bytes, str, str]]:
     return found
 
 
-def to_json(value: Any) -> bytes:
+def to_json(value: object) -> bytes:
     """JSON a browser parses: NaN and infinities (a diverged loss) become strings."""
     try:
         return json.dumps(value, allow_nan=False, separators=(",", ":")).encode()
@@ -79,7 +85,7 @@ def to_json(value: Any) -> bytes:
         return json.dumps(_finite(value), separators=(",", ":")).encode()
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
@@ -89,7 +95,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def build_app(viewer: Viewer, allowed_hosts: frozenset[str] | None = LOOPBACK_NAMES) -> Any:
+def build_app(viewer: Viewer, allowed_hosts: frozenset[str] | None = LOOPBACK_NAMES) -> Guard:
     """The ASGI app; ``allowed_hosts``: the Host names answered (None: any, for --host)."""
     from starlette.applications import Starlette
     from starlette.routing import Route
@@ -103,21 +109,21 @@ def build_app(viewer: Viewer, allowed_hosts: frozenset[str] | None = LOOPBACK_NA
 
 def _answer(
     body: bytes, kind: str, status: int = 200, headers: dict[str, str] | None = None
-) -> Any:
+) -> Response:
     from starlette.responses import Response
 
     return Response(body, status, media_type=kind, headers=headers)
 
 
-def _page(index: bytes) -> Callable[[Request], Any]:
-    def page(request: Request) -> Any:
+def _page(index: bytes) -> Callable[[Request], Response]:
+    def page(request: Request) -> Response:
         return _answer(index, "text/html", headers={"cache-control": "no-cache"})
 
     return page
 
 
-def _static(files: dict[str, tuple[bytes, str, str]]) -> Callable[[Request], Any]:
-    def static(request: Request) -> Any:
+def _static(files: dict[str, tuple[bytes, str, str]]) -> Callable[[Request], Response]:
+    def static(request: Request) -> Response:
         found = files.get(request.path_params["name"])
         if found is None:
             return _answer(b"not found", "text/plain", 404)
@@ -129,8 +135,8 @@ def _static(files: dict[str, tuple[bytes, str, str]]) -> Callable[[Request], Any
     return static
 
 
-def _api(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
-    def endpoint(request: Request) -> Any:
+def _api(handler: Callable[[Request], object]) -> Callable[[Request], Response]:
+    def endpoint(request: Request) -> Response:
         try:
             body, status = to_json(handler(request)), 200
         except RunRefused as exc:
@@ -143,7 +149,7 @@ def _api(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
     return endpoint
 
 
-def _api_routes(viewer: Viewer) -> dict[str, Callable[[Request], Any]]:
+def _api_routes(viewer: Viewer) -> dict[str, Callable[[Request], object]]:
     return {
         "/api/runs": lambda r: viewer.runs(),
         "/api/run": lambda r: viewer.run(_param(r, "run")),
@@ -173,7 +179,7 @@ def _param(request: Request, name: str) -> str:
     return str(value)
 
 
-def _int(request: Request, name: str, default: Any, low: int, high: int | None) -> Any:
+def _int(request: Request, name: str, default: D, low: int, high: int | None) -> int | D:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
@@ -190,11 +196,11 @@ def _int(request: Request, name: str, default: Any, low: int, high: int | None) 
 class Guard:
     """ASGI middleware: the Host check and the security headers of every answer."""
 
-    def __init__(self, app: Any, allowed_hosts: frozenset[str] | None) -> None:
+    def __init__(self, app: ASGIApp, allowed_hosts: frozenset[str] | None) -> None:
         self.app = app
         self.allowed_hosts = allowed_hosts
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -203,7 +209,7 @@ class Guard:
             await _refuse(send, host)
             return
 
-        async def secured(message: dict[str, Any]) -> None:
+        async def secured(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers") or [])
                 headers += [
@@ -224,7 +230,7 @@ def _host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-async def _refuse(send: Any, host: str) -> None:
+async def _refuse(send: Send, host: str) -> None:
     body = to_json(
         {
             "error": f"Refusing a request for host {host!r}: this viewer serves on loopback and "

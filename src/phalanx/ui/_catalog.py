@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from phalanx._foundation.fs.access import (
     is_local,
@@ -25,6 +25,9 @@ from phalanx._foundation.fs.paths import component_problem
 from phalanx._internal.storage.reader import RunReader
 from phalanx._internal.storage.run_record import RUN_FILE
 from phalanx._internal.storage.run_storage import MARKER_FILE, SNAPSHOT_FILE, RunStorage
+
+if TYPE_CHECKING:
+    import fsspec
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +57,7 @@ class StorageRoot:
     """The storage path the viewer serves (``shown`` as the user wrote it)."""
 
     shown: str
-    filesystem: Any
+    filesystem: fsspec.AbstractFileSystem
     path: str
     real: str | None  # the real path of a local storage path; None on an object store
 

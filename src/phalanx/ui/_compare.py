@@ -3,8 +3,6 @@ chart per metric, one curve per run) and the configuration keys whose values dif
 
 from __future__ import annotations
 
-from typing import Any
-
 from phalanx.cli._text import flat_config
 from phalanx.ui._run_view import CONFIG_KEYS, RunState, load, summary
 
@@ -12,13 +10,13 @@ from phalanx.ui._run_view import CONFIG_KEYS, RunState, load, summary
 NOT_COMPARED = ("run_config.name", "run_config.storage_path")
 
 
-def compare(states: list[RunState], points: int, show_all: bool = False) -> dict[str, Any]:
+def compare(states: list[RunState], points: int, show_all: bool = False) -> dict[str, object]:
     """The runs' summaries, every metric's downsampled curve per run, and the config rows
     (``{"key", "values": [one per run, None where unset], "differs"}``; only differing keys
     unless ``show_all``)."""
     loaded = [load(state.reader) for state in states]
     runs = [summary(s.run_id, s.reader, d) for s, d in zip(states, loaded)]
-    metrics: dict[str, dict[str, Any]] = {}
+    metrics: dict[str, dict[str, object]] = {}
     for state in states:
         state.series.refresh()
         chart = state.series.chart(points)
@@ -35,8 +33,8 @@ def compare(states: list[RunState], points: int, show_all: bool = False) -> dict
     return {"runs": runs, "metrics": metrics, "config": rows, "all": show_all}
 
 
-def _comparable(record: dict[str, Any]) -> dict[str, Any]:
-    flat: dict[str, Any] = {}
+def _comparable(record: dict[str, object]) -> dict[str, object]:
+    flat: dict[str, object] = {}
     for key in (*CONFIG_KEYS, "versions"):
         if key in record:
             flat.update(flat_config(record[key], f"{key}."))

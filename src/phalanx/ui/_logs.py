@@ -8,7 +8,6 @@ directory is read, and on local storage only if its real path stays inside the s
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from phalanx.ui._catalog import RunRefused
 from phalanx.ui._ranks import rank_logs
@@ -18,7 +17,7 @@ TAIL_BYTES = 64 * 1024  # what a log shows first: its end
 MAX_CHUNK = 256 * 1024  # the most one answer carries (a follower asks again for the rest)
 
 
-def read_log(state: RunState, rank: int, offset: int | None) -> dict[str, Any]:
+def read_log(state: RunState, rank: int, offset: int | None) -> dict[str, object]:
     """The text of rank ``rank``'s log from byte ``offset`` (its tail when None, or when the
     file is now shorter: it was started again). Lines still being written wait for their end.
     Returns the text, where it starts, the next offset and the file's size."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import re
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TypedDict
 
 from phalanx._internal.storage.history import ATTEMPT_COLUMN
 from phalanx._internal.storage.reader import HistoryCursor, RunReader
@@ -24,12 +25,36 @@ _RANK_FILE = re.compile(r"^rank_(\d+)\.log$")
 SHOWN_METRICS = 6  # of a rank's last report, in the ranks table
 
 
-def failure_of(error: str | None) -> dict[str, Any] | None:
+class FailureGroup(TypedDict):
+    ranks: list[int]
+    summary: str
+
+
+class Failure(TypedDict):
+    """An attempt's error, read back: see :func:`failure_of`."""
+
+    ranks: list[int]
+    groups: list[FailureGroup]
+    root_rank: int | None
+    traceback: str
+
+
+class RankState(TypedDict, total=False):
+    """A rank's reports in its latest attempt (``iteration`` and ``metrics``: its last one)."""
+
+    rank: int
+    attempt: object
+    reports: int
+    iteration: object
+    metrics: dict[str, object]
+
+
+def failure_of(error: str | None) -> Failure | None:
     """What an attempt's error says (``format_failures``' text): the ranks that failed and how,
     the root cause's rank and its traceback; None for an attempt without an error."""
     if not error:
         return None
-    groups = [
+    groups: list[FailureGroup] = [
         {"ranks": [int(r) for r in ranks.split(",") if r.strip()], "summary": summary}
         for ranks, summary in _GROUP.findall(error)
     ]
@@ -47,7 +72,7 @@ class RankReports:
 
     def __init__(self, reader: RunReader) -> None:
         self.reader = reader
-        self.ranks: dict[int, dict[str, Any]] = {}
+        self.ranks: dict[int, RankState] = {}
         self._cursor: HistoryCursor | None = None
         self._lock = threading.Lock()
 
@@ -60,15 +85,15 @@ class RankReports:
             for row in chunk.rows:
                 self._add(row)
 
-    def _add(self, row: dict[str, Any]) -> None:
+    def _add(self, row: dict[str, object]) -> None:
         rank = row.get("rank")
         if not isinstance(rank, int):
             return
         attempt = row.get(ATTEMPT_COLUMN)
         state = self.ranks.get(rank)
-        if state is None or state["attempt"] != attempt:
+        if state is None or state.get("attempt") != attempt:
             state = self.ranks[rank] = {"rank": rank, "attempt": attempt, "reports": 0}
-        state["reports"] += 1
+        state["reports"] = state.get("reports", 0) + 1
         state["iteration"] = row.get("training_iteration")
         metrics = {
             k: v
@@ -77,27 +102,30 @@ class RankReports:
         }
         state["metrics"] = dict(list(metrics.items())[:SHOWN_METRICS])
 
-    def snapshot(self) -> dict[int, dict[str, Any]]:
+    def snapshot(self) -> dict[int, RankState]:
         with self._lock:
-            return {rank: dict(state) for rank, state in self.ranks.items()}
+            return {rank: RankState(**state) for rank, state in self.ranks.items()}
 
 
 def rank_table(
-    reports: dict[int, dict[str, Any]],
-    logs: dict[int, dict[str, Any]],
-    attempts: list[dict[str, Any]],
-    stragglers: list[dict[str, Any]],
+    reports: dict[int, RankState],
+    logs: dict[int, LogFile],
+    attempts: list[dict[str, object]],
+    stragglers: list[dict[str, object]],
     status: str,
     world_size: int | None,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """One row per rank: reports, state, straggler periods and log."""
     last = attempts[-1] if attempts else {}
-    failure = failure_of(last.get("error")) or {"ranks": []}
+    error = last.get("error")
+    failure = failure_of(error if isinstance(error, str) else None)
+    failed = failure["ranks"] if failure else []
+    root_rank = failure["root_rank"] if failure else None
     known = set(reports) | set(logs) | set(range(world_size or 0))
     rows = []
     for rank in sorted(known):
         periods = [p for p in stragglers if p.get("rank") == rank]
-        if rank in failure["ranks"]:
+        if rank in failed:
             state = "failed"
         elif status == "running":
             state = "running"
@@ -107,7 +135,7 @@ def rank_table(
             {
                 **reports.get(rank, {"rank": rank, "reports": 0}),
                 "state": state,
-                "root_cause": rank == failure.get("root_rank"),
+                "root_cause": rank == root_rank,
                 "straggler": [p.get("slowdown") for p in periods],
                 "log": logs.get(rank),
             }
@@ -115,7 +143,11 @@ def rank_table(
     return rows
 
 
-def rank_logs(reader: RunReader, allowed: Any) -> dict[int, dict[str, Any]]:
+class LogFile(TypedDict):
+    size: int
+
+
+def rank_logs(reader: RunReader, allowed: Callable[[str], bool]) -> dict[int, LogFile]:
     """``{rank: {"size": bytes}}`` of the run's log files that are regular files inside
     ``allowed`` (a predicate on a path: a symlink out of the run is left out)."""
     directory = reader.log_dir()
@@ -123,7 +155,8 @@ def rank_logs(reader: RunReader, allowed: Any) -> dict[int, dict[str, Any]]:
         names = os.listdir(directory)
     except OSError:
         return {}
-    found = {}
+    found: dict[int, LogFile] = {}
+
     for name in names:
         match = _RANK_FILE.match(name)
         path = os.path.join(directory, name)

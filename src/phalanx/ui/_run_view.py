@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from phalanx._foundation.goodput_parts import Goodput
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
@@ -33,6 +33,32 @@ logger = logging.getLogger(__name__)
 # run.json's configuration, as the run page lists it and the compare page sets it side by side
 CONFIG_KEYS = ("trainer", "train_loop_config", "scaling_config", "run_config", "backend_config")
 T = TypeVar("T")
+# run.json, a history row or an attempt entry as read back: JSON of whatever shape the run (or
+# a hand edit) left, navigated with .get() and checked where a value is used.
+ReadJson = dict[str, Any]
+
+
+class RunSummary(TypedDict):
+    """A run's line in the runs list (:func:`summary`), sent as JSON."""
+
+    id: str
+    name: str
+    sweep: str | None
+    status: str
+    verified: bool
+    status_how: str
+    attempts: int
+    started: float | None
+    ended: float | None
+    duration: float | None
+    iteration: object
+    metrics: dict[str, object]
+    best: dict[str, object] | None
+    checkpoints: int
+    goodput: dict[str, object] | None
+    trainer: object
+    error: str | None
+    problems: list[str]
 
 
 class RunState:
@@ -53,7 +79,7 @@ class RunState:
         return self._sizes[key]
 
 
-def checkpoint_config(record: dict[str, Any] | None) -> CheckpointConfig:
+def checkpoint_config(record: ReadJson | None) -> CheckpointConfig:
     """The run's own ranking of checkpoints (so "best" is the run's best)."""
     saved = ((record or {}).get("run_config") or {}).get("checkpoint_config") or {}
     with contextlib.suppress(Exception):
@@ -77,14 +103,14 @@ def _quietly(read: Callable[[], T], problems: list[str]) -> T | None:
 class Loaded:
     """A run's record, checkpoints, status and last row, read once for one answer."""
 
-    record: dict[str, Any]
+    record: ReadJson
     manager: CheckpointManager | None
     status: RunStatus | None
-    last: dict[str, Any]
+    last: ReadJson
     problems: list[str]
 
     @property
-    def attempts(self) -> list[dict[str, Any]]:
+    def attempts(self) -> list[ReadJson]:
         return self.manager.attempt_history if self.manager else []
 
 
@@ -98,7 +124,7 @@ def load(reader: RunReader) -> Loaded:
     return Loaded(record, manager, status, last, problems)
 
 
-def summary(run_id: str, reader: RunReader, loaded: Loaded | None = None) -> dict[str, Any]:
+def summary(run_id: str, reader: RunReader, loaded: Loaded | None = None) -> RunSummary:
     """The run's line in the runs list."""
     loaded = loaded or load(reader)
     record, manager, status, last = loaded.record, loaded.manager, loaded.status, loaded.last
@@ -130,7 +156,7 @@ def summary(run_id: str, reader: RunReader, loaded: Loaded | None = None) -> dic
 
 
 def _times(
-    record: dict[str, Any], attempts: list[dict[str, Any]], last: dict[str, Any], state: str
+    record: ReadJson, attempts: list[ReadJson], last: ReadJson, state: str
 ) -> tuple[float | None, float | None]:
     """When the latest ``fit()`` started and ended (None while it runs)."""
     started = record.get("started") if is_number(record.get("started")) else None
@@ -145,7 +171,7 @@ def _times(
     return started, ended if is_number(ended) else None
 
 
-def _best(manager: CheckpointManager | None) -> dict[str, Any] | None:
+def _best(manager: CheckpointManager | None) -> dict[str, object] | None:
     """The checkpoint the run ranks best, with its score (the latest without a score)."""
     ranked = manager.best_checkpoints() if manager else []
     if not ranked or manager is None:
@@ -160,7 +186,7 @@ def _best(manager: CheckpointManager | None) -> dict[str, Any] | None:
     }
 
 
-def _goodput(data: Any) -> dict[str, Any] | None:
+def _goodput(data: object) -> dict[str, object] | None:
     if not isinstance(data, dict):
         return None
     try:
@@ -178,7 +204,7 @@ def _goodput(data: Any) -> dict[str, Any] | None:
     }
 
 
-def detail(state: RunState) -> dict[str, Any]:
+def detail(state: RunState) -> dict[str, object]:
     """Everything the run page shows but the charts (``MetricSeries.chart``)."""
     reader = state.reader
     loaded = load(reader)
@@ -219,7 +245,7 @@ def detail(state: RunState) -> dict[str, Any]:
     }
 
 
-def _attempt(entry: dict[str, Any]) -> dict[str, Any]:
+def _attempt(entry: ReadJson) -> dict[str, object]:
     started, ended = entry.get("started"), entry.get("ended")
     return {
         "attempt": entry.get("attempt"),
@@ -232,14 +258,14 @@ def _attempt(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _world_size(record: dict[str, Any]) -> int | None:
+def _world_size(record: ReadJson) -> int | None:
     workers = (record.get("scaling_config") or {}).get("num_workers")
     if isinstance(workers, list) and workers and isinstance(workers[-1], int):
         return None  # elastic: the ranks that reported say how many there were
     return workers if isinstance(workers, int) and 0 < workers <= 4096 else None
 
 
-def _checkpoints(state: RunState, manager: CheckpointManager | None) -> list[dict[str, Any]]:
+def _checkpoints(state: RunState, manager: CheckpointManager | None) -> list[dict[str, object]]:
     """The committed checkpoints in the order they were made, best and latest marked."""
     if manager is None:
         return []
@@ -275,7 +301,9 @@ def _tree_size(reader: RunReader, path: str) -> int | None:
         return None
 
 
-def _data_position(manager: CheckpointManager | None, problems: list[str]) -> dict[str, Any] | None:
+def _data_position(
+    manager: CheckpointManager | None, problems: list[str]
+) -> dict[str, object] | None:
     """Where each dataset stands at the latest checkpoint (None when it stored no position)."""
     if manager is None or manager.latest is None:
         return None

@@ -22,13 +22,36 @@ import math
 import threading
 from array import array
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from phalanx._internal.storage.history import ATTEMPT_COLUMN, user_metrics
 from phalanx._internal.storage.reader import HistoryCursor, RunReader
 from phalanx.cli._runs import flatten, is_number
 
 NAN = float("nan")
+
+
+class Curve(TypedDict):
+    x: list[float]
+    y: list[float]
+
+
+class AttemptStart(TypedDict):
+    attempt: int
+    x: float
+
+
+class Chart(TypedDict):
+    """What :meth:`MetricSeries.chart` hands the page (as JSON)."""
+
+    version: int
+    rows: int
+    metrics: dict[str, Curve]
+    names: list[str]
+    attempts: list[AttemptStart]
+    last: dict[str, object]
+    iteration: float | None
+    updated: float | None
 
 
 class MetricSeries:
@@ -46,8 +69,8 @@ class MetricSeries:
         self.attempts = array("q")
         self.times = array("d")
         self.columns: dict[str, array[float]] = {}
-        self.last: dict[str, Any] = {}  # the last row's user metrics, flattened
-        self._attempt: Any = None
+        self.last: dict[str, object] = {}  # the last row's user metrics, flattened
+        self._attempt: object = None
 
     def __len__(self) -> int:
         return len(self.iterations)
@@ -66,7 +89,7 @@ class MetricSeries:
                 return True
             return False
 
-    def _add(self, row: dict[str, Any]) -> None:
+    def _add(self, row: dict[str, object]) -> None:
         iteration = row.get("training_iteration")
         attempt = row.get(ATTEMPT_COLUMN)
         if attempt != self._attempt:
@@ -108,13 +131,13 @@ class MetricSeries:
         """The x of each row: its iteration, or its position where it has none."""
         return [it if it == it else float(i + 1) for i, it in enumerate(self.iterations)]
 
-    def chart(self, points: int, metrics: Sequence[str] | None = None) -> dict[str, Any]:
+    def chart(self, points: int, metrics: Sequence[str] | None = None) -> Chart:
         """Every (or each named) metric downsampled to ``points``, the attempts' first x, the
         latest metrics and where the run is."""
         with self._lock:
             xs = self.xs()
             names = list(self.columns) if metrics is None else [m for m in metrics]
-            charted = {}
+            charted: dict[str, Curve] = {}
             for name in names:
                 column = self.columns.get(name)
                 if column is not None:
@@ -133,8 +156,9 @@ class MetricSeries:
                 else None,
             }
 
-    def _attempt_starts(self, xs: list[float]) -> list[dict[str, Any]]:
-        starts = []
+    def _attempt_starts(self, xs: list[float]) -> list[AttemptStart]:
+        starts: list[AttemptStart] = []
+
         previous = None
         for x, attempt in zip(xs, self.attempts):
             if attempt != previous:

@@ -14,13 +14,18 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from phalanx.errors import ConfigError
 from phalanx.ui._app import LOOPBACK_NAMES, build_app
 from phalanx.ui._catalog import RUN_FILES, StorageRoot
 from phalanx.ui._viewer import Viewer
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    import uvicorn
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +52,7 @@ class UIServer:
             print(viewer.url)  # http://127.0.0.1:<port>
     """
 
-    def __init__(self, server: Any, sock: socket.socket, url: str) -> None:
+    def __init__(self, server: uvicorn.Server, sock: socket.socket, url: str) -> None:
         self.url = url
         self.port = sock.getsockname()[1]
         self._server = server
@@ -157,11 +162,13 @@ def url_of(host: str, sock: socket.socket) -> str:
     return f"http://{shown}:{port}"
 
 
-def _uvicorn(root: StorageRoot, host: str) -> Any:
+def _uvicorn(root: StorageRoot, host: str) -> uvicorn.Server:
     from phalanx._foundation.optional import require
 
     require("starlette", "phalanx ui", extra="ui")
-    uvicorn = require("uvicorn", "phalanx ui", extra="ui")
+    require("uvicorn", "phalanx ui", extra="ui")
+    import uvicorn
+
     allowed = LOOPBACK_NAMES | {host.strip("[]")} if is_loopback(host) else None
     config = uvicorn.Config(
         build_app(Viewer(root), allowed),
@@ -171,8 +178,8 @@ def _uvicorn(root: StorageRoot, host: str) -> Any:
         timeout_graceful_shutdown=SHUTDOWN_S,
     )
 
-    class Server(uvicorn.Server):  # type: ignore[misc, name-defined]
-        def handle_exit(self, sig: int, frame: Any) -> None:
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # Not uvicorn's: it raises the signal again after shutdown, so a clean stop would
             # end the process with a signal's status.
             # A second Ctrl-C: stop waiting for open connections.

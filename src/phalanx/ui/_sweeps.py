@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from phalanx.cli._text import flat_config
+
+if TYPE_CHECKING:
+    from phalanx.ui._catalog import StorageRoot
+    from phalanx.ui._run_view import ReadJson, RunSummary
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +27,7 @@ SWEEP_STATE_FILES = ("tuner_state.json", "sweep.json")
 STATE_KEYS = ("metric", "mode", "num_samples", "scheduler", "search_alg", "status")
 
 
-def sweep_state(root: Any, name: str) -> dict[str, Any]:
+def sweep_state(root: StorageRoot, name: str) -> dict[str, object]:
     """What the sweep ``name`` says of itself (``{}`` when it keeps no JSON state)."""
     for file in SWEEP_STATE_FILES:
         path = f"{root.path.rstrip('/')}/{name}/{file}"
@@ -41,15 +45,17 @@ def sweep_state(root: Any, name: str) -> dict[str, Any]:
 
 
 def sweep_view(
-    name: str, state: dict[str, Any], trials: list[dict[str, Any]], configs: list[dict[str, Any]]
-) -> dict[str, Any]:
+    name: str, state: dict[str, object], trials: list[RunSummary], configs: list[ReadJson]
+) -> dict[str, object]:
     """The sweep's page: its state and one row per trial (its summary and its config keys)."""
-    rows = []
+    rows: list[dict[str, object]] = []
+    keys: set[str] = set()
     for trial, record in zip(trials, configs):
-        rows.append({**trial, "config": flat_config(record.get("train_loop_config") or {})})
-    keys = sorted({k for row in rows for k in row["config"] if k})
-    return {"name": name, "state": state, "trials": rows, "config_keys": keys}
+        config = flat_config(record.get("train_loop_config") or {})
+        keys.update(k for k in config if k)
+        rows.append({**trial, "config": config})
+    return {"name": name, "state": state, "trials": rows, "config_keys": sorted(keys)}
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: object) -> bool:
     return value is None or isinstance(value, str | int | float | bool | list | dict)

@@ -15,21 +15,27 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING
 
 from phalanx._internal.storage.run_record import RUN_FILE
 from phalanx._internal.storage.run_storage import ERROR_TEXT_FILE, HISTORY_FILE, SNAPSHOT_FILE
 from phalanx._internal.storage.snapshot_journal import JOURNAL_FILE
 from phalanx.ui._catalog import StorageRoot
 from phalanx.ui._compare import compare
-from phalanx.ui._run_view import RunState, detail, load, summary
+from phalanx.ui._run_view import RunState, RunSummary, detail, load, summary
+from phalanx.ui._series import Chart
 from phalanx.ui._sweeps import sweep_state, sweep_view
+
+if TYPE_CHECKING:
+    from phalanx._internal.storage.reader import RunReader
 
 MAX_RUNS = 64  # runs whose followers are kept (about 1 MB per 10,000 rows of 10 metrics)
 MAX_COMPARED = 12
 REMOTE_TTL_S = 5.0  # object stores: a summary is read again after this long
 POLL_S = {True: 0.5, False: 2.0}  # how often a page asks again: local storage, remote
 _SIGNED = (RUN_FILE, SNAPSHOT_FILE, JOURNAL_FILE, HISTORY_FILE, ERROR_TEXT_FILE)
+# the files' (size, mtime) (None: missing) on local storage, else the clock's REMOTE_TTL_S slot
+Signature = int | tuple[tuple[int, int] | None, ...]
 
 
 class Viewer:
@@ -39,7 +45,7 @@ class Viewer:
         self.root = root
         self.poll_s = POLL_S[root.local]
         self._states: OrderedDict[str, RunState] = OrderedDict()
-        self._summaries: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._summaries: dict[str, tuple[Signature, RunSummary]] = {}
         self._lock = threading.Lock()
 
     def state(self, run_id: str) -> RunState:
@@ -56,7 +62,7 @@ class Viewer:
 
     # -- the pages' answers ---------------------------------------------------------------------
 
-    def runs(self) -> dict[str, Any]:
+    def runs(self) -> dict[str, object]:
         listing = self.root.listing()
         sweeps = [
             {"name": name, "trials": len(trials), "state": sweep_state(self.root, name)}
@@ -70,7 +76,7 @@ class Viewer:
             "poll_s": self.poll_s,
         }
 
-    def summary(self, run_id: str) -> dict[str, Any]:
+    def summary(self, run_id: str) -> RunSummary:
         reader = self.root.reader(run_id)
         signature = self._signature(reader)
         cached = self._summaries.get(run_id)
@@ -80,20 +86,20 @@ class Viewer:
         self._summaries[run_id] = (signature, line)
         return line
 
-    def run(self, run_id: str) -> dict[str, Any]:
+    def run(self, run_id: str) -> dict[str, object]:
         return {**detail(self.state(run_id)), "poll_s": self.poll_s}
 
-    def series(self, run_id: str, points: int, version: int | None) -> dict[str, Any]:
+    def series(self, run_id: str, points: int, version: int | None) -> Chart | dict[str, object]:
         state = self.state(run_id)
         state.series.refresh()
         if version is not None and version == state.series.version:
             return {"version": version, "unchanged": True}
         return state.series.chart(points)
 
-    def compare(self, run_ids: list[str], points: int, show_all: bool) -> dict[str, Any]:
+    def compare(self, run_ids: list[str], points: int, show_all: bool) -> dict[str, object]:
         return compare([self.state(r) for r in run_ids[:MAX_COMPARED]], points, show_all)
 
-    def sweep(self, name: str) -> dict[str, Any]:
+    def sweep(self, name: str) -> dict[str, object]:
         listing = self.root.listing()
         if name not in listing.sweeps:
             from phalanx.ui._catalog import RunRefused
@@ -104,7 +110,7 @@ class Viewer:
         lines = [summary(t, self.root.reader(t), d) for t, d in zip(trials, loaded)]
         return sweep_view(name, sweep_state(self.root, name), lines, [d.record for d in loaded])
 
-    def _signature(self, reader: Any) -> Any:
+    def _signature(self, reader: RunReader) -> Signature:
         """What tells a run's files changed: their sizes and times (local), else the clock."""
         if reader.local_path is None:
             return int(time.monotonic() / REMOTE_TTL_S)
