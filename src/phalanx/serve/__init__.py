@@ -24,12 +24,17 @@ from phalanx.serve._config import ServeConfig
 from phalanx.serve._model import ModelSpec
 from phalanx.serve._server import ServeHandle
 
+if _typing.TYPE_CHECKING:
+    from ray.serve import Application
+
+    from phalanx.serve._model import CheckpointSource, PredictorChoice
+
 __all__ = ["ModelSpec", "ServeConfig", "ServeHandle", "deployment", "serve"]
 
 
 def serve(
-    checkpoint: _typing.Any,
-    predictor: _typing.Any = None,
+    checkpoint: CheckpointSource,
+    predictor: PredictorChoice = None,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -41,7 +46,7 @@ def serve(
     columns: list[str] | None = None,
     predict_kwargs: dict[str, _typing.Any] | None = None,
     ready_timeout: float = 300.0,
-    **predictor_kwargs: _typing.Any,
+    **predictor_kwargs: object,
 ) -> ServeHandle:
     """Serve ``checkpoint`` over HTTP in the background; returns once the model is loaded.
 
@@ -80,8 +85,8 @@ def serve(
 
 
 def deployment(
-    checkpoint: _typing.Any,
-    predictor: _typing.Any = None,
+    checkpoint: CheckpointSource,
+    predictor: PredictorChoice = None,
     *,
     name: str = "phalanx",
     num_replicas: int | str = 1,
@@ -93,8 +98,8 @@ def deployment(
     select: str = "best",
     columns: list[str] | None = None,
     predict_kwargs: dict[str, _typing.Any] | None = None,
-    **predictor_kwargs: _typing.Any,
-) -> _typing.Any:
+    **predictor_kwargs: object,
+) -> Application:
     """A Ray Serve application serving ``checkpoint`` with the same HTTP API as :func:`serve`
     (arguments as there); ``num_replicas`` and ``ray_actor_options`` (e.g. ``{"num_cpus": 1,
     "num_gpus": 1}``) go to ``serve.deployment``. Run it with ``ray.serve.run(app)``.

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from phalanx.serve._batching import Batcher, PredictionError
 from phalanx.serve._config import ServeConfig
@@ -24,8 +24,10 @@ __all__ = ["ServeAPI", "build_app", "load_logged"]
 
 logger = logging.getLogger(__name__)
 
-Request = Any  # starlette.requests.Request (imported lazily: the serve extra may be missing)
-Response = Any
+if TYPE_CHECKING:  # the serve extra may be missing: starlette is imported where used
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
 
 
 class ServeAPI:
@@ -170,7 +172,7 @@ def _too_large(size: int, limit: int) -> str:
     )
 
 
-def _json(payload: dict[str, Any], status: int = 200) -> Response:
+def _json(payload: dict[str, object], status: int = 200) -> Response:
     from starlette.responses import JSONResponse
 
     return JSONResponse(payload, status_code=status)
@@ -180,7 +182,7 @@ def _error(status: int, message: str) -> Response:
     return _json({"error": message}, status)
 
 
-def build_app(api: ServeAPI, load_in_background: bool = True) -> Any:
+def build_app(api: ServeAPI, load_in_background: bool = True) -> Starlette:
     """A Starlette app serving ``api``: the model loads after startup (``/readyz`` says when)
     and the batcher stops after shutdown has let the requests in flight finish."""
     import contextlib
@@ -192,7 +194,7 @@ def build_app(api: ServeAPI, load_in_background: bool = True) -> Any:
     from starlette.routing import Route
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Any) -> Any:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loading = None
         if load_in_background:
             loading = asyncio.get_running_loop().run_in_executor(None, load_logged, api)

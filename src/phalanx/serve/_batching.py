@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,6 +30,9 @@ Prediction = dict[str, np.ndarray]  # output column -> one value per row
 
 class PredictionError(Exception):
     """The model failed on one request's rows (the request alone, so the input is to blame)."""
+
+
+Outcome = Prediction | PredictionError  # what one request gets back from a model call
 
 
 @dataclass
@@ -77,7 +80,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             batch = await self._collect()
-            groups: dict[tuple[Any, ...], list[_Pending]] = {}
+            groups: dict[tuple[tuple[str, str], ...], list[_Pending]] = {}
             for item in batch:
                 groups.setdefault(_signature(item.frame), []).append(item)
             for items in groups.values():
@@ -115,7 +118,7 @@ class Batcher:
             rows += len(item.frame)
         return batch
 
-    def _call(self, frames: list[pd.DataFrame]) -> tuple[list[Any], list[tuple[int, int]]]:
+    def _call(self, frames: list[pd.DataFrame]) -> tuple[Sequence[Outcome], list[tuple[int, int]]]:
         """On the model thread: one call for all; on failure, one call per request."""
         try:
             return self.model.predict_many(frames), [(len(frames), sum(map(len, frames)))]
@@ -124,7 +127,8 @@ class Batcher:
                 logger.debug("Prediction failed", exc_info=True)
                 return [PredictionError(f"{type(exc).__name__}: {exc}")], [(1, len(frames[0]))]
             logger.debug("A batch of %d requests failed; retrying each alone", len(frames))
-        outcomes, calls = [], []
+        outcomes: list[Outcome] = []
+        calls: list[tuple[int, int]] = []
         for frame in frames:
             result, call = self._call([frame])
             outcomes += result
@@ -132,6 +136,6 @@ class Batcher:
         return outcomes, calls
 
 
-def _signature(frame: pd.DataFrame) -> tuple[Any, ...]:
+def _signature(frame: pd.DataFrame) -> tuple[tuple[str, str], ...]:
     """Requests concatenate into one frame only when their columns and dtypes agree."""
     return tuple((str(name), str(dtype)) for name, dtype in frame.dtypes.items())

@@ -9,7 +9,6 @@ model names none: then the preprocessor's alone). None where neither knows.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from phalanx.predict import Predictor
 
@@ -41,14 +40,15 @@ def input_columns(predictor: Predictor) -> list[str] | None:
 def _feature_names(predictor: Predictor) -> list[str] | None:
     model = getattr(predictor, "model", None)
     names = getattr(model, "feature_names", None)  # xgboost
-    if names is None and hasattr(model, "feature_name"):  # lightgbm
-        names = model.feature_name()  # type: ignore[union-attr]
+    feature_name = getattr(model, "feature_name", None)  # lightgbm
+    if names is None and feature_name is not None:
+        names = feature_name()
     if not names or all(GENERATED_NAME.fullmatch(str(n)) for n in names):
         return None  # generated names: the model was trained on a bare matrix
     return [str(n) for n in names]
 
 
-def _preprocessor_columns(preprocessor: Any) -> tuple[list[str], set[str]] | None:
+def _preprocessor_columns(preprocessor: object) -> tuple[list[str], set[str]] | None:
     """(raw columns the stages read, columns they make), or None if a stage does not say."""
     reads: list[str] = []
     makes: set[str] = set()

@@ -8,9 +8,12 @@ answered it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from phalanx._foundation.optional import require
+
+if TYPE_CHECKING:
+    import prometheus_client
 
 __all__ = ["ServeMetrics"]
 
@@ -28,7 +31,9 @@ class ServeMetrics:
         self.registry = client.CollectorRegistry()
         self._in_flight = 0
 
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+        def histogram(
+            name: str, doc: str, buckets: tuple[float, ...]
+        ) -> prometheus_client.Histogram:
             return client.Histogram(
                 f"{PREFIX}_{name}", doc, buckets=buckets, registry=self.registry
             )

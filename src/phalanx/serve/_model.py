@@ -23,6 +23,11 @@ from phalanx.errors import ConfigError
 from phalanx.predict import Predictor, checkpoint_framework
 from phalanx.serve._columns import input_columns, model_columns
 
+# What serve() takes as the model: a Checkpoint, a checkpoint directory or a run directory.
+CheckpointSource = Checkpoint | str | os.PathLike[str]
+# A Predictor class, a framework name ("torch"), "module:Class", or None (the checkpoint's).
+PredictorChoice = type[Predictor] | str | None
+
 __all__ = ["ModelSpec", "ServedModel", "resolve_checkpoint"]
 
 logger = logging.getLogger(__name__)
@@ -51,10 +56,10 @@ class ModelSpec:
         spec = ModelSpec(result.path, "torch", predictor_kwargs={"model": Net()}, choice="latest")
     """
 
-    checkpoint: Any
-    predictor: Any = None
-    predictor_kwargs: dict[str, Any] = field(default_factory=dict)
-    predict_kwargs: dict[str, Any] = field(default_factory=dict)
+    checkpoint: CheckpointSource
+    predictor: PredictorChoice = None
+    predictor_kwargs: dict[str, object] = field(default_factory=dict)
+    predict_kwargs: dict[str, Any] = field(default_factory=dict)  # the user's, for predict()
     columns: tuple[str, ...] | None = None
     choice: str = "best"
     cli: bool = False  # errors name command-line options (--model), not keyword arguments
@@ -97,7 +102,7 @@ class ServedModel:
         to ``Predictor.predict`` in the predictor's own batch format, as BatchPredictor's
         scoring workers hand them (a numpy predictor skips pandas: tens of times faster on the
         small batches a server sees)."""
-        batch: Any = frame
+        batch: pd.DataFrame | dict[str, np.ndarray] = frame
         if self.predictor.batch_format == "numpy":
             batch = {str(c): _column(frame[c]) for c in frame.columns}
         out = self.predictor.predict(batch, **self.predict_kwargs)
@@ -120,7 +125,7 @@ class ServedModel:
         bounds = np.cumsum([0] + [len(f) for f in frames])
         return [{c: v[a:b] for c, v in out.items()} for a, b in itertools.pairwise(bounds)]
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, object]:
         from phalanx._version import __version__
 
         preprocessor = self.predictor.get_preprocessor()
@@ -136,7 +141,7 @@ class ServedModel:
         }
 
 
-def resolve_checkpoint(source: Any, choice: str = "best") -> Checkpoint:
+def resolve_checkpoint(source: object, choice: str = "best") -> Checkpoint:
     """``source`` as a Checkpoint: itself, a checkpoint directory, or one of a run directory's
     checkpoints (``choice``: ``"best"``, ``"latest"`` or a checkpoint directory's name)."""
     if isinstance(source, Checkpoint):
@@ -190,7 +195,9 @@ def _listing(checkpoint: Checkpoint) -> set[str]:
     return {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(checkpoint.path, detail=False)}
 
 
-def predictor_class(predictor: Any, checkpoint: Checkpoint, cli: bool = False) -> type[Predictor]:
+def predictor_class(
+    predictor: object, checkpoint: Checkpoint, cli: bool = False
+) -> type[Predictor]:
     """The Predictor class: given, named (framework or ``module:Class``), or the checkpoint's.
     ``cli``: errors name ``--predictor`` rather than ``predictor=``."""
     if isinstance(predictor, type) and issubclass(predictor, Predictor):
@@ -222,7 +229,7 @@ def predictor_class(predictor: Any, checkpoint: Checkpoint, cli: bool = False) -
     return found
 
 
-def import_object(path: str, what: str) -> Any:
+def import_object(path: str, what: str) -> Any:  # whatever the user's module holds there
     """``"package.module:attr"`` imported; a ConfigError naming ``what`` (a keyword argument, or
     an option such as ``--model``) if it cannot be."""
     module_name, _, attr = path.partition(":")
@@ -291,19 +298,20 @@ def _default_predict_kwargs(predictor: Predictor, given: dict[str, Any]) -> dict
     """JSON numbers arrive as float64; a float32 torch model would reject them, so torch
     inputs get the model's floating dtype unless ``predict_kwargs`` names a ``dtype``."""
     kwargs = dict(given)
-    model = getattr(predictor, "model", None)
-    if "dtype" in kwargs or not hasattr(model, "parameters"):
+    parameters = getattr(getattr(predictor, "model", None), "parameters", None)
+    if "dtype" in kwargs or parameters is None:
         return kwargs
-    for parameter in model.parameters():  # type: ignore[union-attr]
+    for parameter in parameters():
         if parameter.is_floating_point():
             kwargs["dtype"] = parameter.dtype
             break
     return kwargs
 
 
-def _column(values: Any) -> np.ndarray:
+def _column(values: object) -> np.ndarray:
     if isinstance(values, pd.Series):
-        values = values.to_numpy()
-        if values.dtype == object and len(values) and isinstance(values[0], np.ndarray):
-            values = np.stack(list(values))
+        array = values.to_numpy()
+        if array.dtype == object and len(array) and isinstance(array[0], np.ndarray):
+            return np.stack(list(array))
+        return array
     return np.asarray(values)

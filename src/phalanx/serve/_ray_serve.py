@@ -10,11 +10,17 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from phalanx.serve._app import ServeAPI
 from phalanx.serve._config import ServeConfig
 from phalanx.serve._model import ModelSpec
+
+if TYPE_CHECKING:
+    from ray.serve import Application
+    from starlette.requests import Request
+    from starlette.responses import Response
 
 __all__ = ["PhalanxDeployment", "build_deployment", "run_on_ray"]
 
@@ -28,7 +34,7 @@ class PhalanxDeployment:
         self.api = ServeAPI(spec, config)
         self.api.load()
 
-    async def __call__(self, request: Any) -> Any:
+    async def __call__(self, request: Request) -> Response:
         return await self.api.dispatch(request)
 
     def check_health(self) -> None:
@@ -36,7 +42,7 @@ class PhalanxDeployment:
             raise RuntimeError("The model is not loaded.")
 
 
-def import_ray_serve() -> Any:
+def import_ray_serve() -> ModuleType:
     try:
         from ray import serve
     except ImportError as exc:
@@ -53,9 +59,9 @@ def build_deployment(
     *,
     name: str,
     num_replicas: int | str,
-    ray_actor_options: dict[str, Any] | None,
+    ray_actor_options: dict[str, object] | None,
     max_ongoing_requests: int,
-) -> Any:
+) -> Application:
     """``serve.deployment(PhalanxDeployment).bind(spec, config)``: an Application."""
     serve = import_ray_serve()
     deployment = serve.deployment(
@@ -70,7 +76,7 @@ def build_deployment(
 
 
 def run_on_ray(
-    app: Any, config: ServeConfig, name: str = "phalanx", address: str = "local"
+    app: Application, config: ServeConfig, name: str = "phalanx", address: str = "local"
 ) -> None:
     """``phalanx serve --ray``: run ``app`` on Ray Serve at ``config.host:config.port`` until
     SIGTERM or Ctrl-C, then remove it. ``address``: ``"local"`` (default) starts a Ray instance

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -80,7 +79,7 @@ def _parse_arrow(body: bytes, parquet: bool) -> pd.DataFrame:
     return table.to_pandas()
 
 
-def _parse_json(payload: Any) -> pd.DataFrame:
+def _parse_json(payload: object) -> pd.DataFrame:
     if isinstance(payload, list):
         return _records(payload)
     if isinstance(payload, dict) and set(payload) == {"records"}:
@@ -91,7 +90,7 @@ def _parse_json(payload: Any) -> pd.DataFrame:
     raise RequestError(400, f"The JSON body is {got}.\nHINT: {JSON_SHAPES}.")
 
 
-def _records(records: Any) -> pd.DataFrame:
+def _records(records: object) -> pd.DataFrame:
     if not isinstance(records, list):
         raise RequestError(400, f'"records" must be a list of objects.\nHINT: {JSON_SHAPES}.')
     if not records:
@@ -110,7 +109,7 @@ def _records(records: Any) -> pd.DataFrame:
     return _frame(columns)
 
 
-def _row_names(row: Any, i: int) -> list[str]:
+def _row_names(row: object, i: int) -> list[str]:
     if not isinstance(row, dict):
         raise RequestError(
             400, f"Row {i} is a {type(row).__name__}, not an object.\nHINT: {JSON_SHAPES}."
@@ -118,7 +117,7 @@ def _row_names(row: Any, i: int) -> list[str]:
     return list(row)
 
 
-def _columns(columns: Any) -> pd.DataFrame:
+def _columns(columns: object) -> pd.DataFrame:
     if not isinstance(columns, dict) or not all(isinstance(v, list) for v in columns.values()):
         raise RequestError(
             400, f'"columns" must map each column name to a list of values.\nHINT: {JSON_SHAPES}.'
@@ -133,13 +132,13 @@ def _columns(columns: Any) -> pd.DataFrame:
     return _frame(columns)
 
 
-def _frame(columns: dict[str, list[Any]]) -> pd.DataFrame:
+def _frame(columns: dict[str, list[object]]) -> pd.DataFrame:
     for name, values in columns.items():
         _check_values(name, values)
     return pd.DataFrame({name: _array(values) for name, values in columns.items()})
 
 
-def _check_values(name: str, values: list[Any]) -> None:
+def _check_values(name: str, values: list[object]) -> None:
     """Each column holds one kind of value: numbers (bool too), strings, or lists of numbers."""
     first = next((_kind(v) for v in values if v is not None), None)
     for row, value in enumerate(values):
@@ -153,7 +152,7 @@ def _check_values(name: str, values: list[Any]) -> None:
             )
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     if isinstance(value, bool | int | float):
         return "number"
     if isinstance(value, str):
@@ -163,7 +162,7 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _array(values: list[Any]) -> Any:
+def _array(values: list[object]) -> list[object]:
     if values and isinstance(values[0], list):  # a tensor column: one array per row
         return [np.asarray(v) for v in values]
     return values
@@ -183,7 +182,7 @@ def check_columns(frame: pd.DataFrame, expected: list[str] | None) -> None:
         )
 
 
-def encode_predictions(out: dict[str, np.ndarray]) -> dict[str, Any]:
+def encode_predictions(out: dict[str, np.ndarray]) -> dict[str, object]:
     """``{"predictions": [...]}``: one JSON value per row (NaN becomes null)."""
     columns = {name: _finite(values.tolist()) for name, values in out.items()}
     if list(columns) == ["predictions"]:
@@ -194,7 +193,7 @@ def encode_predictions(out: dict[str, np.ndarray]) -> dict[str, Any]:
     return {"predictions": rows}
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, list):

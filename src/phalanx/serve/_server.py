@@ -22,7 +22,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from types import FrameType
+from typing import Protocol
 
 from phalanx.serve._app import ServeAPI, build_app
 from phalanx.serve._config import ServeConfig
@@ -34,6 +35,15 @@ __all__ = ["ServeHandle", "run_forever", "start", "uvicorn_server"]
 logger = logging.getLogger(__name__)
 
 ALL_INTERFACES = ("0.0.0.0", "::", "")
+
+
+class ModelServer(Protocol):
+    """The uvicorn server :func:`uvicorn_server` makes, with the :class:`ServeAPI` it serves."""
+
+    api: ServeAPI
+    should_exit: bool
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None: ...
 
 
 class ServeHandle:
@@ -52,7 +62,7 @@ class ServeHandle:
         host = "127.0.0.1" if config.host in ALL_INTERFACES else config.host
         self.url = f"http://{_url_host(host)}:{self.port}"
         self._thread: threading.Thread | None = None
-        self._server: Any = None
+        self._server: ModelServer | None = None
         self._processes: list[subprocess.Popen[bytes]] = []
 
     def stop(self, timeout: float | None = None) -> None:
@@ -134,7 +144,7 @@ def run_forever(spec: ModelSpec, config: ServeConfig) -> None:
 def _load_until_signalled(api: ServeAPI) -> None:
     """``api.load()``; SIGTERM meanwhile stops it as Ctrl-C does (KeyboardInterrupt)."""
 
-    def interrupt(signum: int, frame: Any) -> None:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
@@ -152,7 +162,7 @@ def _run_workers(spec: ModelSpec, config: ServeConfig, sock: socket.socket, addr
     sock.close()  # the workers' now: it must close when they stop accepting (see start())
     stopping: list[str] = []
 
-    def forward(signum: int, frame: Any) -> None:
+    def forward(signum: int, frame: FrameType | None) -> None:
         if not stopping:
             stopping.append(signal.Signals(signum).name)
             logger.info(
@@ -205,7 +215,9 @@ def _bind(config: ServeConfig) -> socket.socket:
     return sock
 
 
-def uvicorn_server(spec: ModelSpec, config: ServeConfig, load_in_background: bool = True) -> Any:
+def uvicorn_server(
+    spec: ModelSpec, config: ServeConfig, load_in_background: bool = True
+) -> ModelServer:
     """A uvicorn server for ``spec``; ``server.api`` is its :class:`ServeAPI`. With
     ``load_in_background`` the model loads once the server runs (``/healthz`` answers meanwhile,
     ``/readyz`` says when); without it the caller loads it (``server.api.load()``) first."""
@@ -217,7 +229,9 @@ def uvicorn_server(spec: ModelSpec, config: ServeConfig, load_in_background: boo
     api = ServeAPI(spec, config)
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
+        api: ServeAPI
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # Not uvicorn's: it re-raises the signal after shutdown, which would end the
             # process with a signal status although the shutdown was clean.
             if not self.should_exit:
@@ -247,7 +261,7 @@ def uvicorn_server(spec: ModelSpec, config: ServeConfig, load_in_background: boo
         timeout_graceful_shutdown=math.ceil(config.graceful_timeout_s),
     )
     server = Server(uv_config)
-    server.api = api  # type: ignore[attr-defined]
+    server.api = api
     return server
 
 

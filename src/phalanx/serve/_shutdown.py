@@ -33,7 +33,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    import uvicorn
+    from uvicorn.server import Protocols
 
 __all__ = ["graceful_shutdown", "supports_graceful_shutdown"]
 
@@ -48,7 +53,7 @@ _STATE_PARTS = ("connections", "tasks")
 _CONFIG_PARTS = ("http_protocol_class", "timeout_graceful_shutdown", "timeout_keep_alive")
 
 
-def supports_graceful_shutdown(server: Any) -> bool:
+def supports_graceful_shutdown(server: uvicorn.Server) -> bool:
     """Whether ``server`` has the parts used here; if not (a uvicorn whose internals moved),
     uvicorn's own shutdown runs instead, with its races, rather than none at all."""
     ok = (
@@ -64,7 +69,7 @@ def supports_graceful_shutdown(server: Any) -> bool:
     return ok
 
 
-async def graceful_shutdown(server: Any, sockets: list[socket.socket]) -> None:
+async def graceful_shutdown(server: uvicorn.Server, sockets: list[socket.socket]) -> None:
     """Stop ``server`` (a ``uvicorn.Server`` serving on ``sockets``) as the module says."""
     accepted = _accept_queued(sockets)
     for listener in server.servers:
@@ -110,12 +115,15 @@ def _accept_queued(sockets: list[socket.socket]) -> list[socket.socket]:
     return accepted
 
 
-async def _serve_accepted(server: Any, conn: socket.socket) -> None:
+async def _serve_accepted(server: uvicorn.Server, conn: socket.socket) -> None:
     """Serve ``conn`` with the protocol uvicorn gives a connection it accepted itself."""
     loop = asyncio.get_running_loop()
 
-    def protocol() -> asyncio.Protocol:
-        return server.config.http_protocol_class(  # type: ignore[no-any-return]
+    def protocol() -> Protocols:
+        # uvicorn types http_protocol_class as type[asyncio.Protocol]; its HTTP protocol
+        # classes (h11, httptools) take these keywords and are among its Protocols.
+        make = cast("Callable[..., Protocols]", server.config.http_protocol_class)
+        return make(
             config=server.config,
             server_state=server.server_state,
             app_state=server.lifespan.state,
@@ -131,7 +139,7 @@ async def _serve_accepted(server: Any, conn: socket.socket) -> None:
     _close_if_silent(server, handler)
 
 
-def _wind_down(server: Any, connections: list[Any]) -> None:
+def _wind_down(server: uvicorn.Server, connections: list[Protocols]) -> None:
     """End keep-alive on ``connections``: close idle ones now, give fresh ones time to ask."""
     for connection in connections:
         if getattr(connection, "cycle", ...) is None:  # connected, no request (headers) yet
@@ -140,7 +148,7 @@ def _wind_down(server: Any, connections: list[Any]) -> None:
             connection.shutdown()  # idle: closes it; busy: closes it after its answer
 
 
-def _close_if_silent(server: Any, connection: Any) -> None:
+def _close_if_silent(server: uvicorn.Server, connection: Protocols) -> None:
     def close() -> None:
         if connection in server.server_state.connections:
             connection.shutdown()
@@ -148,7 +156,7 @@ def _close_if_silent(server: Any, connection: Any) -> None:
     asyncio.get_running_loop().call_later(server.config.timeout_keep_alive, close)
 
 
-async def _requests_done(server: Any) -> None:
+async def _requests_done(server: uvicorn.Server) -> None:
     state = server.server_state
     while (state.connections or state.tasks) and not server.force_exit:
         await asyncio.sleep(_POLL_S)
