@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, ClassVar, TypeVar, cast
+from typing import TYPE_CHECKING, ClassVar, TypeVar, cast
 
 import cloudpickle
 
 from phalanx._foundation.checkpoint_files import find_model_file
 from phalanx.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    from sklearn.base import BaseEstimator
 
 __all__ = ["SklearnCheckpoint", "load_estimator"]
 
@@ -40,10 +43,10 @@ class SklearnCheckpoint(Checkpoint):
     @classmethod
     def from_estimator(
         cls: type[SelfCheckpoint],
-        estimator: Any,
+        estimator: BaseEstimator,
         *,
         path: str | os.PathLike[str] | None = None,
-        preprocessor: Any = None,
+        preprocessor: object = None,
     ) -> SelfCheckpoint:
         """A checkpoint of ``estimator`` in directory ``path`` (a new temporary one if None;
         Ray's AIR required it)."""
@@ -58,17 +61,17 @@ class SklearnCheckpoint(Checkpoint):
             checkpoint.set_preprocessor(preprocessor)
         return cast(SelfCheckpoint, checkpoint)
 
-    def get_estimator(self) -> Any:
+    def get_estimator(self) -> BaseEstimator:
         """The estimator saved in this checkpoint."""
         return load_estimator(self)
 
-    def get_model(self) -> Any:
+    def get_model(self) -> BaseEstimator:
         """The estimator saved in this checkpoint (the name the other framework checkpoints
         use)."""
         return load_estimator(self)
 
 
-def load_estimator(checkpoint: Checkpoint) -> Any:
+def load_estimator(checkpoint: Checkpoint) -> BaseEstimator:
     """The estimator pickled in ``checkpoint`` (FileNotFoundError with a HINT if none)."""
     with checkpoint.as_directory() as directory:
         names = (SklearnCheckpoint.MODEL_FILENAME, LEGACY_MODEL_FILENAME)

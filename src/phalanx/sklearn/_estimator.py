@@ -10,9 +10,10 @@ import logging
 import time
 import traceback
 import warnings
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
+import pandas as pd
 from sklearn.base import BaseEstimator
 from sklearn.metrics import check_scoring
 
@@ -22,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 # ``n_jobs``: scikit-learn's own; ``thread_count``: CatBoost's (as in Ray).
 CPU_PARAM_NAMES = ("n_jobs", "thread_count")
+
+# One scored dataset: its features and its label column.
+Labelled = tuple[pd.DataFrame, "pd.Series | None"]
 
 
 def cpu_params(estimator: BaseEstimator) -> list[str]:
@@ -49,12 +53,12 @@ def set_cpu_params(estimator: BaseEstimator, cpus: int) -> BaseEstimator:
 
 
 def score_datasets(
-    estimator: BaseEstimator, scoring: Any, datasets: dict[str, tuple[Any, Any]]
-) -> dict[str, dict[str, Any]]:
+    estimator: BaseEstimator, scoring: object, datasets: dict[str, Labelled]
+) -> dict[str, dict[str, object]]:
     """``{name: {"score_time": s, "test_<scorer>": value, ...}}`` for every dataset, as Ray's
     SklearnTrainer reported them (``test_score`` for a single scorer). A scorer that fails on
     a dataset gives NaN and a warning, not a failed run."""
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, dict[str, object]] = {}
     if not datasets:
         return results
     scorer = check_scoring(estimator, scoring=scoring)
@@ -70,7 +74,7 @@ def score_datasets(
                 UserWarning,
                 stacklevel=2,
             )
-        row: dict[str, Any] = {"score_time": time.perf_counter() - start}
+        row: dict[str, object] = {"score_time": time.perf_counter() - start}
         if not isinstance(scores, dict):
             scores = {"score": scores}
         row.update({f"test_{key}": _plain(value) for key, value in scores.items()})
@@ -78,11 +82,11 @@ def score_datasets(
     return results
 
 
-def cv_aggregates(cv_results: dict[str, Any]) -> dict[str, Any]:
+def cv_aggregates(cv_results: Mapping[str, object]) -> dict[str, object]:
     """Ray's ``cv`` metrics: every per-fold array of ``cross_validate``, plus its
     ``<name>_mean`` and ``<name>_std`` (NaN folds ignored)."""
-    out: dict[str, Any] = {}
-    aggregates: dict[str, Any] = {}
+    out: dict[str, object] = {}
+    aggregates: dict[str, float] = {}
     for key, values in cv_results.items():
         if not isinstance(values, np.ndarray):
             continue  # the fitted estimators or the split indices, if asked for
@@ -96,7 +100,7 @@ def cv_aggregates(cv_results: dict[str, Any]) -> dict[str, Any]:
     return {**out, **aggregates}
 
 
-def _nan_like(scoring: Any) -> Any:
+def _nan_like(scoring: object) -> float | dict[object, float]:
     if isinstance(scoring, dict):
         return dict.fromkeys(scoring, float("nan"))
     if isinstance(scoring, list | tuple | set):
@@ -104,5 +108,5 @@ def _nan_like(scoring: Any) -> Any:
     return float("nan")
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     return value.item() if isinstance(value, np.generic) else value

@@ -11,10 +11,16 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from phalanx._foundation import env
 from phalanx.sklearn._estimator import CPU_PARAM_NAMES
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from sklearn.base import BaseEstimator
+
+    from phalanx.sklearn._estimator import Labelled
 
 __all__ = ["CV_GROUPS", "TRAIN", "SklearnSpec", "fit_loop"]
 
@@ -22,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 TRAIN = "train"
 CV_GROUPS = "cv_groups"  # a train column of group labels for a Group* splitter, as in Ray
+# The training data's features, label and cross-validation groups (None: not given).
+Train = tuple["pd.DataFrame | None", "pd.Series | None", "pd.Series | None"]
 THREAD_VARIABLES = (
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
@@ -35,16 +43,16 @@ class SklearnSpec:
     """Everything the worker needs; pickled to it. ``estimator`` is an unfitted clone with
     ``params`` set; ``parallelize_cv`` is decided (Ray's rule) on the driver."""
 
-    estimator: Any
+    estimator: BaseEstimator
     label_column: str | None
     dataset_names: tuple[str, ...]
-    scoring: Any = None
-    cv: Any = None
+    scoring: object = None  # as scikit-learn takes it: a name, a scorer, a list or dict of them
+    cv: object = None  # as scikit-learn takes it: a fold count or a splitter
     return_train_score_cv: bool = False
     parallelize_cv: bool = False
     set_estimator_cpus: bool = True
     cpus: int = 1
-    fit_params: dict[str, Any] = field(default_factory=dict)
+    fit_params: dict[str, object] = field(default_factory=dict)
 
     @property
     def cv_jobs(self) -> int:
@@ -53,7 +61,7 @@ class SklearnSpec:
         return self.cpus if self.parallelize_cv else 1
 
 
-def fit_loop(spec: SklearnSpec, config: dict[str, Any] | None = None) -> None:
+def fit_loop(spec: SklearnSpec, config: dict[str, object] | None = None) -> None:
     """On the one worker: fit, score, cross-validate, report ``fit_time``, ``<dataset>/...``,
     ``cv/...`` and the checkpoint. A run resumed after it finished fits nothing again."""
     import phalanx.session as session
@@ -75,7 +83,7 @@ def fit_loop(spec: SklearnSpec, config: dict[str, Any] | None = None) -> None:
     with _joblib_backend(spec.cpus), _quiet_cpu_deprecations(spec):
         start = time.perf_counter()
         estimator.fit(features, label, **spec.fit_params)
-        metrics: dict[str, Any] = {"fit_time": time.perf_counter() - start}
+        metrics: dict[str, object] = {"fit_time": time.perf_counter() - start}
         if spec.label_column is not None:
             metrics.update(score_datasets(estimator, spec.scoring, evals))
             if spec.cv:
@@ -86,7 +94,12 @@ def fit_loop(spec: SklearnSpec, config: dict[str, Any] | None = None) -> None:
         session.report(metrics, checkpoint=checkpoint)
 
 
-def _cross_validate(spec: SklearnSpec, features: Any, label: Any, groups: Any) -> dict[str, Any]:
+def _cross_validate(
+    spec: SklearnSpec,
+    features: pd.DataFrame | None,
+    label: pd.Series | None,
+    groups: pd.Series | None,
+) -> dict[str, object]:
     from sklearn.base import clone
     from sklearn.model_selection import cross_validate
 
@@ -111,13 +124,13 @@ def _cross_validate(spec: SklearnSpec, features: Any, label: Any, groups: Any) -
     )
 
 
-def _read_datasets(spec: SklearnSpec) -> tuple[tuple[Any, Any, Any], dict[str, tuple[Any, Any]]]:
+def _read_datasets(spec: SklearnSpec) -> tuple[Train, dict[str, Labelled]]:
     """``(features, label, cv groups)`` of ``"train"`` and ``{name: (features, label)}`` of
     the others, read whole from this worker's shards (it is the only worker)."""
     import phalanx.session as session
 
-    evals = {}
-    train: tuple[Any, Any, Any] = (None, None, None)
+    evals: dict[str, Labelled] = {}
+    train: Train = (None, None, None)
     for name in spec.dataset_names:
         df = session.get_dataset_shard(name).to_pandas()
         label = None

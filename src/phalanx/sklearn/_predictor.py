@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -13,6 +13,9 @@ from phalanx.checkpoint import Checkpoint
 from phalanx.predict._base import Predictor
 from phalanx.sklearn._checkpoint import load_estimator
 from phalanx.sklearn._estimator import set_cpu_params
+
+if TYPE_CHECKING:
+    from sklearn.base import BaseEstimator
 
 __all__ = ["SklearnPredictor"]
 
@@ -29,18 +32,18 @@ class SklearnPredictor(Predictor):
         predictor.predict(df, feature_columns=["x1", "x2"])
     """
 
-    def __init__(self, estimator: Any, preprocessor: Any = None) -> None:
+    def __init__(self, estimator: BaseEstimator, preprocessor: object = None) -> None:
         super().__init__(preprocessor)
         self.estimator = estimator
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint, **kwargs: Any) -> SklearnPredictor:
+    def from_checkpoint(cls, checkpoint: Checkpoint, **kwargs: object) -> SklearnPredictor:
         """The estimator and preprocessor saved by SklearnTrainer or
         ``SklearnCheckpoint.from_estimator``."""
         check_framework(checkpoint, "sklearn", cls.__name__)
         return cls(load_estimator(checkpoint), preprocessor=load_preprocessor(checkpoint), **kwargs)
 
-    def predict(  # type: ignore[override]
+    def predict(
         self,
         data: Any,
         feature_columns: list[str] | list[int] | None = None,
@@ -60,12 +63,14 @@ class SklearnPredictor(Predictor):
     def _predict_pandas(self, data: pd.DataFrame, **kwargs: Any) -> pd.DataFrame:
         return self._predictions(as_features(data), **kwargs)
 
-    def _predict_numpy(self, data: Any, **kwargs: Any) -> dict[str, np.ndarray]:  # type: ignore[override]
+    def _predict_numpy(
+        self, data: np.ndarray | dict[str, np.ndarray], **kwargs: Any
+    ) -> dict[str, np.ndarray]:
         frame = self._predictions(as_features(data), **kwargs)
         return {str(c): frame[c].to_numpy() for c in frame.columns}
 
     def _predictions(
-        self, features: Any, num_estimator_cpus: int | None = 1, **kwargs: Any
+        self, features: object, num_estimator_cpus: int | None = 1, **kwargs: Any
     ) -> pd.DataFrame:
         if num_estimator_cpus:
             set_cpu_params(self.estimator, num_estimator_cpus)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sklearn.base import clone
+from sklearn.base import BaseEstimator, clone
 
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig, RunConfig, ScalingConfig
@@ -60,21 +60,21 @@ class SklearnTrainer(DataParallelTrainer):
 
     def __init__(
         self,
-        estimator: Any,
+        estimator: BaseEstimator,
         *,
         datasets: dict[str, Any],
         label_column: str | None = None,
         params: dict[str, Any] | None = None,
-        scoring: Any = None,
-        cv: Any = None,
+        scoring: object = None,
+        cv: object = None,
         return_train_score_cv: bool = False,
         parallelize_cv: bool | None = None,
         set_estimator_cpus: bool = True,
         scaling_config: ScalingConfig | None = None,
         run_config: RunConfig | None = None,
-        preprocessor: Any = None,
+        preprocessor: object = None,
         metadata: dict[str, Any] | None = None,
-        **fit_params: Any,
+        **fit_params: object,
     ) -> None:
         if "resume_from_checkpoint" in fit_params:
             raise ConfigError(
@@ -119,13 +119,17 @@ class SklearnTrainer(DataParallelTrainer):
         )
 
     @classmethod
-    def get_model(cls, checkpoint: Checkpoint) -> Any:
+    def get_model(cls, checkpoint: Checkpoint) -> BaseEstimator:
         """The fitted estimator saved in a checkpoint of this trainer (``result.checkpoint``)."""
         return load_estimator(checkpoint)
 
 
 def _check_arguments(
-    estimator: Any, datasets: Any, label_column: Any, params: Any, return_train_score_cv: Any
+    estimator: object,
+    datasets: object,
+    label_column: object,
+    params: object,
+    return_train_score_cv: object,
 ) -> None:
     if not (hasattr(estimator, "fit") and hasattr(estimator, "get_params")):
         raise ConfigError(
@@ -159,7 +163,7 @@ def _check_arguments(
     _check_label(datasets, label_column)
 
 
-def _check_label(datasets: dict[str, Any], label_column: str | None) -> None:
+def _check_label(datasets: dict[str, object], label_column: object) -> None:
     """Every dataset given as a table has the label column: checked before any worker starts
     (data known only later, a function or a Ray dataset, is checked by the fit)."""
     from phalanx._gbdt.checks import head_frame
@@ -217,7 +221,9 @@ def _worker_scaling(scaling: ScalingConfig, cpus: int, gpus: float) -> ScalingCo
     )
 
 
-def _parallelize_cv(estimator: Any, cv: Any, parallelize_cv: Any, has_gpus: bool) -> bool:
+def _parallelize_cv(
+    estimator: BaseEstimator, cv: object, parallelize_cv: object, has_gpus: bool
+) -> bool:
     """Ray's rule: parallelise the folds when asked, or (unasked, without GPUs) when the
     estimator has no CPU parameter to use the CPUs itself."""
     if parallelize_cv is not None and not isinstance(parallelize_cv, bool):
@@ -237,7 +243,7 @@ def _parallelize_cv(estimator: Any, cv: Any, parallelize_cv: Any, has_gpus: bool
     return parallelize_cv
 
 
-def _with_params(estimator: Any, params: dict[str, Any]) -> Any:
+def _with_params(estimator: BaseEstimator, params: dict[str, object]) -> BaseEstimator:
     """A clone of ``estimator`` with ``params`` set; a bad name fails here, not in the worker."""
     fitted = clone(estimator)
     try:
