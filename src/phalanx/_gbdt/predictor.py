@@ -16,7 +16,7 @@ from phalanx._foundation.checkpoint_files import (
 )
 from phalanx._gbdt.library import BoostingLibrary
 from phalanx.checkpoint import Checkpoint
-from phalanx.predict._base import TENSOR_COLUMN, Predictor
+from phalanx.predict._base import TENSOR_COLUMN, BatchPreprocessor, Predictor
 
 __all__ = ["BoosterPredictor", "as_features", "check_width", "prediction_columns"]
 
@@ -29,7 +29,9 @@ class BoosterPredictor(Predictor):
 
     _library: ClassVar[BoostingLibrary[Any]]  # the subclass's library, with its own model type
 
-    def __init__(self, model: Any, preprocessor: object = None) -> None:  # the library's model
+    def __init__(
+        self, model: Any, preprocessor: BatchPreprocessor | None = None
+    ) -> None:  # model: the library's
         super().__init__(preprocessor)
         self.model = model
 

@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> _typing.Any:
+def __getattr__(name: str) -> _typing.Any:  # a lazily imported class of any framework
     if name in _LAZY:
         import importlib
 

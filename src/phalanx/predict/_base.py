@@ -10,7 +10,7 @@ carried over next to the predictions.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeAlias, cast
 
 import numpy as np
 import pandas as pd
@@ -18,6 +18,20 @@ import pyarrow as pa
 
 from phalanx._foundation.checkpoint_files import framework_of, load_preprocessor
 from phalanx.checkpoint import Checkpoint
+
+# What a model is given: a DataFrame, a matrix or a dict of arrays (pyarrow input is converted).
+Batch: TypeAlias = "pd.DataFrame | np.ndarray | dict[str, np.ndarray]"
+# What predict takes: a batch, or a pyarrow Table.
+Input: TypeAlias = "Batch | pa.Table"
+# Predictions by output column (and kept columns), one value per row.
+Columns: TypeAlias = "dict[str, np.ndarray]"
+
+
+class BatchPreprocessor(Protocol):
+    """What a predictor applies to each batch: phalanx's or Ray's Preprocessor."""
+
+    def transform_batch(self, data: Batch) -> Input: ...
+
 
 __all__ = [
     "PandasUDFPredictor",
@@ -60,7 +74,7 @@ class Predictor:
     #: the batch format BatchPredictor reads for this predictor
     batch_format = "pandas"
 
-    def __init__(self, preprocessor: Any = None) -> None:
+    def __init__(self, preprocessor: BatchPreprocessor | None = None) -> None:
         self._preprocessor = preprocessor
 
     @classmethod
@@ -76,19 +90,19 @@ class Predictor:
     def preferred_batch_format(cls) -> str:
         return cls.batch_format
 
-    def get_preprocessor(self) -> Any:
+    def get_preprocessor(self) -> BatchPreprocessor | None:
         return self._preprocessor
 
-    def set_preprocessor(self, preprocessor: Any) -> None:
+    def set_preprocessor(self, preprocessor: BatchPreprocessor | None) -> None:
         self._preprocessor = preprocessor
 
     def predict(
         self,
-        data: Any,
+        data: Any,  # an Input; the result is of the same kind (DataFrame, Columns or Table)
         *,
         feature_columns: list[str] | list[int] | None = None,
         keep_columns: list[str] | None = None,
-        **kwargs: Any,
+        **kwargs: Any,  # the user's, for the model
     ) -> Any:
         """Predictions for ``data``, returned as the same kind (see the class docstring):
         a ``predictions`` column (or one column per model output) plus ``keep_columns``
@@ -120,7 +134,7 @@ class Predictor:
     def _pandas_native(self) -> bool:
         return type(self)._predict_pandas is not Predictor._predict_pandas
 
-    def _run(self, batch: Any, **kwargs: Any) -> dict[str, Any]:
+    def _run(self, batch: Batch, **kwargs: Any) -> Columns:
         if (isinstance(batch, pd.DataFrame) and self._pandas_native()) or not self._numpy_native():
             frame = batch if isinstance(batch, pd.DataFrame) else _numpy_to_frame(batch)
             result = self._predict_pandas(frame, **kwargs)
@@ -137,7 +151,7 @@ class Predictor:
     def _predict_pandas(self, data: pd.DataFrame, **kwargs: Any) -> pd.DataFrame:
         raise NotImplementedError
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[object, ...]:
         raise PredictorNotSerializableError(
             f"{type(self).__name__} is not serializable: it holds a loaded model.\n"
             "HINT: pass the checkpoint and the predictor class instead (BatchPredictor does), "
@@ -151,7 +165,9 @@ class Predictor:
 class PandasUDFPredictor(Predictor):
     """What ``Predictor.from_pandas_udf`` returns: a function of a DataFrame as a predictor."""
 
-    def __init__(self, pandas_udf: Callable[..., pd.DataFrame], preprocessor: Any = None):
+    def __init__(
+        self, pandas_udf: Callable[..., pd.DataFrame], preprocessor: BatchPreprocessor | None = None
+    ):
         super().__init__(preprocessor)
         self.pandas_udf = pandas_udf
 
@@ -168,7 +184,7 @@ class PandasUDFPredictor(Predictor):
 TENSOR_COLUMN = "__value__"  # Ray's name for the one column a bare numpy array becomes
 
 
-def _input_kind(data: Any) -> str:
+def _input_kind(data: object) -> str:
     if isinstance(data, pd.DataFrame):
         return "pandas"
     if isinstance(data, np.ndarray):
@@ -183,26 +199,26 @@ def _input_kind(data: Any) -> str:
     )
 
 
-def _as_batch(data: Any, kind: str, numpy_native: bool) -> Any:
-    if kind == "arrow":
+def _as_batch(data: Input, kind: str, numpy_native: bool) -> Batch:
+    if isinstance(data, pa.Table):
         from phalanx.data._batching import arrow_to_numpy
 
         return arrow_to_numpy(data, writable=True) if numpy_native else data.to_pandas()
     return data
 
 
-def _unwrap(batch: Any) -> Any:
+def _unwrap(batch: object) -> Batch:
     """A preprocessor's output: a pyarrow Table becomes pandas; a lone tensor column an array."""
     if isinstance(batch, pa.Table):
         batch = batch.to_pandas()
     if isinstance(batch, dict) and list(batch) == [TENSOR_COLUMN]:
-        return batch[TENSOR_COLUMN]
-    return batch
+        return cast(np.ndarray, batch[TENSOR_COLUMN])
+    return cast(Batch, batch)  # a preprocessor returns the kind of batch it was given
 
 
-def _kept(columns: list[str], batch: Any, raw: Any, kind: str) -> dict[str, Any]:
+def _kept(columns: list[str], batch: Batch, raw: Input, kind: str) -> Columns:
     """``keep_columns`` values: from the preprocessed batch, else from the raw input."""
-    kept = {}
+    kept: Columns = {}
     for c in columns:
         for source in (batch, raw):
             if not isinstance(source, np.ndarray) and c in _names(source):
@@ -218,13 +234,14 @@ def _kept(columns: list[str], batch: Any, raw: Any, kind: str) -> dict[str, Any]
     return kept
 
 
-def _select(batch: Any, columns: list[Any]) -> Any:
+def _select(batch: Batch, columns: list[object]) -> Batch:  # names, or indices for a matrix
     if isinstance(batch, np.ndarray):
-        if not all(isinstance(c, int) for c in columns):
+        indices = [c for c in columns if isinstance(c, int)]
+        if len(indices) != len(columns):
             raise ValueError(
                 f"feature_columns={columns} on a numpy array must be column indices (ints)."
             )
-        return batch[:, columns]
+        return batch[:, indices]
     have = _names(batch)
     missing = [c for c in columns if c not in have]
     if missing:
@@ -233,10 +250,12 @@ def _select(batch: Any, columns: list[Any]) -> Any:
             f"preprocessing (it has {_describe_names(batch)}).\nHINT: check the column names, "
             "and what the checkpoint's preprocessor outputs."
         )
-    return batch[columns] if isinstance(batch, pd.DataFrame) else {c: batch[c] for c in columns}
+    if isinstance(batch, pd.DataFrame):
+        return batch[columns]
+    return {c: batch[c] for c in cast("list[str]", columns)}  # a dict's: names, checked above
 
 
-def _names(data: Any) -> list[Any]:
+def _names(data: Input) -> list[object]:
     if isinstance(data, pd.DataFrame):
         return list(data.columns)
     if isinstance(data, pa.Table):
@@ -244,7 +263,7 @@ def _names(data: Any) -> list[Any]:
     return list(data)
 
 
-def _describe_names(data: Any, limit: int = 20) -> str:
+def _describe_names(data: Input, limit: int = 20) -> str:
     if isinstance(data, np.ndarray):
         return f"no column names: a numpy array of shape {data.shape}"
     names = [str(n) for n in _names(data)]
@@ -252,7 +271,7 @@ def _describe_names(data: Any, limit: int = 20) -> str:
     return f"{names[:limit]}{more}"
 
 
-def _column(values: Any) -> np.ndarray:
+def _column(values: object) -> np.ndarray:
     array = values.to_numpy() if isinstance(values, pd.Series | pa.ChunkedArray) else values
     array = np.asarray(array)
     if array.dtype == object and len(array) and isinstance(array[0], np.ndarray | list):
@@ -263,7 +282,7 @@ def _column(values: Any) -> np.ndarray:
     return array
 
 
-def _numpy_to_frame(batch: Any) -> pd.DataFrame:
+def _numpy_to_frame(batch: np.ndarray | dict[str, np.ndarray]) -> pd.DataFrame:
     if isinstance(batch, np.ndarray):
         if batch.ndim <= 2:
             return pd.DataFrame(batch)
@@ -281,11 +300,11 @@ def _pandas_to_numpy(df: pd.DataFrame) -> dict[str, np.ndarray]:
     return out
 
 
-def _to_pandas(arrays: dict[str, Any]) -> pd.DataFrame:
+def _to_pandas(arrays: Columns) -> pd.DataFrame:
     return pd.DataFrame({k: (list(v) if np.ndim(v) > 1 else v) for k, v in arrays.items()})
 
 
-def to_arrow(out: Any) -> pa.Table:
+def to_arrow(out: Columns | pd.DataFrame) -> pa.Table:
     """A prediction (a dict of arrays or a DataFrame) as a pyarrow Table; a column of
     arrays becomes a fixed-size list column."""
     if isinstance(out, dict):

@@ -8,6 +8,7 @@ the parts in rank order gives the rows in input order.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import shutil
@@ -15,7 +16,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import pyarrow as pa
@@ -25,11 +27,30 @@ from phalanx._foundation.terminal import TERMINAL
 from phalanx.callbacks import Callback
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import DataConfig
-from phalanx.predict._base import Predictor, to_arrow
+from phalanx.predict._base import BatchPreprocessor, Predictor, _names, to_arrow
+
+if TYPE_CHECKING:
+    from phalanx.callbacks import TrainRunContext
+    from phalanx.data import Dataset
+    from phalanx.result import Result
 
 __all__ = ["BatchPredictor", "to_arrow"]
 
 DATASET = "data"
+
+
+@dataclass(frozen=True)
+class ScoringJob:
+    """What every scoring worker is given (pickled to it). ``preprocessor``: whether
+    ``set_preprocessor`` chose one (else the checkpoint's is used), and which."""
+
+    checkpoint: Checkpoint | None  # None: a pandas UDF, which needs none
+    predictor_cls: type[Predictor]
+    predictor_kwargs: dict[str, object]
+    preprocessor: tuple[bool, BatchPreprocessor | None]
+    predict_kwargs: dict[str, Any]  # the user's, with feature_columns and keep_columns
+    batch_size: int
+    parts_dir: str
 
 
 class BatchPredictor:
@@ -44,7 +65,10 @@ class BatchPredictor:
     """
 
     def __init__(
-        self, checkpoint: Checkpoint, predictor_cls: type[Predictor], **predictor_kwargs: Any
+        self,
+        checkpoint: Checkpoint | None,
+        predictor_cls: type[Predictor],
+        **predictor_kwargs: object,
     ) -> None:
         if not (isinstance(predictor_cls, type) and issubclass(predictor_cls, Predictor)):
             raise TypeError(
@@ -54,12 +78,12 @@ class BatchPredictor:
         self.checkpoint = checkpoint
         self.predictor_cls = predictor_cls
         self.predictor_kwargs = predictor_kwargs
-        self._preprocessor: Any = None
+        self._preprocessor: BatchPreprocessor | None = None
         self._preprocessor_set = False
 
     @classmethod
     def from_checkpoint(
-        cls, checkpoint: Checkpoint, predictor_cls: type[Predictor], **kwargs: Any
+        cls, checkpoint: Checkpoint, predictor_cls: type[Predictor], **kwargs: object
     ) -> BatchPredictor:
         return cls(checkpoint, predictor_cls, **kwargs)
 
@@ -68,22 +92,22 @@ class BatchPredictor:
         """Score with ``pandas_udf(df, **predict_kwargs)`` on each batch (no checkpoint)."""
         from phalanx.predict._base import PandasUDFPredictor
 
-        return cls(None, PandasUDFPredictor, pandas_udf=pandas_udf)  # type: ignore[arg-type]
+        return cls(None, PandasUDFPredictor, pandas_udf=pandas_udf)
 
-    def get_preprocessor(self) -> Any:
+    def get_preprocessor(self) -> BatchPreprocessor | None:
         if self._preprocessor_set:
             return self._preprocessor
         from phalanx._foundation.checkpoint_files import load_preprocessor
 
         return load_preprocessor(self.checkpoint)
 
-    def set_preprocessor(self, preprocessor: Any) -> None:
+    def set_preprocessor(self, preprocessor: BatchPreprocessor | None) -> None:
         """Use ``preprocessor`` instead of the one saved in the checkpoint (None: none)."""
         self._preprocessor, self._preprocessor_set = preprocessor, True
 
     def predict(
         self,
-        data: Any,
+        data: object,
         *,
         feature_columns: list[str] | None = None,
         keep_columns: list[str] | None = None,
@@ -97,8 +121,8 @@ class BatchPredictor:
         num_workers: int | None = None,
         output_path: str | None = None,
         progress: bool | None = None,
-        **predict_kwargs: Any,
-    ) -> Any:
+        **predict_kwargs: object,
+    ) -> Dataset | None:
         """Predictions for ``data`` (anything ``datasets=`` accepts; files are read by the
         workers) as a :class:`phalanx.data.Dataset`, rows in input order. With
         ``output_path`` the parts are written there as Parquet and the Dataset reads them.
@@ -118,20 +142,20 @@ class BatchPredictor:
         try:
             parts_dir = output_path or os.path.join(scratch, "out")
             os.makedirs(parts_dir, exist_ok=True)
-            config = {
-                "checkpoint": self.checkpoint,
-                "predictor_cls": self.predictor_cls,
-                "predictor_kwargs": self._predictor_kwargs_for(resources),
-                "preprocessor": (self._preprocessor_set, self._preprocessor),
-                "predict_kwargs": dict(
+            job = ScoringJob(
+                checkpoint=self.checkpoint,
+                predictor_cls=self.predictor_cls,
+                predictor_kwargs=self._predictor_kwargs_for(resources),
+                preprocessor=(self._preprocessor_set, self._preprocessor),
+                predict_kwargs=dict(
                     predict_kwargs, feature_columns=feature_columns, keep_columns=keep_columns
                 ),
-                "batch_size": batch_size,
-                "parts_dir": parts_dir,
-            }
+                batch_size=batch_size,
+                parts_dir=parts_dir,
+            )
             show = sys.stderr.isatty() if progress is None else progress
-            callbacks = [ProgressBar(dataset.count())] if show else []
-            _run_workers(config, dataset, workers, scratch, resources, callbacks)
+            callbacks: list[Callback] = [ProgressBar(dataset.count())] if show else []
+            _run_workers(job, dataset, workers, scratch, resources, callbacks)
             parts = [os.path.join(parts_dir, _part(r)) for r in range(workers)]
             parts = [p for p in parts if os.path.exists(p)]
             if output_path is not None:
@@ -143,7 +167,7 @@ class BatchPredictor:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _predictor_kwargs_for(self, resources: dict[str, float]) -> dict[str, Any]:
+    def _predictor_kwargs_for(self, resources: dict[str, float]) -> dict[str, object]:
         """GPUs asked for and a predictor that takes ``use_gpu``: use them, as AIR did."""
         kwargs = dict(self.predictor_kwargs)
         takes_gpu = "use_gpu" in inspect.signature(self.predictor_cls.from_checkpoint).parameters
@@ -151,14 +175,14 @@ class BatchPredictor:
             kwargs["use_gpu"] = True
         return kwargs
 
-    def _check_keep_columns(self, dataset: Any, keep_columns: list[str] | None) -> None:
+    def _check_keep_columns(self, dataset: Dataset, keep_columns: list[str] | None) -> None:
         """Fail before any worker starts: a kept column comes from the raw or preprocessed rows."""
         have = dataset.columns()
         missing = [c for c in keep_columns or [] if c not in have]
         preprocessor = self.get_preprocessor() if missing else None
         if preprocessor is not None and dataset.count():
             sample = preprocessor.transform_batch(dataset.take_batch(1, batch_format="pandas"))
-            have = have + [str(c) for c in sample.columns if str(c) not in have]
+            have = have + [str(c) for c in _names(sample) if str(c) not in have]
             missing = [c for c in missing if c not in have]
         if missing:
             raise ValueError(
@@ -195,12 +219,12 @@ def _resources(
 
 
 def _run_workers(
-    config: dict[str, Any],
-    dataset: Any,
+    job: ScoringJob,
+    dataset: Dataset,
     workers: int,
     scratch: str,
     resources: dict[str, float],
-    callbacks: list[Any],
+    callbacks: list[Callback],
 ) -> None:
     from phalanx.config import RunConfig, ScalingConfig
     from phalanx.trainer import DataParallelTrainer
@@ -211,8 +235,7 @@ def _run_workers(
         resources_per_worker=resources or None,
     )
     trainer = DataParallelTrainer(
-        _score_shard,
-        train_loop_config=config,
+        functools.partial(_score_shard, job),
         scaling_config=scaling,
         run_config=RunConfig(storage_path=scratch, name="scoring", verbose=0, callbacks=callbacks),
         datasets={DATASET: dataset},
@@ -221,26 +244,27 @@ def _run_workers(
     trainer.fit()
 
 
-def _score_shard(config: dict[str, Any]) -> None:
+def _score_shard(job: ScoringJob, config: dict[str, object] | None = None) -> None:
     """Runs in each scoring worker: load the model once, predict this rank's rows in order."""
     import phalanx.session as session
 
     rank = session.get_context().get_world_rank()
-    predictor = config["predictor_cls"].from_checkpoint(
-        config["checkpoint"], **config["predictor_kwargs"]
+    predictor = job.predictor_cls.from_checkpoint(
+        job.checkpoint,  # type: ignore[arg-type]  # None only for PandasUDFPredictor, which takes it
+        **job.predictor_kwargs,
     )
-    override, preprocessor = config["preprocessor"]
+    override, preprocessor = job.preprocessor
     if override:
         predictor.set_preprocessor(preprocessor)
     shard = session.get_dataset_shard(DATASET)
-    path = os.path.join(config["parts_dir"], _part(rank))
+    path = os.path.join(job.parts_dir, _part(rank))
     writer = None
     ticks = _ProgressTicks(shard.count())
     try:
         for batch in shard.iter_batches(
-            batch_size=config["batch_size"], batch_format=predictor.batch_format
+            batch_size=job.batch_size, batch_format=predictor.batch_format
         ):
-            table = to_arrow(predictor.predict(batch, **config["predict_kwargs"]))
+            table = to_arrow(predictor.predict(batch, **job.predict_kwargs))
             if writer is None:
                 writer = pq.ParquetWriter(path + ".tmp", table.schema)
             writer.write_table(table)
@@ -305,18 +329,21 @@ class ProgressBar(Callback):
             text += f", {elapsed * (1 - share) / share:.0f}s left"
         return text
 
-    def before_run(self, run_context: Any) -> None:
+    def before_run(self, run_context: TrainRunContext) -> None:
         self._started = time.monotonic()
         self._attached = TERMINAL.attach_status(self.line)
 
     def after_report(
-        self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any
+        self,
+        run_context: TrainRunContext,
+        metrics: list[dict[str, Any]],
+        checkpoint: Checkpoint | None,
     ) -> None:
         self.done = sum(m.get("rows", 0) for m in metrics)
         if self._attached:
             TERMINAL.refresh()
 
-    def after_run(self, run_context: Any, result: Any) -> None:
+    def after_run(self, run_context: TrainRunContext, result: Result) -> None:
         if self._attached:
             TERMINAL.detach_status()
             self._attached = False

@@ -10,7 +10,7 @@ import pandas as pd
 from phalanx._foundation.checkpoint_files import check_framework, load_preprocessor
 from phalanx._gbdt.predictor import as_features, prediction_columns
 from phalanx.checkpoint import Checkpoint
-from phalanx.predict._base import Predictor
+from phalanx.predict._base import BatchPreprocessor, Predictor
 from phalanx.sklearn._checkpoint import load_estimator
 from phalanx.sklearn._estimator import set_cpu_params
 
@@ -32,7 +32,9 @@ class SklearnPredictor(Predictor):
         predictor.predict(df, feature_columns=["x1", "x2"])
     """
 
-    def __init__(self, estimator: BaseEstimator, preprocessor: object = None) -> None:
+    def __init__(
+        self, estimator: BaseEstimator, preprocessor: BatchPreprocessor | None = None
+    ) -> None:
         super().__init__(preprocessor)
         self.estimator = estimator
 
