@@ -32,6 +32,10 @@ from phalanx.torch import TorchConfig, TorchTrainer
 
 logger = logging.getLogger(__name__)
 
+# Accelerate's settings as given or read from its YAML/JSON file: values of any shape, checked
+# where a setting is applied.
+AccelerateSettings = Mapping[str, Any]
+
 __all__ = ["AccelerateTrainer"]
 
 DEPRECATION = (
@@ -96,7 +100,7 @@ class AccelerateTrainer(TorchTrainer):
 
     def __init__(
         self,
-        train_loop_per_worker: Callable[..., Any],
+        train_loop_per_worker: Callable[..., object],
         *,
         train_loop_config: dict[str, Any] | None = None,
         accelerate_config: dict[str, Any] | str | os.PathLike[str] | None = None,
@@ -105,7 +109,7 @@ class AccelerateTrainer(TorchTrainer):
         dataset_config: DataConfig | None = None,
         run_config: RunConfig | None = None,
         datasets: dict[str, Any] | None = None,
-        preprocessor: Any = None,
+        preprocessor: object = None,
         resume_from_checkpoint: Checkpoint | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> None:
@@ -126,7 +130,7 @@ class AccelerateTrainer(TorchTrainer):
         )
 
 
-def load_accelerate_config(config: Any) -> dict[str, Any]:
+def load_accelerate_config(config: object) -> AccelerateSettings:
     """The configuration as a dict: given, read from a YAML/JSON file, or Accelerate's default
     file (``accelerate config`` writes it; none there means Accelerate's defaults)."""
     if isinstance(config, Mapping):
@@ -153,7 +157,7 @@ def load_accelerate_config(config: Any) -> dict[str, Any]:
     return dict(loaded or {})
 
 
-def launch_environment(config: Mapping[str, Any]) -> dict[str, str]:
+def launch_environment(config: AccelerateSettings) -> dict[str, str]:
     """The variables ``accelerate launch`` would set for ``config``, minus the cluster's.
 
     >>> launch_environment({"mixed_precision": "BF16", "num_processes": 8})
@@ -184,7 +188,7 @@ def launch_environment(config: Mapping[str, Any]) -> dict[str, str]:
     return variables
 
 
-def _refuse_plugins(config: Mapping[str, Any]) -> None:
+def _refuse_plugins(config: AccelerateSettings) -> None:
     kind = str(config.get("distributed_type", "NO")).upper().removeprefix("DISTRIBUTEDTYPE.")
     plugins = [s for s in PLUGIN_SECTIONS if config.get(s)]
     if kind in DATA_PARALLEL_TYPES and not plugins:
@@ -198,7 +202,7 @@ def _refuse_plugins(config: Mapping[str, Any]) -> None:
     )
 
 
-def _precision(value: Any) -> str:
+def _precision(value: object) -> str:
     precision = str(value).lower()
     if precision not in PRECISIONS:
         raise ConfigError(
@@ -208,13 +212,15 @@ def _precision(value: Any) -> str:
     return precision
 
 
-def _truthy(value: Any) -> bool:
+def _truthy(value: object) -> bool:
     return str(value).lower() in ("1", "true", "yes")
 
 
 def _with_environment(
-    variables: dict[str, str], train_loop_per_worker: Callable[..., Any], config: dict[str, Any]
-) -> Any:
+    variables: dict[str, str],
+    train_loop_per_worker: Callable[..., object],
+    config: dict[str, object],
+) -> object:
     """In the worker: the configuration's variables, then the user's function."""
     env.update(variables)
     if _takes_config(train_loop_per_worker):

@@ -27,7 +27,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import transformers
@@ -40,6 +40,13 @@ from phalanx.errors import ConfigError
 from phalanx.huggingface.transformers._callback import RayTrainReportCallback
 from phalanx.huggingface.transformers._data import prepare_trainer
 from phalanx.torch import TorchConfig, TorchTrainer
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from phalanx.data import DataIterator
+
+Row = dict[str, torch.Tensor]
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +105,7 @@ class TransformersTrainer(TorchTrainer):
         datasets: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
         metadata: dict[str, Any] | None = None,
-        preprocessor: Any = None,
+        preprocessor: object = None,
     ) -> None:
         warnings.warn(DEPRECATION, DeprecationWarning, stacklevel=2)
         _check_init_function(trainer_init_per_worker)
@@ -117,7 +124,7 @@ class TransformersTrainer(TorchTrainer):
         )
 
 
-def _check_init_function(fn: Any) -> None:
+def _check_init_function(fn: object) -> None:
     if not callable(fn):
         raise ConfigError(
             f"trainer_init_per_worker={fn!r} is invalid: it must be a function that returns a "
@@ -137,7 +144,7 @@ def _check_init_function(fn: Any) -> None:
 
 
 def _train_loop_per_worker(
-    trainer_init_per_worker: Callable[..., transformers.Trainer], config: dict[str, Any]
+    trainer_init_per_worker: Callable[..., transformers.Trainer], config: dict[str, object]
 ) -> None:
     train_shard, eval_shard = _shard(TRAIN), _shard(EVALUATION)
     train_data = ShardRows(train_shard) if train_shard is not None else None
@@ -164,14 +171,14 @@ def _train_loop_per_worker(
         )
 
 
-def _shard(name: str) -> Any:
+def _shard(name: str) -> DataIterator | None:
     try:
         return session.get_dataset_shard(name)
     except KeyError:
         return None
 
 
-def _tensor_rows(shard: Any) -> Iterator[dict[str, torch.Tensor]]:
+def _tensor_rows(shard: DataIterator) -> Iterator[Row]:
     for batch in shard.iter_batches(batch_format="numpy"):
         # a copy: the batch's arrays are read-only views of the shard's blocks
         tensors = {c: torch.tensor(values) for c, values in batch.items()}
@@ -179,14 +186,14 @@ def _tensor_rows(shard: Any) -> Iterator[dict[str, torch.Tensor]]:
             yield {c: t[i] for c, t in tensors.items()}
 
 
-class ShardRows(IterableDataset):  # type: ignore[type-arg]
+class ShardRows(IterableDataset[Row]):
     """This rank's shard as rows of tensors; every ``iter()`` reads it again (one epoch).
 
     The length is the shard's row count, the same on every rank (phalanx splits equally), so HF
     computes the same number of steps per epoch everywhere.
     """
 
-    def __init__(self, shard: Any) -> None:
+    def __init__(self, shard: DataIterator) -> None:
         super().__init__()
         self.shard = shard
 
@@ -197,7 +204,7 @@ class ShardRows(IterableDataset):  # type: ignore[type-arg]
         return _tensor_rows(self.shard)
 
 
-class _Rows(Dataset):  # type: ignore[type-arg]
+class _Rows(Dataset[Row]):
     def __init__(self, rows: list[dict[str, torch.Tensor]]) -> None:
         self.rows = rows
 
@@ -208,32 +215,36 @@ class _Rows(Dataset):  # type: ignore[type-arg]
         return self.rows[i]
 
 
-def _all_rows(shard: Any) -> _Rows:
+def _all_rows(shard: DataIterator) -> _Rows:
     return _Rows(list(_tensor_rows(shard)))
 
 
 _shard_loader_classes: dict[type, type] = {}
 
 
+class _ShardLoader(transformers.Trainer):
+    """Put in front of a Trainer class by :func:`_with_shard_loader` (``super()`` then reaches
+    that class's own loader): a :class:`ShardRows` is batched as it is, not split again."""
+
+    def get_train_dataloader(self) -> DataLoader[Row]:
+        if not isinstance(self.train_dataset, ShardRows):
+            return super().get_train_dataloader()
+        collate = self._get_collator_with_removed_columns(self.data_collator, "training")
+        return DataLoader(
+            self.train_dataset,
+            batch_size=self._train_batch_size,
+            collate_fn=collate,
+            drop_last=self.args.dataloader_drop_last,
+        )
+
+
 def _with_shard_loader(trainer: transformers.Trainer) -> transformers.Trainer:
     """``trainer`` whose train loader batches a :class:`ShardRows` without splitting it again."""
     base = type(trainer)
     if base not in _shard_loader_classes:
-
-        class AirTransformersTrainer(base):  # type: ignore[valid-type,misc]
-            def get_train_dataloader(self) -> DataLoader:  # type: ignore[type-arg]
-                if not isinstance(self.train_dataset, ShardRows):
-                    return super().get_train_dataloader()  # type: ignore[no-any-return]
-                collate = self._get_collator_with_removed_columns(self.data_collator, "training")
-                return DataLoader(
-                    self.train_dataset,
-                    batch_size=self._train_batch_size,
-                    collate_fn=collate,
-                    drop_last=self.args.dataloader_drop_last,
-                )
-
-        AirTransformersTrainer.__qualname__ = AirTransformersTrainer.__name__
-        _shard_loader_classes[base] = AirTransformersTrainer
+        name = "AirTransformersTrainer"
+        namespace = {"__module__": __name__, "__qualname__": name}
+        _shard_loader_classes[base] = type(name, (_ShardLoader, base), namespace)
     trainer.__class__ = _shard_loader_classes[base]
     return trainer
 
@@ -245,24 +256,55 @@ class AirReportCallback(RayTrainReportCallback):
 
     def __init__(self) -> None:
         super().__init__()
-        self.pending: dict[str, Any] = {}
-        self.last: dict[str, Any] = {}
+        self.pending: dict[str, object] = {}
+        self.last: dict[str, object] = {}
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: object,
+    ) -> None:
         self.pending.update({**(logs or {}), "step": state.global_step, "epoch": state.epoch})
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_save(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: object,
+    ) -> None:
         self.last = {**self.last, **self.pending}
         self.pending = {}
         super().on_save(args, state, control, **kwargs)
 
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: object,
+    ) -> None:
         self._flush()
 
-    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_epoch_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: object,
+    ) -> None:
         self._flush()
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: object,
+    ) -> None:
         if self.pending:  # HF's closing summary, with the last eval metrics as AIR reported
             self.pending = {**self.last, **self.pending}
         self._flush()

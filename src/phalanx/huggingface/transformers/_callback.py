@@ -20,13 +20,16 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 import phalanx.session as session
 from phalanx.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +61,13 @@ class RayTrainReportCallback(transformers.TrainerCallback):
 
     CHECKPOINT_NAME = "checkpoint"
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_save(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: object,
+    ) -> None:
         """Report the checkpoint HF just saved (every rank reports: one phalanx round)."""
         metrics = _logged_metrics(state)
         folder = _saved_folder(args.output_dir, state.global_step)
@@ -74,8 +83,8 @@ class RayTrainReportCallback(transformers.TrainerCallback):
             )
 
 
-def _logged_metrics(state: Any) -> dict[str, Any]:
-    metrics: dict[str, Any] = {}
+def _logged_metrics(state: TrainerState) -> dict[str, object]:
+    metrics: dict[str, object] = {}
     for entry in state.log_history:
         metrics.update(entry)
     metrics["step"] = state.global_step  # the checkpoint's step, even when nothing was logged
@@ -83,9 +92,11 @@ def _logged_metrics(state: Any) -> dict[str, Any]:
     return metrics
 
 
-def _saved_folder(output_dir: str, step: int) -> str | None:
+def _saved_folder(output_dir: str | None, step: int) -> str | None:
     """The folder HF saved at ``step`` (by name: an older run's folders in the same
     ``output_dir`` may have higher numbers, so the newest one is only a fallback)."""
+    if output_dir is None:  # TrainingArguments allows it; HF saves nothing then
+        return None
     folder = os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
     if os.path.isdir(folder):
         return folder
@@ -104,7 +115,7 @@ def _reports_folder(folder: str) -> bool:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return True
     key = (session.get_context().get_node_rank(), os.path.realpath(folder))
-    keys: list[Any] = [None] * dist.get_world_size()
+    keys: list[object] = [None] * dist.get_world_size()
     dist.all_gather_object(keys, key)
     return keys.index(key) == dist.get_rank()
 

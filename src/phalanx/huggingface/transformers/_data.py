@@ -10,7 +10,7 @@ epoch. The shard is this rank's already, so the loader is not sharded again by A
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import transformers
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -18,6 +18,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from phalanx.data._iterator import Passes
 
 __all__ = ["prepare_trainer"]
+
+T = TypeVar("T")
 
 
 def prepare_trainer(trainer: transformers.Trainer) -> transformers.Trainer:
@@ -51,7 +53,7 @@ def prepare_trainer(trainer: transformers.Trainer) -> transformers.Trainer:
     return trainer
 
 
-def is_batch_iterable(data: Any) -> bool:
+def is_batch_iterable(data: object) -> bool:
     """A phalanx ``iter_*batches`` result, or Ray Data's (checked by name: Ray is not imported)."""
     if isinstance(data, Passes):
         return True
@@ -59,27 +61,28 @@ def is_batch_iterable(data: Any) -> bool:
     return cls.__name__ == "_IterableFromIterator" and cls.__module__.startswith("ray.data")
 
 
-class BatchesDataset(IterableDataset):  # type: ignore[type-arg]
+class BatchesDataset(IterableDataset[object]):
     """An ``IterableDataset`` over ready batches: every ``iter()`` is a new pass (epoch)."""
 
-    def __init__(self, batches: Iterable[Any]) -> None:
+    def __init__(self, batches: Iterable[object]) -> None:
         super().__init__()
         self.batches = batches
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         return iter(self.batches)
 
 
-def _batch_loader(batches: Iterable[Any]) -> DataLoader:  # type: ignore[type-arg]
+def _batch_loader(batches: object) -> DataLoader[Any]:
     # batch_size=None: the items are batches already; the identity keeps them as they are
-    return DataLoader(BatchesDataset(batches), batch_size=None, collate_fn=_as_is)
+    dataset = BatchesDataset(cast("Iterable[object]", batches))  # is_batch_iterable said so
+    return DataLoader(dataset, batch_size=None, collate_fn=_as_is)
 
 
-def _as_is(batch: Any) -> Any:
+def _as_is(batch: T) -> T:
     return batch
 
 
-def _check_reusable(name: str, data: Any) -> None:
+def _check_reusable(name: str, data: object) -> None:
     """A one-pass iterator would give HF's second epoch no rows: training would stop early."""
     if isinstance(data, Iterator) and not isinstance(data, (Dataset, Passes)):
         raise TypeError(
@@ -102,28 +105,31 @@ def _prepared_class(base: type[transformers.Trainer]) -> type[transformers.Train
     return _prepared[base]
 
 
+class _BatchIterableLoaders(transformers.Trainer):
+    """Loaders for batch iterables, put in front of a Trainer class by :func:`_subclass`
+    (``super()`` then reaches that class's own loaders)."""
+
+    def get_train_dataloader(self) -> DataLoader[Any]:
+        if is_batch_iterable(self.train_dataset):
+            return _batch_loader(self.train_dataset)
+        return super().get_train_dataloader()
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader[Any]:
+        data = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(data, str) and isinstance(self.eval_dataset, dict):
+            data = self.eval_dataset[data]
+        if is_batch_iterable(data):
+            return _batch_loader(data)
+        return super().get_eval_dataloader(eval_dataset)
+
+    def get_test_dataloader(self, test_dataset: Any) -> DataLoader[Any]:
+        if is_batch_iterable(test_dataset):
+            return _batch_loader(test_dataset)
+        return super().get_test_dataloader(test_dataset)
+
+
 def _subclass(base: type[transformers.Trainer]) -> type[transformers.Trainer]:
-
-    class RayTransformersTrainer(base):  # type: ignore[valid-type,misc]
-        """A ``transformers.Trainer`` that also reads phalanx batch iterables."""
-
-        def get_train_dataloader(self) -> DataLoader:  # type: ignore[type-arg]
-            if is_batch_iterable(self.train_dataset):
-                return _batch_loader(self.train_dataset)
-            return super().get_train_dataloader()  # type: ignore[no-any-return]
-
-        def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:  # type: ignore[type-arg]
-            data = eval_dataset if eval_dataset is not None else self.eval_dataset
-            if isinstance(data, str) and isinstance(self.eval_dataset, dict):
-                data = self.eval_dataset[data]
-            if is_batch_iterable(data):
-                return _batch_loader(data)
-            return super().get_eval_dataloader(eval_dataset)  # type: ignore[no-any-return]
-
-        def get_test_dataloader(self, test_dataset: Any) -> DataLoader:  # type: ignore[type-arg]
-            if is_batch_iterable(test_dataset):
-                return _batch_loader(test_dataset)
-            return super().get_test_dataloader(test_dataset)  # type: ignore[no-any-return]
-
-    RayTransformersTrainer.__qualname__ = RayTransformersTrainer.__name__
-    return RayTransformersTrainer
+    """``RayTransformersTrainer``: a ``base`` that also reads phalanx batch iterables."""
+    name = "RayTransformersTrainer"
+    namespace = {"__module__": __name__, "__qualname__": name, "__doc__": _subclass.__doc__}
+    return type(name, (_BatchIterableLoaders, base), namespace)
