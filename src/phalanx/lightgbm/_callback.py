@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import lightgbm
 
 from phalanx._foundation.checkpoint_files import MODEL_FILES
 from phalanx._gbdt.reporting import (
+    Metrics,
     MetricsArg,
     ReportingCore,
     ReportSettings,
     flatten_metrics,
 )
 from phalanx.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    from lightgbm.basic import EvalResult
+    from lightgbm.callback import CallbackEnv
 
 __all__ = ["RayTrainReportCallback", "ReportCallback"]
 
@@ -63,7 +68,7 @@ class ReportCallback:
         filename: str = CHECKPOINT_NAME,
         frequency: int = 0,
         checkpoint_at_end: bool = True,
-        results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        results_postprocessing_fn: Callable[[Metrics], Metrics] | None = None,
     ) -> None:
         settings = ReportSettings(
             type(self).__name__,
@@ -81,9 +86,9 @@ class ReportCallback:
         with checkpoint.as_directory() as directory:
             return load_booster(os.path.join(directory, filename))
 
-    def __call__(self, env: Any) -> None:
+    def __call__(self, env: CallbackEnv) -> None:
         last = env.iteration == env.end_iteration - 1
-        evals = _evals(env.evaluation_result_list)
+        evals = _evals(env.evaluation_result_list or [])
         self._core.round_done(evals, env.iteration + 1, env.model.save_model, last)
 
     def after_training(self, booster: lightgbm.Booster) -> lightgbm.Booster:
@@ -97,11 +102,11 @@ RayTrainReportCallback = ReportCallback
 """Ray Train's name for :class:`ReportCallback`."""
 
 
-def best_of(booster: lightgbm.Booster) -> dict[str, Any]:
+def best_of(booster: lightgbm.Booster) -> Metrics:
     """``best_iteration`` (1-based, as LightGBM counts) and ``best_score`` after early stopping."""
     if booster.best_iteration <= 0:
         return {}
-    best: dict[str, Any] = {"best_iteration": int(booster.best_iteration)}
+    best: Metrics = {"best_iteration": int(booster.best_iteration)}
     train_name = getattr(booster, "_train_data_name", "training")
     evals = {k: v for k, v in booster.best_score.items() if k != train_name}
     scores = flatten_metrics(evals)
@@ -110,10 +115,10 @@ def best_of(booster: lightgbm.Booster) -> dict[str, Any]:
     return best
 
 
-def _evals(results: list[tuple[Any, ...]]) -> dict[str, dict[str, Any]]:
+def _evals(results: Sequence[EvalResult]) -> dict[str, dict[str, float | None]]:
     """LightGBM's ``(data name, metric, value, higher is better[, stdv])`` list as nested dicts
     (cross-validation results give ``-mean`` and ``-stdv`` entries)."""
-    evals: dict[str, dict[str, Any]] = {}
+    evals: dict[str, dict[str, float | None]] = {}
     for entry in results:
         data_name, metric, value = entry[0], entry[1], entry[2]
         if len(entry) > 4:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from phalanx.backend import Backend, BackendConfig
 from phalanx.errors import ConfigError
@@ -55,7 +54,7 @@ class LightGBMConfig(BackendConfig):
         return LightGBMBackend
 
     @property
-    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[object]]:
         from phalanx.lightgbm._network import NetworkContext
 
         return NetworkContext
@@ -68,5 +67,5 @@ class LightGBMConfig(BackendConfig):
     def framework(self) -> str | None:
         return "lightgbm"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"time_out": self.time_out}

@@ -8,6 +8,7 @@ from typing import Any
 import lightgbm
 
 from phalanx._foundation.checkpoint_files import MODEL_FILES
+from phalanx._gbdt.library import Params
 from phalanx._gbdt.spec import TRAIN, Frame, GBDTSpec
 from phalanx.backend import BackendConfig
 from phalanx.config import DataConfig, ScalingConfig
@@ -59,11 +60,11 @@ class LightGBMLibrary:
         return LightGBMConfig
 
     @property
-    def report_callback(self) -> type[Any]:
+    def report_callback(self) -> type[ReportCallback]:
         return ReportCallback
 
     @property
-    def train_function(self) -> Callable[..., Any]:
+    def train_function(self) -> Callable[..., lightgbm.Booster]:
         return lightgbm.train
 
     def make_data(self, frame: Frame, reference: Any = None) -> lightgbm.Dataset:
@@ -73,11 +74,11 @@ class LightGBMLibrary:
 
     def train(
         self,
-        params: dict[str, Any],
+        params: Params,
         data: Any,
         evals: dict[str, Any],
         rounds: int,
-        init_model: Any,
+        init_model: lightgbm.Booster | None,
         callbacks: list[Any] | None,
         **kwargs: Any,
     ) -> lightgbm.Booster:
@@ -101,7 +102,7 @@ class LightGBMLibrary:
     def load_model(self, path: str) -> lightgbm.Booster:
         return load_booster(path)
 
-    def worker_params(self, params: dict[str, Any]) -> dict[str, Any]:
+    def worker_params(self, params: Params) -> Params:
         import phalanx.session as session
         from phalanx.lightgbm._network import get_network_params
 
@@ -114,7 +115,7 @@ class LightGBMLibrary:
         params.update(get_network_params())  # last: frees the reserved port for LightGBM
         return params
 
-    def probe_params(self, params: dict[str, Any]) -> dict[str, Any]:
+    def probe_params(self, params: Params) -> Params:
         kept = {k: v for k, v in params.items() if k not in TREE_LEARNER_PARAMS}
         return {**kept, "num_threads": 1, "verbosity": -1}
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 import phalanx.session as session
 from phalanx._gbdt.addresses import reserve_port
@@ -20,8 +20,21 @@ __all__ = ["NetworkContext", "get_network_params", "reserve_port_on_rank", "set_
 
 logger = logging.getLogger(__name__)
 
-# This process's part of the group: set by the backend's calls, used by the training function.
-_state: dict[str, Any] = {}
+# LightGBM's network parameters (num_machines, local_listen_port, machines, time_out).
+NetworkParams = dict[str, int | str]
+
+
+@dataclass
+class _GroupState:
+    """This process's part of the group: set by the backend's calls, used by the training
+    function and NetworkContext."""
+
+    socket: socket.socket | None = None  # the reserved port, until LightGBM listens on it
+    params: NetworkParams | None = None
+    threads: int | None = None
+
+
+_state = _GroupState()
 
 
 def reserve_port_on_rank(hosts: list[str]) -> int:
@@ -29,14 +42,16 @@ def reserve_port_on_rank(hosts: list[str]) -> int:
     _release()
     host = hosts[session.get_context().get_world_rank()]
     sock = reserve_port(host)
-    _state["socket"] = sock
+    _state.socket = sock
     return int(sock.getsockname()[1])
 
 
-def set_network(machines: str | None, ports: list[int], time_out: int | None, cpus: Any) -> None:
+def set_network(
+    machines: str | None, ports: list[int], time_out: int | None, cpus: float | None
+) -> None:
     """Remember this rank's network parameters (None: one worker, no network)."""
     context = session.get_context()
-    params: dict[str, Any] = {}
+    params: NetworkParams = {}
     if machines is not None:
         params = {
             "num_machines": context.get_world_size(),
@@ -45,11 +60,11 @@ def set_network(machines: str | None, ports: list[int], time_out: int | None, cp
         }
         if time_out is not None:
             params["time_out"] = time_out
-    _state["params"] = params
-    _state["threads"] = cpu_share(cpus, context.get_local_world_size())
+    _state.params = params
+    _state.threads = cpu_share(cpus, context.get_local_world_size())
 
 
-def get_network_params() -> dict[str, Any]:
+def get_network_params() -> NetworkParams:
     """LightGBM's network parameters for this worker, to merge into ``params``:
     ``num_machines``, ``local_listen_port``, ``machines`` (and ``time_out``); ``{}`` with one
     worker. Call it right before ``lightgbm.train``: it frees this worker's reserved port for
@@ -59,7 +74,7 @@ def get_network_params() -> dict[str, Any]:
 
         params = {"objective": "regression", **phalanx.lightgbm.get_network_params()}
     """
-    params = _state.get("params")
+    params = _state.params
     if params is None:
         logger.warning(
             "get_network_params() was called outside the training function of a "
@@ -78,7 +93,7 @@ class NetworkContext:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> NetworkContext:
-        threads = _state.pop("threads", None)
+        threads, _state.threads = _state.threads, None
         if threads:
             self._stack.enter_context(default_threads(threads))
         return self
@@ -89,12 +104,12 @@ class NetworkContext:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _state.pop("params", None)
+        _state.params = None
         _release()
         self._stack.close()
 
 
 def _release() -> None:
-    sock: socket.socket | None = _state.pop("socket", None)
+    sock, _state.socket = _state.socket, None
     if sock is not None:
         sock.close()

@@ -60,7 +60,7 @@ class LightGBMTrainer(GBDTTrainer):
 
     def __init__(
         self,
-        train_loop_per_worker: Callable[..., Any] | None = None,
+        train_loop_per_worker: Callable[..., object] | None = None,
         *,
         train_loop_config: dict[str, Any] | None = None,
         lightgbm_config: LightGBMConfig | None = None,
@@ -70,13 +70,13 @@ class LightGBMTrainer(GBDTTrainer):
         dataset_config: DataConfig | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
         metadata: dict[str, Any] | None = None,
-        preprocessor: Any = None,
+        preprocessor: object = None,
         validation_config: ValidationConfig | None = None,
         label_column: str | None = None,
         params: dict[str, Any] | None = None,
         num_boost_round: int | None = None,
         dmatrix_params: dict[str, dict[str, Any]] | None = None,
-        **train_kwargs: Any,
+        **train_kwargs: object,
     ) -> None:
         self._init_gbdt(
             train_loop_per_worker,

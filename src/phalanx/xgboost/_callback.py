@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
 
 import xgboost
 from xgboost.callback import TrainingCallback
 
 from phalanx._foundation.checkpoint_files import MODEL_FILES
-from phalanx._gbdt.reporting import MetricsArg, ReportingCore, ReportSettings
+from phalanx._gbdt.reporting import Metrics, MetricsArg, ReportingCore, ReportSettings
 from phalanx.checkpoint import Checkpoint
 
 __all__ = ["RayTrainReportCallback", "ReportCallback"]
@@ -57,7 +56,7 @@ class ReportCallback(TrainingCallback):
         filename: str = CHECKPOINT_NAME,
         frequency: int = 0,
         checkpoint_at_end: bool = True,
-        results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        results_postprocessing_fn: Callable[[Metrics], Metrics] | None = None,
     ) -> None:
         super().__init__()
         settings = ReportSettings(
@@ -76,16 +75,18 @@ class ReportCallback(TrainingCallback):
         with checkpoint.as_directory() as directory:
             return load_booster(os.path.join(directory, filename))
 
-    def before_training(self, model: Any) -> Any:
+    def before_training(self, model: xgboost.Booster) -> xgboost.Booster:
         self._core.reset()
         return model
 
-    def after_iteration(self, model: Any, epoch: int, evals_log: Any) -> bool:
+    def after_iteration(
+        self, model: xgboost.Booster, epoch: int, evals_log: TrainingCallback.EvalsLog
+    ) -> bool:
         # Rounds counted over resumes: epoch restarts at 0 when xgb_model is given.
         self._core.round_done(evals_log, model.num_boosted_rounds(), model.save_model)
         return False
 
-    def after_training(self, model: Any) -> Any:
+    def after_training(self, model: xgboost.Booster) -> xgboost.Booster:
         self._core.training_done(model.num_boosted_rounds(), best_of(model), model.save_model)
         return model
 
@@ -94,12 +95,12 @@ RayTrainReportCallback = ReportCallback
 """Ray Train's name for :class:`ReportCallback`."""
 
 
-def best_of(model: Any) -> dict[str, Any]:
+def best_of(model: xgboost.Booster) -> Metrics:
     """``best_iteration`` and ``best_score`` when early stopping recorded them."""
     iteration = model.attr("best_iteration")
     if iteration is None:
         return {}
-    best: dict[str, Any] = {"best_iteration": int(iteration)}
+    best: Metrics = {"best_iteration": int(iteration)}
     score = model.attr("best_score")
     if score is not None:
         best["best_score"] = float(score)

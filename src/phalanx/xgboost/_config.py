@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from phalanx.backend import Backend, BackendConfig
 from phalanx.errors import ConfigError
@@ -63,7 +62,7 @@ class XGBoostConfig(BackendConfig):
         return XGBoostBackend
 
     @property
-    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[object]]:
         from phalanx.xgboost._collective import CollectiveContext
 
         return CollectiveContext
@@ -76,5 +75,5 @@ class XGBoostConfig(BackendConfig):
     def framework(self) -> str | None:
         return "xgboost"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"xgboost_communicator": self.xgboost_communicator, "timeout_s": self.timeout_s}

@@ -5,14 +5,18 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xgboost
 
 from phalanx._foundation.checkpoint_files import MODEL_FILES
-from phalanx._gbdt.spec import Frame
+from phalanx._gbdt.library import Params
+from phalanx._gbdt.spec import Frame, GBDTSpec
 from phalanx.backend import BackendConfig
 from phalanx.xgboost._callback import FRAMEWORK, ReportCallback, load_booster
+
+if TYPE_CHECKING:
+    from phalanx.config import DataConfig, ScalingConfig
 
 __all__ = ["XGBOOST"]
 
@@ -44,11 +48,11 @@ class XGBoostLibrary:
         return XGBoostConfig
 
     @property
-    def report_callback(self) -> type[Any]:
+    def report_callback(self) -> type[ReportCallback]:
         return ReportCallback
 
     @property
-    def train_function(self) -> Callable[..., Any]:
+    def train_function(self) -> Callable[..., xgboost.Booster]:
         return xgboost.train
 
     def make_data(self, frame: Frame, reference: Any = None) -> xgboost.DMatrix:
@@ -56,11 +60,11 @@ class XGBoostLibrary:
 
     def train(
         self,
-        params: dict[str, Any],
+        params: Params,
         data: Any,
         evals: dict[str, Any],
         rounds: int,
-        init_model: Any,
+        init_model: xgboost.Booster | None,
         callbacks: list[Any] | None,
         **kwargs: Any,
     ) -> xgboost.Booster:
@@ -80,10 +84,10 @@ class XGBoostLibrary:
     def load_model(self, path: str) -> xgboost.Booster:
         return load_booster(path)
 
-    def worker_params(self, params: dict[str, Any]) -> dict[str, Any]:
+    def worker_params(self, params: Params) -> Params:
         return params
 
-    def probe_params(self, params: dict[str, Any]) -> dict[str, Any]:
+    def probe_params(self, params: Params) -> Params:
         return {**params, "nthread": 1}
 
     def probe_errors(self) -> tuple[type[BaseException], ...]:
@@ -103,11 +107,13 @@ class XGBoostLibrary:
             )
         return True  # XGBoost's other warnings repeat what the workers will say
 
-    def extra_checks(self, spec: Any, scaling: Any, data_config: Any) -> None:
+    def extra_checks(
+        self, spec: GBDTSpec, scaling: ScalingConfig, data_config: DataConfig | None
+    ) -> None:
         return None
 
 
-def _clean(error: Any) -> str:
+def _clean(error: object) -> str:
     """XGBoost's message without its ``[time] file:line:`` prefixes, at most 12 lines."""
     text = re.sub(r"\[\d\d:\d\d:\d\d\] (WARNING: )?\S+:\d+: ", "", str(error)).strip()
     lines = text.splitlines()

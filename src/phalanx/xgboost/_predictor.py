@@ -30,7 +30,7 @@ class XGBoostPredictor(BoosterPredictor):
 
     _library = XGBOOST
 
-    def predict(  # type: ignore[override]
+    def predict(
         self,
         data: Any,
         feature_columns: list[str] | list[int] | None = None,
