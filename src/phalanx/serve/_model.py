@@ -100,8 +100,8 @@ class ServedModel:
     def predict(self, frame: pd.DataFrame) -> dict[str, np.ndarray]:
         """Predictions for ``frame``'s rows, in order, one array per output column: the rows go
         to ``Predictor.predict`` in the predictor's own batch format, as BatchPredictor's
-        scoring workers hand them (a numpy predictor skips pandas: tens of times faster on the
-        small batches a server sees)."""
+        scoring workers hand them (a numpy predictor skips pandas, whose fixed cost per call
+        outweighs the model's on the small batches a server sees)."""
         batch: pd.DataFrame | dict[str, np.ndarray] = frame
         if self.predictor.batch_format == "numpy":
             batch = {str(c): _column(frame[c]) for c in frame.columns}
