@@ -9,7 +9,7 @@ data is never materialised transformed. The fitted preprocessor is saved in ever
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import cloudpickle
 import pyarrow as pa
@@ -20,19 +20,22 @@ from phalanx.data._plan import Piece
 from phalanx.data._source import Source
 from phalanx.errors import ConfigError
 
+if TYPE_CHECKING:
+    from phalanx.preprocess._base import Preprocessor
+
 __all__ = ["PREPROCESSOR_FILENAME", "fit_on_train", "preprocess_shards", "serialize"]
 
 
 class PreprocessedSource(Source):
     """The rows of ``inner`` passed through a fitted preprocessor (row counts are unchanged)."""
 
-    def __init__(self, inner: Source, preprocessor: Any) -> None:
+    def __init__(self, inner: Source, preprocessor: Preprocessor) -> None:
         self.inner = inner
         self.preprocessor = preprocessor
         self.fragment_rows = inner.fragment_rows
         self._schema: pa.Schema | None = None
 
-    @property  # type: ignore[override]
+    @property  # type: ignore[override]  # Source's is a plain attribute; read on first use here
     def schema(self) -> pa.Schema:
         if self._schema is None:
             self._schema = self._transform(self._sample()).schema
@@ -61,7 +64,7 @@ class PreprocessedSource(Source):
         return f"{self.inner.describe()}, through {type(self.preprocessor).__name__}"
 
 
-def fit_on_train(preprocessor: Any, datasets: dict[str, Any]) -> None:
+def fit_on_train(preprocessor: Preprocessor, datasets: dict[str, object]) -> None:
     """Fit ``preprocessor`` on ``datasets["train"]`` unless it is fitted already."""
     from phalanx.data import as_dataset
 
@@ -78,12 +81,14 @@ def fit_on_train(preprocessor: Any, datasets: dict[str, Any]) -> None:
     preprocessor.fit(as_dataset(train() if callable(train) else train))
 
 
-def preprocess_shards(shards: list[dict[str, Any]], preprocessor: Any) -> list[dict[str, Any]]:
+def preprocess_shards(
+    shards: list[dict[str, object]], preprocessor: Preprocessor
+) -> list[dict[str, object]]:
     """Each rank's shards, reading through ``preprocessor``."""
     return [{name: _wrap(it, preprocessor) for name, it in rank.items()} for rank in shards]
 
 
-def _wrap(iterator: Any, preprocessor: Any) -> Any:
+def _wrap(iterator: object, preprocessor: Preprocessor) -> object:
     map_parts = getattr(iterator, "map_parts", None)
     if map_parts is not None:  # a Dataset.mix shard: each source read through it
         return map_parts(lambda part: _wrap(part, preprocessor))
@@ -96,7 +101,7 @@ def _wrap(iterator: Any, preprocessor: Any) -> Any:
     return iterator  # e.g. a Ray Data iterator: transformed by Ray, not here
 
 
-def check_preprocessor(preprocessor: Any) -> None:
+def check_preprocessor(preprocessor: object) -> None:
     """At the trainer's construction: a preprocessor, and one that can be saved in checkpoints
     (found now rather than when the first checkpoint is written, after training)."""
     if not (
@@ -110,7 +115,7 @@ def check_preprocessor(preprocessor: Any) -> None:
     serialize(preprocessor)
 
 
-def serialize(preprocessor: Any) -> bytes:
+def serialize(preprocessor: object) -> bytes:
     """The preprocessor cloudpickled (functions and lambdas in it included), or ConfigError."""
     try:
         return cloudpickle.dumps(preprocessor)

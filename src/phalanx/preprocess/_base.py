@@ -11,11 +11,14 @@ from __future__ import annotations
 import enum
 import pickle
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from phalanx.data import Dataset
 
 __all__ = ["FitStatus", "Preprocessor", "PreprocessorNotFittedError"]
 
@@ -44,7 +47,7 @@ class FitStatus(str, enum.Enum):  # enum.StrEnum from Python 3.11 on; Ray's is (
 
     # Print as the value, as enum.StrEnum (3.11+) does: "FITTED", not "FitStatus.FITTED".
     __str__ = str.__str__
-    __format__ = str.__format__  # type: ignore[assignment]
+    __format__ = str.__format__  # type: ignore[assignment]  # typeshed types Enum's differently
 
 
 class Preprocessor:
@@ -59,6 +62,7 @@ class Preprocessor:
     _is_fittable = True
 
     def __init__(self) -> None:
+        # Each preprocessor's statistics by Ray's names ("mean(x)"): numbers, value lists, ...
         self.stats_: dict[str, Any] = {}
         self._fitted = False
 
@@ -69,7 +73,7 @@ class Preprocessor:
             return FitStatus.NOT_FITTABLE
         return FitStatus.FITTED if self._fitted else FitStatus.NOT_FITTED
 
-    def fit(self, ds: Any, *, batch_size: int = DEFAULT_FIT_BATCH_SIZE) -> Preprocessor:
+    def fit(self, ds: object, *, batch_size: int = DEFAULT_FIT_BATCH_SIZE) -> Preprocessor:
         """Compute the statistics over ``ds`` (anything ``datasets=`` accepts), one batch at a
         time; refitting replaces them. A no-op for preprocessors that need no statistics."""
         if not self._is_fittable:
@@ -80,16 +84,19 @@ class Preprocessor:
         self._check_columns(dataset.columns(), "fit")
 
         def batches() -> Iterator[pd.DataFrame]:
-            return dataset.iter_batches(batch_size=batch_size, batch_format="pandas")  # type: ignore[no-any-return]
+            frames: Iterator[pd.DataFrame] = dataset.iter_batches(
+                batch_size=batch_size, batch_format="pandas"
+            )
+            return frames
 
         self._fit_batches(batches)
         return self
 
-    def fit_transform(self, ds: Any, **kwargs: Any) -> Any:
+    def fit_transform(self, ds: object, **kwargs: int) -> Dataset:
         self.fit(ds, **kwargs)
         return self.transform(ds)
 
-    def transform(self, ds: Any, *, batch_size: int = DEFAULT_FIT_BATCH_SIZE) -> Any:
+    def transform(self, ds: object, *, batch_size: int = DEFAULT_FIT_BATCH_SIZE) -> Dataset:
         """``ds`` transformed, as a :class:`phalanx.data.Dataset` held in memory. To transform
         data larger than memory, apply :meth:`transform_batch` to each batch as it is read."""
         self._check_fitted()
@@ -106,7 +113,7 @@ class Preprocessor:
             return from_arrow(pa.table({}))
         return from_arrow(pa.concat_tables(tables))
 
-    def transform_batch(self, data: Any) -> Any:
+    def transform_batch(self, data: Any) -> Any:  # returns the kind of batch it is given
         """One batch transformed: a pandas DataFrame, dict of numpy arrays or pyarrow Table in,
         the same kind out."""
         self._check_fitted()
@@ -134,7 +141,8 @@ class Preprocessor:
         """The preprocessor as bytes (cloudpickle: functions and lambdas in it are kept)."""
         import cloudpickle
 
-        return cloudpickle.dumps(self)  # type: ignore[no-any-return]
+        data: bytes = cloudpickle.dumps(self)
+        return data
 
     @staticmethod
     def deserialize(data: bytes) -> Preprocessor:

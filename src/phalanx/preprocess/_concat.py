@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -14,6 +14,10 @@ from phalanx.preprocess._base import (
     Preprocessor,
     pandas_to_numpy,
 )
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+
 
 __all__ = ["Chain", "Concatenator"]
 
@@ -40,7 +44,7 @@ class Concatenator(Preprocessor):
         *,
         include: list[str] | None = None,
         exclude: str | list[str] | None = None,
-        dtype: Any = None,
+        dtype: DTypeLike | None = None,
         raise_if_missing: bool = False,
         flatten: bool = False,
     ) -> None:

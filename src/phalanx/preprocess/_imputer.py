@@ -30,7 +30,7 @@ class SimpleImputer(Preprocessor):
         self,
         columns: list[str],
         strategy: str = "mean",
-        fill_value: Any = None,
+        fill_value: object = None,
         *,
         output_columns: list[str] | None = None,
     ) -> None:
@@ -68,7 +68,7 @@ class SimpleImputer(Preprocessor):
     def _input_columns(self) -> list[str]:
         return []  # a missing column is filled entirely
 
-    def _value(self, column: str) -> Any:
+    def _value(self, column: str) -> object:
         if self.strategy == "constant":
             return self.fill_value
         return self.stats_[f"{self.strategy}({column})"]

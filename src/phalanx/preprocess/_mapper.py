@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -15,6 +15,10 @@ from phalanx.preprocess._base import (
     _numpy_to_pandas,
     pandas_to_numpy,
 )
+
+if TYPE_CHECKING:
+    from phalanx.data import Dataset
+
 
 __all__ = ["BatchMapper"]
 
@@ -38,7 +42,7 @@ class BatchMapper(Preprocessor):
 
     def __init__(
         self,
-        fn: Callable[[Any], Any],
+        fn: Callable[[Any], object],  # takes the user's batch_format
         batch_format: str | None = None,
         batch_size: int | str | None = "default",
     ) -> None:
@@ -61,7 +65,7 @@ class BatchMapper(Preprocessor):
         self.batch_format = batch_format or "pandas"
         self.batch_size = batch_size
 
-    def transform(self, ds: Any, *, batch_size: int | None = None) -> Any:
+    def transform(self, ds: object, *, batch_size: int | None = None) -> Dataset:
         size = batch_size or self.batch_size
         if not isinstance(size, int):  # "default", or None (whole blocks): Ray's 4096 here
             size = DEFAULT_FIT_BATCH_SIZE
@@ -85,13 +89,13 @@ class BatchMapper(Preprocessor):
         return f"BatchMapper(fn={name}, batch_format={self.batch_format!r})"
 
 
-def _as_pandas(out: Any) -> pd.DataFrame:
+def _as_pandas(out: object) -> pd.DataFrame:
     if isinstance(out, pd.DataFrame):
         return out
     return _numpy_to_pandas(_as_numpy(out))
 
 
-def _as_numpy(out: Any) -> dict[str, np.ndarray]:
+def _as_numpy(out: object) -> dict[str, np.ndarray]:
     if isinstance(out, pd.DataFrame):
         return pandas_to_numpy(out)
     if isinstance(out, np.ndarray):
@@ -104,7 +108,7 @@ def _as_numpy(out: Any) -> dict[str, np.ndarray]:
     )
 
 
-def _check_picklable(fn: Callable[[Any], Any]) -> None:
+def _check_picklable(fn: Callable[..., object]) -> None:
     import cloudpickle
 
     try:

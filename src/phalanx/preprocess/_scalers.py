@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
@@ -71,8 +69,8 @@ class MinMaxScaler(Preprocessor):
         self.output_columns = output_names(self.columns, output_columns)
 
     def _fit(self, batches: Batches) -> None:
-        lo: dict[str, Any] = {c: np.inf for c in self.columns}
-        hi: dict[str, Any] = {c: -np.inf for c in self.columns}
+        lo: dict[str, float] = {c: np.inf for c in self.columns}
+        hi: dict[str, float] = {c: -np.inf for c in self.columns}
         for batch in batches():
             for c in self.columns:
                 x = pd.to_numeric(batch[c])
