@@ -6,12 +6,15 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import phalanx.session as session
 from phalanx.checkpoint import Checkpoint
 from phalanx.lightning._flavour import import_lightning
 from phalanx.session import CheckpointUploadMode
+
+if TYPE_CHECKING:
+    from phalanx.validation import ValidationTaskConfig
 
 __all__ = ["RayTrainReportCallback"]
 
@@ -20,6 +23,7 @@ logger = logging.getLogger(__name__)
 pl = import_lightning()
 
 
+# Base classes of the Lightning flavour found at import: mypy sees a module object.
 class RayTrainReportCallback(pl.callbacks.Callback):  # type: ignore[misc,name-defined]
     """At the end of every training epoch: save a Lightning checkpoint and report it with
     ``trainer.callback_metrics`` plus ``epoch`` and ``step`` (Lightning's ``global_step``).
@@ -52,7 +56,7 @@ class RayTrainReportCallback(pl.callbacks.Callback):  # type: ignore[misc,name-d
     def __init__(
         self,
         checkpoint_upload_mode: CheckpointUploadMode | str | None = None,
-        validation: Any = False,
+        validation: bool | ValidationTaskConfig = False,
     ) -> None:
         super().__init__()
         mode = (
@@ -67,7 +71,7 @@ class RayTrainReportCallback(pl.callbacks.Callback):  # type: ignore[misc,name-d
         )
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        metrics: dict[str, Any] = {k: v.item() for k, v in trainer.callback_metrics.items()}
+        metrics: dict[str, object] = {k: v.item() for k, v in trainer.callback_metrics.items()}
         metrics["epoch"] = trainer.current_epoch
         metrics["step"] = trainer.global_step
         tmpdir = os.path.join(self.tmpdir_prefix, str(trainer.current_epoch))

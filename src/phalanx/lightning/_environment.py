@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 import phalanx.session as session
 from phalanx.lightning._flavour import import_lightning
@@ -16,6 +15,7 @@ LightningEnvironment = importlib.import_module(
 ).LightningEnvironment
 
 
+# Base classes of the Lightning flavour found at import: mypy sees a module object.
 class RayLightningEnvironment(LightningEnvironment):  # type: ignore[misc,valid-type]
     """Lightning's ``LightningEnvironment`` whose world size and ranks are phalanx's.
 
@@ -52,5 +52,5 @@ class RayLightningEnvironment(LightningEnvironment):  # type: ignore[misc,valid-
     def set_global_rank(self, rank: int) -> None:
         """Ignored: the rank is the run's."""
 
-    def teardown(self, *args: Any) -> None:
+    def teardown(self, *args: object) -> None:
         """Nothing to undo (Lightning's removes ``WORLD_SIZE``, which phalanx set)."""

@@ -20,7 +20,7 @@ import inspect
 import logging
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import phalanx.session as session
 from phalanx.checkpoint import Checkpoint
@@ -32,6 +32,9 @@ from phalanx.lightning._flavour import import_lightning
 from phalanx.lightning._prepare import prepare_trainer
 from phalanx.lightning._strategies import RayDDPStrategy, RayDeepSpeedStrategy, RayFSDPStrategy
 from phalanx.torch import TorchConfig, TorchTrainer
+
+if TYPE_CHECKING:
+    from phalanx.data import DataIterator
 
 logger = logging.getLogger(__name__)
 
@@ -79,25 +82,25 @@ class LightningConfigBuilder:
 
     def __init__(self) -> None:
         warnings.warn(BUILDER_DEPRECATION, DeprecationWarning, stacklevel=2)
-        self._module_class: Any = None
+        self._module_class: type | None = None
         self._module_init_config: dict[str, Any] = {}
         self._trainer_init_config: dict[str, Any] = {}
         self._trainer_fit_params: dict[str, Any] = {}
         self._strategy_config: dict[str, Any] = {}
         self._model_checkpoint_config: dict[str, Any] = {}
 
-    def module(self, cls: Any = None, **kwargs: Any) -> LightningConfigBuilder:
+    def module(self, cls: type | None = None, **kwargs: object) -> LightningConfigBuilder:
         """The ``LightningModule`` class (not an instance) and its constructor's arguments."""
         self._module_class = cls
         self._module_init_config.update(kwargs)
         return self
 
-    def trainer(self, **kwargs: Any) -> LightningConfigBuilder:
+    def trainer(self, **kwargs: object) -> LightningConfigBuilder:
         """Arguments of ``pl.Trainer`` (``strategy`` and ``devices`` are set by the trainer)."""
         self._trainer_init_config.update(kwargs)
         return self
 
-    def fit_params(self, **kwargs: Any) -> LightningConfigBuilder:
+    def fit_params(self, **kwargs: object) -> LightningConfigBuilder:
         """Arguments of ``pl.Trainer.fit`` besides the model (dataloaders, datamodule...)."""
         if "model" in kwargs:
             logger.warning(
@@ -107,7 +110,7 @@ class LightningConfigBuilder:
         self._trainer_fit_params.update(kwargs)
         return self
 
-    def strategy(self, name: str = "ddp", **kwargs: Any) -> LightningConfigBuilder:
+    def strategy(self, name: str = "ddp", **kwargs: object) -> LightningConfigBuilder:
         """The distributed strategy: ``"ddp"``, ``"fsdp"`` or ``"deepspeed"``, and its
         arguments."""
         if name not in STRATEGIES:
@@ -120,7 +123,7 @@ class LightningConfigBuilder:
         self._strategy_config.update(kwargs)
         return self
 
-    def checkpointing(self, **kwargs: Any) -> LightningConfigBuilder:
+    def checkpointing(self, **kwargs: object) -> LightningConfigBuilder:
         """``ModelCheckpoint``-style options: ``monitor``, ``mode``, ``save_top_k`` (they set the
         run's ``CheckpointConfig`` when it has none) and ``every_n_epochs`` (how often a
         checkpoint is reported)."""
@@ -175,7 +178,7 @@ class LightningTrainer(TorchTrainer):
         run_config: RunConfig | None = None,
         datasets: dict[str, Any] | None = None,
         datasets_iter_config: dict[str, Any] | None = None,
-        preprocessor: Any = None,
+        preprocessor: object = None,
         resume_from_checkpoint: Checkpoint | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> None:
@@ -283,7 +286,7 @@ def _set_data(fit_params: dict[str, Any], iter_config: dict[str, Any] | None) ->
         fit_params["val_dataloaders"] = val.iter_torch_batches(**(iter_config or {}))
 
 
-def _shard(name: str) -> Any:
+def _shard(name: str) -> DataIterator | None:
     try:
         return session.get_dataset_shard(name)
     except KeyError:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol, TypeVar
 
 from phalanx.lightning._environment import RayLightningEnvironment
 from phalanx.lightning._strategies import RayDDPStrategy, RayDeepSpeedStrategy, RayFSDPStrategy
@@ -12,7 +12,17 @@ __all__ = ["prepare_trainer"]
 STRATEGIES = (RayDDPStrategy, RayFSDPStrategy, RayDeepSpeedStrategy)
 
 
-def prepare_trainer(trainer: Any) -> Any:
+class _Trainer(Protocol):
+    """What prepare_trainer reads of a Lightning Trainer (of either flavour)."""
+
+    @property
+    def strategy(self) -> object: ...
+
+
+T = TypeVar("T", bound=_Trainer)
+
+
+def prepare_trainer(trainer: T) -> T:
     """Check ``trainer`` (a ``pl.Trainer``) and return it: its strategy must be one of
     :class:`RayDDPStrategy`, :class:`RayFSDPStrategy`, :class:`RayDeepSpeedStrategy` (or a
     subclass) and its cluster environment a :class:`RayLightningEnvironment`. Lightning's own

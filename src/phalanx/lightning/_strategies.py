@@ -12,7 +12,6 @@ group is phalanx's (``TorchConfig``); Lightning finds it initialised and keeps i
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
 
 import torch
 
@@ -37,10 +36,11 @@ class _RayPlacement:
         return get_device()
 
     @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
 
+# Base classes of the Lightning flavour found at import: mypy sees a module object.
 class RayDDPStrategy(_RayPlacement, pl.strategies.DDPStrategy):  # type: ignore[misc,name-defined]
     """Lightning's ``DDPStrategy`` for a phalanx worker; takes the same arguments.
 
@@ -54,6 +54,7 @@ class RayDDPStrategy(_RayPlacement, pl.strategies.DDPStrategy):  # type: ignore[
     """
 
 
+# Base classes of the Lightning flavour found at import: mypy sees a module object.
 class RayFSDPStrategy(_RayPlacement, pl.strategies.FSDPStrategy):  # type: ignore[misc,name-defined]
     """Lightning's ``FSDPStrategy`` for a phalanx worker; takes the same arguments
     (``sharding_strategy``, ``auto_wrap_policy``, ``state_dict_type``...).
@@ -68,6 +69,7 @@ class RayFSDPStrategy(_RayPlacement, pl.strategies.FSDPStrategy):  # type: ignor
     """
 
 
+# Base classes of the Lightning flavour found at import: mypy sees a module object.
 class RayDeepSpeedStrategy(_RayPlacement, pl.strategies.DeepSpeedStrategy):  # type: ignore[misc,name-defined]
     """Lightning's ``DeepSpeedStrategy`` for a phalanx worker; needs the ``deepspeed`` package.
 
@@ -80,7 +82,7 @@ class RayDeepSpeedStrategy(_RayPlacement, pl.strategies.DeepSpeedStrategy):  # t
         trainer = prepare_trainer(trainer)
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         if importlib.util.find_spec("deepspeed") is None:
             raise ModuleNotFoundError(
                 "RayDeepSpeedStrategy needs DeepSpeed, which is not installed in this "
