@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> _typing.Any:
+def __getattr__(name: str) -> _typing.Any:  # a lazily imported class (it imports TensorFlow)
     # The callback subclasses Keras' Callback: defining it imports TensorFlow, so only on use.
     if name == "ReportCheckpointCallback":
         from phalanx.tensorflow.keras import ReportCheckpointCallback

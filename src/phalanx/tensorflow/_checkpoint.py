@@ -5,9 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from phalanx.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 __all__ = ["TensorflowCheckpoint"]
 
@@ -28,7 +32,9 @@ class TensorflowCheckpoint(Checkpoint):
     MODEL_FILENAME_KEY = "_model_filename"
 
     @classmethod
-    def from_model(cls, model: Any, *, preprocessor: Any = None) -> TensorflowCheckpoint:
+    def from_model(
+        cls, model: tf.keras.Model, *, preprocessor: object = None
+    ) -> TensorflowCheckpoint:
         """A new checkpoint (in a temporary directory) with ``model`` saved as ``model.keras``
         (architecture, weights and optimizer state)."""
 
@@ -38,7 +44,7 @@ class TensorflowCheckpoint(Checkpoint):
         return cls._new(save, "model.keras", preprocessor)
 
     @classmethod
-    def from_h5(cls, file_path: str, *, preprocessor: Any = None) -> TensorflowCheckpoint:
+    def from_h5(cls, file_path: str, *, preprocessor: object = None) -> TensorflowCheckpoint:
         """A new checkpoint with a copy of the Keras ``.h5`` file ``file_path``."""
         if not os.path.isfile(file_path) or not file_path.endswith(".h5"):
             raise ValueError(
@@ -49,7 +55,9 @@ class TensorflowCheckpoint(Checkpoint):
         return cls._new(lambda d: shutil.copy(file_path, os.path.join(d, name)), name, preprocessor)
 
     @classmethod
-    def from_saved_model(cls, dir_path: str, *, preprocessor: Any = None) -> TensorflowCheckpoint:
+    def from_saved_model(
+        cls, dir_path: str, *, preprocessor: object = None
+    ) -> TensorflowCheckpoint:
         """A new checkpoint with a copy of the SavedModel directory ``dir_path``."""
         if not os.path.isdir(dir_path):
             raise ValueError(
@@ -63,7 +71,9 @@ class TensorflowCheckpoint(Checkpoint):
         return cls._new(copy, ".", preprocessor)
 
     @classmethod
-    def _new(cls, write: Any, filename: str, preprocessor: Any) -> TensorflowCheckpoint:
+    def _new(
+        cls, write: Callable[[str], object], filename: str, preprocessor: object
+    ) -> TensorflowCheckpoint:
         directory = tempfile.mkdtemp(prefix="phalanx_tf_checkpoint_")
         write(directory)
         checkpoint = cls(os.path.abspath(directory))
@@ -72,7 +82,7 @@ class TensorflowCheckpoint(Checkpoint):
         checkpoint.update_metadata({cls.MODEL_FILENAME_KEY: filename, "framework": "tensorflow"})
         return checkpoint
 
-    def get_model(self) -> Any:
+    def get_model(self) -> tf.keras.Model:
         """The Keras model stored in this checkpoint (``tf.keras.models.load_model``)."""
         filename = self.get_metadata().get(self.MODEL_FILENAME_KEY)
         if filename is None:

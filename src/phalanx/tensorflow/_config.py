@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from phalanx.backend import Backend, BackendConfig
 
@@ -35,7 +34,7 @@ class TensorflowConfig(BackendConfig):
         return TensorflowBackend
 
     @property
-    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[object]]:
         from phalanx.tensorflow._worker_setup import TrainFuncContext
 
         return TrainFuncContext
@@ -44,5 +43,5 @@ class TensorflowConfig(BackendConfig):
     def framework(self) -> str | None:
         return "tensorflow"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {}

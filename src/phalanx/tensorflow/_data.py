@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 __all__ = ["prepare_dataset_shard"]
 
 
-def prepare_dataset_shard(tf_dataset_shard: Any) -> Any:
+def prepare_dataset_shard(tf_dataset_shard: object) -> tf.data.Dataset:
     """``tf_dataset_shard`` with TensorFlow's auto-sharding turned off and prefetching on.
 
     Use it on a dataset made from this worker's own shard (``phalanx.get_dataset_shard(...)``
@@ -47,7 +50,7 @@ def prepare_dataset_shard(tf_dataset_shard: Any) -> Any:
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-def _keep(*_: Any) -> Any:
+def _keep(*_: object) -> tf.Tensor:
     import tensorflow as tf
 
     return tf.constant(True)

@@ -46,7 +46,7 @@ class TensorflowTrainer(DataParallelTrainer):
 
     def __init__(
         self,
-        train_loop_per_worker: Callable[..., Any],
+        train_loop_per_worker: Callable[..., object],
         *,
         train_loop_config: dict[str, Any] | None = None,
         tensorflow_config: TensorflowConfig | None = None,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import shutil
-from typing import Any
+from typing import SupportsFloat, cast
 
 import tensorflow as tf
 
@@ -13,6 +13,9 @@ from phalanx.errors import KeyNotFoundError
 from phalanx.tensorflow._checkpoint import TensorflowCheckpoint
 
 __all__ = ["ReportCheckpointCallback"]
+
+# A Keras callback's logs: metric name -> value (numbers, numpy or tensor scalars).
+Logs = dict[str, object]
 
 EVENTS = (
     "epoch_begin",
@@ -80,7 +83,7 @@ class ReportCheckpointCallback(tf.keras.callbacks.Callback):
     def _wants(self, prefix: str) -> bool:
         return any(e.startswith(prefix) for e in (*self._checkpoint_on, *self._report_metrics_on))
 
-    def _handle(self, logs: dict[str, Any] | None, when: str) -> None:
+    def _handle(self, logs: Logs | None, when: str) -> None:
         checkpoint_now = when in self._checkpoint_on
         if not checkpoint_now and when not in self._report_metrics_on:
             return
@@ -98,7 +101,7 @@ class ReportCheckpointCallback(tf.keras.callbacks.Callback):
             shutil.rmtree(checkpoint.path, ignore_errors=True)
             session.report(metrics)
 
-    def _select(self, logs: dict[str, Any], when: str) -> dict[str, Any]:
+    def _select(self, logs: Logs, when: str) -> dict[str, object]:
         wanted = self._metrics
         if wanted is None:
             names = {key: key for key in logs}
@@ -117,46 +120,46 @@ class ReportCheckpointCallback(tf.keras.callbacks.Callback):
             )
         return {key: _plain(logs[name]) for key, name in names.items()}
 
-    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: Logs | None = None) -> None:
         self._handle(logs, "epoch_begin")
 
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: Logs | None = None) -> None:
         self._handle(logs, "epoch_end")
 
-    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+    def on_train_batch_begin(self, batch: int, logs: Logs | None = None) -> None:
         self._handle(logs, "train_batch_begin")
 
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: Logs | None = None) -> None:
         self._handle(logs, "train_batch_end")
 
-    def on_test_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+    def on_test_batch_begin(self, batch: int, logs: Logs | None = None) -> None:
         self._handle(logs, "test_batch_begin")
 
-    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+    def on_test_batch_end(self, batch: int, logs: Logs | None = None) -> None:
         self._handle(logs, "test_batch_end")
 
-    def on_predict_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+    def on_predict_batch_begin(self, batch: int, logs: Logs | None = None) -> None:
         self._handle(logs, "predict_batch_begin")
 
-    def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+    def on_predict_batch_end(self, batch: int, logs: Logs | None = None) -> None:
         self._handle(logs, "predict_batch_end")
 
-    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+    def on_train_begin(self, logs: Logs | None = None) -> None:
         self._handle(logs, "train_begin")
 
-    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+    def on_train_end(self, logs: Logs | None = None) -> None:
         self._handle(logs, "train_end")
 
-    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
+    def on_test_begin(self, logs: Logs | None = None) -> None:
         self._handle(logs, "test_begin")
 
-    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+    def on_test_end(self, logs: Logs | None = None) -> None:
         self._handle(logs, "test_end")
 
-    def on_predict_begin(self, logs: dict[str, Any] | None = None) -> None:
+    def on_predict_begin(self, logs: Logs | None = None) -> None:
         self._handle(logs, "predict_begin")
 
-    def on_predict_end(self, logs: dict[str, Any] | None = None) -> None:
+    def on_predict_end(self, logs: Logs | None = None) -> None:
         self._handle(logs, "predict_end")
 
 
@@ -171,9 +174,9 @@ def _events(value: str | list[str], arg: str) -> list[str]:
     return events
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """A Keras log value as a Python number where it is one (numpy / tensor scalars)."""
     try:
-        return float(value)
+        return float(cast("SupportsFloat", value))  # what float() takes, it converts
     except (TypeError, ValueError):
         return value
