@@ -6,8 +6,9 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from numbers import Number
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, SupportsFloat, cast
 
 from phalanx._foundation import env
 from phalanx._foundation.optional import require as require  # the trackers import it here
@@ -20,9 +21,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(metrics: Mapping[str, object], prefix: str = "") -> dict[str, object]:
     """Nested dicts become ``outer/inner`` keys, as Ray's loggers write them."""
-    flat: dict[str, Any] = {}
+    flat: dict[str, object] = {}
     for key, value in metrics.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
@@ -32,10 +33,10 @@ def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def scalar(value: Any) -> float | None:
+def scalar(value: object) -> float | None:
     """A number a tracker can plot (bools, numpy scalars, 0-d tensors too), else None."""
     if isinstance(value, Number) and not isinstance(value, complex):
-        return float(value)  # type: ignore[arg-type]
+        return float(cast(SupportsFloat, value))  # a real Number: float() takes it
     item = getattr(value, "item", None)
     if callable(item):
         try:
@@ -46,7 +47,7 @@ def scalar(value: Any) -> float | None:
     return None
 
 
-def scalars(metrics: dict[str, Any]) -> dict[str, float]:
+def scalars(metrics: Mapping[str, object]) -> dict[str, float]:
     """The plottable entries of ``metrics`` (flattened); the rest is left to CSV/JSON."""
     out = {}
     for key, value in flatten(metrics).items():

@@ -18,7 +18,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from phalanx._internal.storage.history import encode_json
 from phalanx.callbacks import Callback, ReportInfo, TrainRunContext
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["CSVLoggerCallback", "JsonLoggerCallback", "TBXLoggerCallback"]
 
 
-def report_row(report: ReportInfo) -> dict[str, Any]:
+def report_row(report: ReportInfo) -> dict[str, object]:
     """The columns phalanx adds to every row, then the run's metrics."""
     checkpoint = report.checkpoint
     return {
@@ -100,9 +101,9 @@ def _header(path: str) -> list[str]:
         return next(csv.reader(f), [])
 
 
-def _rewrite(path: str, columns: list[str], row: dict[str, Any]) -> None:
+def _rewrite(path: str, columns: list[str], row: dict[str, object]) -> None:
     """The file with a wider header: old rows kept (empty in new columns), written atomically."""
-    rows: list[dict[str, Any]] = []
+    rows: list[Mapping[str, object]] = []
     if os.path.exists(path):
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from phalanx._foundation import env
@@ -21,6 +23,8 @@ from phalanx.errors import ConfigError
 from phalanx.integrations._common import flatten, goodput_metrics, require, run_storage, scalars
 
 if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
     from phalanx._foundation.goodput_parts import Goodput
     from phalanx.result import Result
 
@@ -32,7 +36,7 @@ RUN_URI_TAG = "phalanx.run_uri"
 MAX_PARAM_CHARS = 500  # the smallest limit of the MLflow versions in use
 
 
-def _mlflow() -> Any:
+def _mlflow() -> ModuleType:
     return require("mlflow", "MLflowLoggerCallback")
 
 
@@ -72,7 +76,7 @@ class MLflowLoggerCallback(Callback):
         self.save_artifact = save_artifact
         self.run_name = run_name
         self.log_params = log_params
-        self.client: Any = None
+        self.client: Any = None  # the MlflowClient made in before_run
         self.run_id: str | None = None
 
     def before_run(self, run_context: TrainRunContext) -> None:
@@ -101,7 +105,7 @@ class MLflowLoggerCallback(Callback):
         )
         return str(run.info.run_id)
 
-    def _log_params(self, config: dict[str, Any]) -> None:
+    def _log_params(self, config: Mapping[str, object]) -> None:
         from mlflow.entities import Param
         from mlflow.exceptions import MlflowException
 
@@ -140,7 +144,7 @@ class MLflowLoggerCallback(Callback):
             self.client.set_terminated(self.run_id, status)
 
 
-def _experiment_id(client: Any, name: str | None) -> str:
+def _experiment_id(client: MlflowClient, name: str | None) -> str:
     if name is None:
         from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
 
@@ -161,18 +165,18 @@ class _NoopModule:
     def __getattr__(self, name: str) -> _NoopModule:
         return self
 
-    def __call__(self, *args: Any, **kwargs: Any) -> _NoopModule:
+    def __call__(self, *args: object, **kwargs: object) -> _NoopModule:
         return self
 
     def __enter__(self) -> _NoopModule:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
 
 def setup_mlflow(
-    config: dict[str, Any] | None = None,
+    config: Mapping[str, object] | None = None,
     tracking_uri: str | None = None,
     registry_uri: str | None = None,
     experiment_id: str | None = None,
@@ -183,7 +187,7 @@ def setup_mlflow(
     create_experiment_if_not_exists: bool = False,
     tags: dict[str, Any] | None = None,
     rank_zero_only: bool = True,
-) -> Any:
+) -> ModuleType | _NoopModule:
     """In a training function: start an MLflow run and return the ``mlflow`` module, as Ray's.
 
     Only rank 0 logs by default; other ranks get an object on which every call does nothing.
@@ -219,7 +223,11 @@ def setup_mlflow(
 
 
 def _set_experiment(
-    mlflow: Any, experiment_id: str | None, name: str | None, location: str | None, create: bool
+    mlflow: ModuleType,
+    experiment_id: str | None,
+    name: str | None,
+    location: str | None,
+    create: bool,
 ) -> None:
     if experiment_id is not None:
         mlflow.set_experiment(experiment_id=experiment_id)

@@ -11,6 +11,8 @@ Example (offline: nothing leaves the machine; ``wandb sync <run>/wandb/offline-r
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from phalanx.callbacks import Callback, ReportInfo, TrainRunContext
@@ -25,7 +27,7 @@ __all__ = ["WandbLoggerCallback", "setup_wandb"]
 WANDB_DIR = "wandb"
 
 
-def _wandb() -> Any:
+def _wandb() -> ModuleType:
     return require("wandb", "WandbLoggerCallback")
 
 
@@ -36,7 +38,9 @@ def _api_key(api_key: str | None, api_key_file: str | None) -> str | None:
     return api_key
 
 
-def _init_kwargs(wandb: Any, key: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _init_kwargs(
+    wandb: ModuleType, key: str | None, kwargs: dict[str, object]
+) -> dict[str, object]:
     if key is not None and "settings" not in kwargs:
         kwargs["settings"] = wandb.Settings(api_key=key)
     return kwargs
@@ -69,7 +73,7 @@ class WandbLoggerCallback(Callback):
         upload_checkpoints: bool = False,
         save_checkpoints: bool = False,
         upload_timeout: int = 1800,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> None:
         _wandb()
         self.project = project
@@ -80,7 +84,7 @@ class WandbLoggerCallback(Callback):
         self.upload_checkpoints = upload_checkpoints or save_checkpoints
         self.upload_timeout = upload_timeout
         self.kwargs = kwargs
-        self.run: Any = None
+        self.run: Any = None  # the wandb Run started in before_run
         self._out: OutputDir | None = None
 
     def before_run(self, run_context: TrainRunContext) -> None:
@@ -98,7 +102,7 @@ class WandbLoggerCallback(Callback):
         )
 
     def on_report(self, run_context: TrainRunContext, report: ReportInfo) -> None:
-        values: dict[str, Any] = {
+        values: dict[str, object] = {
             k: v for k, v in scalars(report.run_metrics).items() if k not in self.excludes
         }
         values["training_iteration"] = report.training_iteration
@@ -135,23 +139,23 @@ class _NoopRun:
     def __getattr__(self, name: str) -> _NoopRun:
         return self
 
-    def __call__(self, *args: Any, **kwargs: Any) -> _NoopRun:
+    def __call__(self, *args: object, **kwargs: object) -> _NoopRun:
         return self
 
     def __enter__(self) -> _NoopRun:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
 
 def setup_wandb(
-    config: dict[str, Any] | None = None,
+    config: Mapping[str, object] | None = None,
     api_key: str | None = None,
     api_key_file: str | None = None,
     rank_zero_only: bool = True,
-    **kwargs: Any,
-) -> Any:
+    **kwargs: object,
+) -> Any:  # the wandb Run (a no-op stand-in on other ranks)
     """In a training function: start a W&B run and return it, as Ray's.
 
     Only rank 0 logs by default; other ranks get an object on which every call does nothing. The
