@@ -82,7 +82,7 @@ class HorovodTrainer(DataParallelTrainer):
 
     def __init__(
         self,
-        train_loop_per_worker: Callable[..., Any],
+        train_loop_per_worker: Callable[..., object],
         *,
         train_loop_config: dict[str, Any] | None = None,
         horovod_config: HorovodConfig | None = None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from phalanx.backend import Backend, BackendConfig
 from phalanx.errors import ConfigError
@@ -61,5 +60,5 @@ class JaxConfig(BackendConfig):
     def framework(self) -> str | None:
         return "jax"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"use_tpu": self.use_tpu, "use_gpu": self.use_gpu, "timeout_s": self.timeout_s}

@@ -43,7 +43,7 @@ class JaxTrainer(DataParallelTrainer):
 
     def __init__(
         self,
-        train_loop_per_worker: Callable[..., Any],
+        train_loop_per_worker: Callable[..., object],
         *,
         train_loop_config: dict[str, Any] | None = None,
         jax_config: JaxConfig | None = None,

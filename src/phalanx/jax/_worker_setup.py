@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import socket
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
 import phalanx.session as session
 from phalanx._foundation import env
@@ -99,7 +99,7 @@ def initialize(specs: list[JaxWorkerSpec]) -> int:
     return int(jax.process_index())
 
 
-def _platforms(jax: Any, ours: str) -> str:
+def _platforms(jax: ModuleType, ours: str) -> str:
     """The user's ``JAX_PLATFORMS`` wins, as on Ray. It is read again here: a worker forked from
     a driver that imported jax has the driver's parsed value, not the runtime env's."""
     return env.jax_platforms() or getattr(jax.config, "jax_platforms", None) or ours
