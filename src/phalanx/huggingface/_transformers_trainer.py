@@ -222,20 +222,25 @@ def _all_rows(shard: DataIterator) -> _Rows:
 _shard_loader_classes: dict[type, type] = {}
 
 
-class _ShardLoader(transformers.Trainer):
-    """Put in front of a Trainer class by :func:`_with_shard_loader` (``super()`` then reaches
-    that class's own loader): a :class:`ShardRows` is batched as it is, not split again."""
+@functools.cache
+def _shard_loader() -> type[transformers.Trainer]:
+    """The train loader put in front of a Trainer class by :func:`_with_shard_loader`
+    (``super()`` then reaches that class's own loader): a :class:`ShardRows` is batched as it
+    is, not split again. Made on first use, as prepare_trainer's loaders are."""
 
-    def get_train_dataloader(self) -> DataLoader[Row]:
-        if not isinstance(self.train_dataset, ShardRows):
-            return super().get_train_dataloader()
-        collate = self._get_collator_with_removed_columns(self.data_collator, "training")
-        return DataLoader(
-            self.train_dataset,
-            batch_size=self._train_batch_size,
-            collate_fn=collate,
-            drop_last=self.args.dataloader_drop_last,
-        )
+    class _ShardLoader(transformers.Trainer):
+        def get_train_dataloader(self) -> DataLoader[Row]:
+            if not isinstance(self.train_dataset, ShardRows):
+                return super().get_train_dataloader()
+            collate = self._get_collator_with_removed_columns(self.data_collator, "training")
+            return DataLoader(
+                self.train_dataset,
+                batch_size=self._train_batch_size,
+                collate_fn=collate,
+                drop_last=self.args.dataloader_drop_last,
+            )
+
+    return _ShardLoader
 
 
 def _with_shard_loader(trainer: transformers.Trainer) -> transformers.Trainer:
@@ -244,7 +249,7 @@ def _with_shard_loader(trainer: transformers.Trainer) -> transformers.Trainer:
     if base not in _shard_loader_classes:
         name = "AirTransformersTrainer"
         namespace = {"__module__": __name__, "__qualname__": name}
-        _shard_loader_classes[base] = type(name, (_ShardLoader, base), namespace)
+        _shard_loader_classes[base] = type(name, (_shard_loader(), base), namespace)
     trainer.__class__ = _shard_loader_classes[base]
     return trainer
 

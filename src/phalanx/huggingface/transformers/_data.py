@@ -9,6 +9,7 @@ epoch. The shard is this rank's already, so the loader is not sharded again by A
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar, cast
 
@@ -105,31 +106,37 @@ def _prepared_class(base: type[transformers.Trainer]) -> type[transformers.Train
     return _prepared[base]
 
 
-class _BatchIterableLoaders(transformers.Trainer):
-    """Loaders for batch iterables, put in front of a Trainer class by :func:`_subclass`
-    (``super()`` then reaches that class's own loaders)."""
+@functools.cache
+def _loaders_class() -> type[transformers.Trainer]:
+    """The loaders for batch iterables, put in front of a Trainer class by :func:`_subclass`
+    (``super()`` then reaches that class's own loaders). Made on first use: defining a
+    Trainer subclass imports ``transformers.trainer``, seconds that an import of this module
+    should not cost."""
 
-    def get_train_dataloader(self) -> DataLoader[Any]:
-        if is_batch_iterable(self.train_dataset):
-            return _batch_loader(self.train_dataset)
-        return super().get_train_dataloader()
+    class _BatchIterableLoaders(transformers.Trainer):
+        def get_train_dataloader(self) -> DataLoader[Any]:
+            if is_batch_iterable(self.train_dataset):
+                return _batch_loader(self.train_dataset)
+            return super().get_train_dataloader()
 
-    def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader[Any]:
-        data = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if isinstance(data, str) and isinstance(self.eval_dataset, dict):
-            data = self.eval_dataset[data]
-        if is_batch_iterable(data):
-            return _batch_loader(data)
-        return super().get_eval_dataloader(eval_dataset)
+        def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader[Any]:
+            data = eval_dataset if eval_dataset is not None else self.eval_dataset
+            if isinstance(data, str) and isinstance(self.eval_dataset, dict):
+                data = self.eval_dataset[data]
+            if is_batch_iterable(data):
+                return _batch_loader(data)
+            return super().get_eval_dataloader(eval_dataset)
 
-    def get_test_dataloader(self, test_dataset: Any) -> DataLoader[Any]:
-        if is_batch_iterable(test_dataset):
-            return _batch_loader(test_dataset)
-        return super().get_test_dataloader(test_dataset)
+        def get_test_dataloader(self, test_dataset: Any) -> DataLoader[Any]:
+            if is_batch_iterable(test_dataset):
+                return _batch_loader(test_dataset)
+            return super().get_test_dataloader(test_dataset)
+
+    return _BatchIterableLoaders
 
 
 def _subclass(base: type[transformers.Trainer]) -> type[transformers.Trainer]:
     """``RayTransformersTrainer``: a ``base`` that also reads phalanx batch iterables."""
     name = "RayTransformersTrainer"
     namespace = {"__module__": __name__, "__qualname__": name, "__doc__": _subclass.__doc__}
-    return type(name, (_BatchIterableLoaders, base), namespace)
+    return type(name, (_loaders_class(), base), namespace)
