@@ -22,7 +22,7 @@ from phalanx.data._ray_data import RayDataShard, is_ray_dataset
 # Imported here, not in a test: importing Ray sets RAY_CLIENT_MODE, and a test must leave the env.
 # Only Ray's absence skips: a broken import of phalanx's own module fails the collection.
 if importlib.util.find_spec("ray") is not None:
-    from phalanx._internal.engines.ray import elastic
+    from phalanx._internal.engines.ray import elastic_placement as elastic
 else:
     elastic = None  # type: ignore[assignment]
 
