@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import phalanx
+from phalanx._foundation.execution_options import ExecutionOptions
 from phalanx.config import DataConfig
 
 OLD = "phalanx._internal.execution_options"
@@ -23,8 +24,9 @@ def _old_pickle(obj: object) -> bytes:
 
 
 def test_a_data_config_pickled_under_the_old_module_path_loads() -> None:
-    options = DataConfig.default_ingest_options()
-    options.preserve_order = True
+    # phalanx's own ExecutionOptions (default_ingest_options() returns Ray Data's once Ray Data
+    # is imported, and an old trainer.pkl written without Ray Data holds this one)
+    options = ExecutionOptions(preserve_order=True)
     config = DataConfig(datasets_to_split=["train"], execution_options=options)
     loaded = pickle.loads(_old_pickle(config))
     assert type(loaded.execution_options).__module__ == NEW
