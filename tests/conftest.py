@@ -3,13 +3,16 @@ processes, phalanx threads, env vars or files outside its temp directory (tests/
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from _leaks import no_leaks as check_no_leaks
 from _leaks import wait_until_settled
+from _pytest.faulthandler import fault_handler_stderr_fd_key
 from _skips import pytest_addoption, pytest_configure  # noqa: F401  (the skip check's hooks)
 
 
@@ -31,6 +34,17 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def crash_stacks(request: pytest.FixtureRequest) -> None:
+    """A segfault in this process prints every thread's Python stack. pytest's faulthandler is
+    installed once, at the start; the first ``ray.init`` puts Ray's own SIGSEGV handler over it,
+    and after ``ray.shutdown()`` that handler writes into Ray's closed log: a crash later in the
+    session printed nothing at all (CI: exit 139, no trace). Re-installed before every test, on
+    pytest's own copy of the terminal's stderr (fd 2 is the test's capture file)."""
+    fd = request.config.stash.get(fault_handler_stderr_fd_key, None)
+    faulthandler.enable(file=fd if fd is not None else sys.__stderr__, all_threads=True)
 
 
 @pytest.fixture(autouse=True)
