@@ -29,13 +29,10 @@ from multiprocessing.connection import Connection
 from queue import SimpleQueue
 from typing import Any
 
-import cloudpickle
-
 from phalanx._foundation import env
+from phalanx._internal.engines.interruptible import InterruptibleCalls
 from phalanx._internal.engines.process_tree import kill_descendants
-from phalanx._internal.engines.ray.call_runner import _async_raise, _drop_pending_interrupt
 from phalanx._internal.worker.runtime import capture_exception, dumps, run_call, set_outbox
-from phalanx._internal.worker.session import AttemptInterrupted, get_session
 
 # A training call not ended this long after its interrupt waits in C code: abort its collectives
 ABORT_AFTER_S = 0.2
@@ -197,14 +194,10 @@ class CallLoop:
     def __init__(self, outbox: ProcessOutbox) -> None:
         self._outbox = outbox
         self._queue: SimpleQueue[tuple[int, bytes] | None] = SimpleQueue()
-        self._cond = threading.Condition()
-        self._busy = 0  # calls received whose answer is not sent yet
-        self._interruptible = False  # the call's own code runs: an interrupt lands inside it
-        self._main = threading.current_thread()
+        self._calls = InterruptibleCalls(threading.current_thread())
 
     def submit(self, call_id: int, payload: bytes) -> None:
-        with self._cond:
-            self._busy += 1  # counted from now: a reset waits for it too
+        self._calls.received()
         self._queue.put((call_id, payload))
 
     def stop(self) -> None:
@@ -213,53 +206,17 @@ class CallLoop:
     def run(self) -> None:
         while (item := self._queue.get()) is not None:
             call_id, payload = item
-            ok, value = self._call(payload)
+            ok, value = self._calls.run(payload)
             try:
                 self._outbox.send(("ret", call_id, ok, value))
             except Exception as exc:  # the return value does not pickle
                 self._outbox.send(("ret", call_id, False, capture_exception(exc)))
             value = None  # its traceback's frames hold the call's objects: drop them now
-            with self._cond:
-                self._busy -= 1
-                self._cond.notify_all()
-
-    def _call(self, payload: bytes) -> tuple[bool, Any]:
-        """``run_call``, interruptible only while the call's code runs (as the Ray actor's
-        ``CallRunner._call``)."""
-        try:
-            fn, args, kwargs = cloudpickle.loads(payload)
-            with self._cond:
-                self._interruptible = True
-            try:
-                value = fn(*args, **kwargs)
-            finally:
-                self._leave_interruptible()
-                _drop_pending_interrupt()
-            return True, value
-        except BaseException as exc:  # the driver decides what a failure means
-            return False, capture_exception(exc)
-
-    def _leave_interruptible(self) -> None:
-        while True:
-            try:
-                with self._cond:
-                    self._interruptible = False
-                return
-            except AttemptInterrupted:  # landed on the way out: the flag is cleared next try
-                continue
+            self._calls.answered()
 
     def end_current(self, timeout_s: float) -> bool:
         """End the running call; whether no call runs within ``timeout_s``."""
-        session = get_session()
-        if session is not None:
-            session.interrupted = True
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._busy and time.monotonic() < deadline:
-                if self._interruptible:
-                    _async_raise(self._main, AttemptInterrupted)
-                self._cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
-            return not self._busy
+        return self._calls.end_current(timeout_s)
 
     def reset(
         self, reset_id: int, timeout_s: float, reset_payload: bytes, abort_payload: bytes | None
