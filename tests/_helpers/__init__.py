@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from _helpers.background_fit import fit_in_thread, fit_result
 from _helpers.fits import fit_on_thread_engine
-from _helpers.network import free_port
+from _helpers.network import HeldLink, free_port
 from _helpers.ray_nodes import WorkerNodes, elastic_group
 from _helpers.s3 import moto_s3
 from _helpers.signals import ctrl_c_default
 from _helpers.waiting import wait_for_file, wait_until
 
 __all__ = [
+    "HeldLink",
     "WorkerNodes",
     "ctrl_c_default",
     "elastic_group",

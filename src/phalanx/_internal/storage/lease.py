@@ -3,10 +3,12 @@
 The owner creates ``<run>/.phalanx_lease.json`` (owner token, host, pid, since, heartbeat) with an
 exclusive create (S3's ``If-None-Match: *``, fsspec's ``"xb"`` mode), a background thread renews
 its heartbeat, and ``release`` deletes it. A lease whose heartbeat is older than ``stale_s``
-belongs to a dead driver and is taken over; an overwrite cannot be made exclusive, so the new
-lease is given a moment for a concurrent writer's to land and read back: of two drivers racing,
-only the one whose lease is there goes on. (A filesystem without exclusive create takes that path
-for new leases too.)
+belongs to a dead driver and is taken over; the new lease is given a moment for a concurrent
+writer's to land and read back: of two drivers racing, only the one whose lease is there goes on.
+(A filesystem without exclusive create takes that path for new leases too.) On S3 every write of
+the lease is conditional besides (``ObjectStore._write_lease``): a renewal replaces only its own
+last version, a takeover only the stale lease it read, so a renewal delivered late by a healed
+link cannot replace the lease of the driver that took the run over.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ def lease_silence_s(token: str) -> float | None:
     return None if at is None else time.monotonic() - at
 
 
+class LeaseChangedError(StorageError):
+    """A conditional write of the lease (S3) met a version this driver did not write or read:
+    another driver's lease is there now; nothing was written."""
+
+
 class Lease:
     """A run held on an object store; see the module docstring."""
 
@@ -48,6 +55,9 @@ class Lease:
     def take(cls, storage: RunStore, owner: Owner, stale_s: float, settle_s: float) -> Lease:
         lease = cls(storage, owner)
         if not lease._create():
+            note_version = getattr(storage, "note_version", None)
+            if note_version is not None:  # the takeover below replaces only the lease read here
+                note_version(LEASE_FILE)
             current = Owner.from_json(storage.read(LEASE_FILE))
             if current is not None and time.time() - current.heartbeat < stale_s:
                 raise locked_error(storage.name, storage.run_uri, current)
@@ -58,7 +68,12 @@ class Lease:
                     current.describe(),
                     time.time() - current.heartbeat,
                 )
-            storage.write_atomic(LEASE_FILE, owner.to_json())
+            try:  # on S3 only over the stale lease just read: of two drivers, one wins here
+                storage.write_atomic(LEASE_FILE, owner.to_json())
+            except LeaseChangedError:
+                raise locked_error(
+                    storage.name, storage.run_uri, Owner.from_json(storage.read(LEASE_FILE))
+                ) from None
             time.sleep(settle_s)  # a driver that read the same lease writes its own by now
             winner = Owner.from_json(storage.read(LEASE_FILE))
             if winner is None or winner.token != owner.token:
@@ -92,6 +107,12 @@ class Lease:
     def _create(self) -> bool:
         """Create the lease if there is none; False if one exists (or the filesystem cannot
         create exclusively)."""
+        if getattr(self.storage, "writes_lease_conditionally", False):
+            try:  # If-None-Match: *, and the store keeps its version for the renewals
+                self.storage.write_atomic(LEASE_FILE, self.owner.to_json())
+            except LeaseChangedError:
+                return False
+            return True
         try:
             with self.storage.filesystem.open(self.storage.path(LEASE_FILE), "xb") as f:
                 f.write(self.owner.to_json())
@@ -105,6 +126,9 @@ class Lease:
         interval = min(HEARTBEAT_S, stale_s / 4)
         while not self._stop.wait(interval):
             try:
+                note_version = getattr(self.storage, "note_version", None)
+                if note_version is not None:  # a renewal whose answer was lost: ask again
+                    note_version(LEASE_FILE, if_unknown=True)
                 current = Owner.from_json(self.storage.read(LEASE_FILE))
                 if current is None or current.token != self.owner.token:
                     # Gone: only a driver that took it over and ended since deletes our lease

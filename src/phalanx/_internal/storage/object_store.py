@@ -13,6 +13,7 @@ the driver's machine.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from phalanx._foundation.fs.access import (
     storage_error,
     storage_errors,
 )
-from phalanx._internal.storage.claim import Owner
+from phalanx._internal.storage.claim import LEASE_FILE, Owner
 from phalanx._internal.storage.commit_record import (
     CommitRecord,
     remove_commit_record,
@@ -35,6 +36,7 @@ from phalanx._internal.storage.history_parts import PartsLog, read_whole
 from phalanx._internal.storage.lease import (
     RENEWALS_MISSED_S,
     Lease,
+    LeaseChangedError,
     lease_held,
     lease_silence_s,
 )
@@ -45,6 +47,42 @@ from phalanx._internal.storage.run_storage import (
     write_files,
 )
 from phalanx.errors import StorageError
+
+logger = logging.getLogger(__name__)
+
+_CONDITIONAL_TRIES = 4
+
+
+def takes_conditions(filesystem: Any) -> bool:
+    """S3 (s3fs): ``pipe_file`` passes ``IfMatch``/``IfNoneMatch`` to PutObject and answers
+    with its ETag. Other object stores write unconditionally."""
+    protocol = getattr(filesystem, "protocol", ())
+    return "s3" in (protocol if isinstance(protocol, (tuple, list)) else (protocol,))
+
+
+def _conditional(relative: str) -> bool:
+    """The driver's run files. Not the lease (``_write_lease``), nor what workers write under
+    the staging directory (their own names, new each time)."""
+    return relative != LEASE_FILE and not relative.startswith(STAGING_DIR)
+
+
+def _not_that_version(exc: OSError) -> bool:
+    """The store refused a conditional PUT: 412 PreconditionFailed (s3fs raises FileExistsError
+    for ``If-None-Match``, ``OSError(EINVAL)`` for ``If-Match``), or 404 for ``If-Match`` on an
+    object that is gone."""
+    if isinstance(exc, (FileExistsError, FileNotFoundError)):
+        return True
+    cause = exc.__cause__ or exc.__context__
+    response = getattr(cause, "response", None)
+    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    return code == "PreconditionFailed" or "pre-conditions you specified" in str(exc)
+
+
+def _etag(filesystem: Any, path: str) -> str | None:
+    try:
+        return str(filesystem.info(path, refresh=True)["ETag"])
+    except FileNotFoundError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -133,9 +171,101 @@ class ObjectStore(RunStorage, register=True):
         action = f"write {relative!r} in"
         self.refuse_if_not_owner(action)  # a driver that lost the run: nothing
         final = self.path(relative)
-        with storage_errors("write", self.uri(final)), self.filesystem.open(final, "wb") as f:
-            f.write(data)
+        if takes_conditions(self.filesystem) and relative == LEASE_FILE:
+            self._write_lease(final, data)
+        elif takes_conditions(self.filesystem) and _conditional(relative):
+            self._write_conditional(relative, final, data, action)
+        else:
+            with storage_errors("write", self.uri(final)), self.filesystem.open(final, "wb") as f:
+                f.write(data)
         self._landed(action, final, data)
+
+    def _write_conditional(self, relative: str, final: str, data: bytes, action: str) -> None:
+        """One PUT that lands only on the version of the object this driver last wrote (S3's
+        ``If-Match``; ``If-None-Match: *`` for one it has not written). A request of this
+        driver's that TCP delivers late, after another driver took the run over and wrote the
+        same object, is refused by the store itself and replaces nothing.
+
+        A refusal is answered by asking who holds the run (``check_owner``): another driver, and
+        this one is deposed (the write raises :class:`StaleAttemptError`); this one, and the
+        object was there before its first write (a resumed run) or a given-up driver's late write
+        landed on it: it is replaced, on its current version."""
+        etags = self.fencing.setdefault("etags", {})
+        for _ in range(_CONDITIONAL_TRIES):
+            known = etags.get(relative)
+            condition = {"IfMatch": known} if known else {"IfNoneMatch": "*"}
+            try:
+                with storage_errors("write", self.uri(final)):
+                    try:
+                        answer = self.filesystem.pipe_file(final, data, **condition)
+                    except OSError as exc:
+                        if not _not_that_version(exc):
+                            raise
+                        answer = None
+            except StorageError:
+                etags.pop(relative, None)  # not known to have landed: ask its version next time
+                raise
+            if answer is not None:
+                etags[relative] = answer.get("ETag") if isinstance(answer, dict) else None
+                return
+            self.check_owner(action)  # another driver holds the run: deposed, refused
+            if known:
+                logger.warning(
+                    "%s changed since this driver wrote it (a write of a driver given up for this "
+                    "run landed late); replaced with this driver's.",
+                    self.uri(final),
+                )
+            with storage_errors("write", self.uri(final)):
+                etags[relative] = _etag(self.filesystem, final)
+        raise StorageError(
+            f"Could not write {self.uri(final)!r}: it changed under each of "
+            f"{_CONDITIONAL_TRIES} conditional writes (another process writes the same run).\n"
+            "HINT: make sure one fit() at a time runs on this run (RunConfig(name=...))."
+        )
+
+    def _write_lease(self, final: str, data: bytes) -> None:
+        """The lease replaces only the version this driver wrote or read last (a renewal: its
+        own write; a takeover: the stale lease it read, ``note_version``); one it knows of
+        none is created, never replaced. So neither a late renewal of a driver given up nor two
+        drivers taking a stale lease over at once can replace another's lease."""
+        etags = self.fencing.setdefault("etags", {})
+        known = etags.pop(LEASE_FILE, None)
+        condition = {"IfMatch": known} if known else {"IfNoneMatch": "*"}
+        with storage_errors("write", self.uri(final)):
+            try:
+                answer = self.filesystem.pipe_file(final, data, **condition)
+            except OSError as exc:
+                if not _not_that_version(exc):
+                    raise
+                raise LeaseChangedError(
+                    f"Refused to write the lease {self.uri(final)!r}: it is not the version "
+                    "this driver wrote or read last (another fit() took the run over)."
+                ) from None
+        etags[LEASE_FILE] = answer.get("ETag") if isinstance(answer, dict) else None
+
+    @property
+    def writes_lease_conditionally(self) -> bool:
+        return takes_conditions(self.filesystem)
+
+    def note_version(self, relative: str, if_unknown: bool = False) -> None:
+        """Before reading ``relative`` to decide on replacing it: the version read is the one
+        a conditional write may replace (asked first, so a write that lands between the two
+        makes that write fail rather than replace what was not read). ``if_unknown``: only
+        when this store knows no version of it (its last write's answer was lost)."""
+        if if_unknown and relative in self.fencing.get("etags", {}):
+            return
+        if takes_conditions(self.filesystem):
+            with storage_errors("read", self.uri(self.path(relative))):
+                etag = _etag(self.filesystem, self.path(relative))
+            etags = self.fencing.setdefault("etags", {})
+            if etag is None:
+                etags.pop(relative, None)
+            else:
+                etags[relative] = etag
+
+    def remove(self, relative: str) -> None:
+        super().remove(relative)
+        self.fencing.get("etags", {}).pop(relative, None)
 
     def _landed(self, action: str, final: str, data: bytes) -> None:
         """A write sent while this driver was cut off may land (the client retries it) after
