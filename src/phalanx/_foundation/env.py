@@ -87,6 +87,15 @@ def fence_s() -> float:
     return float(os.environ.get(FENCE_VAR, "5"))
 
 
+S3_CONDITIONS_VAR = "PHALANX_S3_CONDITIONAL_WRITES"
+
+
+def s3_conditional_writes() -> bool:
+    """Whether the driver writes its run files and the lease on S3 with If-Match/If-None-Match
+    (storage/object_store.py); off for an S3-compatible server that does not take them."""
+    return os.environ.get(S3_CONDITIONS_VAR, "1").strip().lower() not in ("0", "false", "off")
+
+
 PEER_RECOVERY_VAR = "PHALANX_PEER_RECOVERY"
 
 
@@ -334,6 +343,13 @@ VARIABLES: tuple[Variable, ...] = (
         "5",
         "Seconds a Ray worker goes without a call from its driver before it stops itself and "
         "every process it started (longer where the driver's calls came slower); `0`: never.",
+    ),
+    Variable(
+        "PHALANX_S3_CONDITIONAL_WRITES",
+        "1",
+        "`0`: the driver writes its run files and the lease on S3 unconditionally (for an "
+        "S3-compatible server without `If-Match`/`If-None-Match` on PUT; a late write of a "
+        "driver given up can then replace the new driver's).",
     ),
     Variable(
         "PHALANX_NOTICE_FILE",

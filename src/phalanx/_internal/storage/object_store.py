@@ -18,6 +18,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
+from phalanx._foundation import env
 from phalanx._foundation.fs.access import (
     copy_tree,
     is_local,
@@ -57,7 +58,8 @@ def takes_conditions(filesystem: Any) -> bool:
     """S3 (s3fs): ``pipe_file`` passes ``IfMatch``/``IfNoneMatch`` to PutObject and answers
     with its ETag. Other object stores write unconditionally."""
     protocol = getattr(filesystem, "protocol", ())
-    return "s3" in (protocol if isinstance(protocol, (tuple, list)) else (protocol,))
+    s3 = "s3" in (protocol if isinstance(protocol, (tuple, list)) else (protocol,))
+    return s3 and env.s3_conditional_writes()
 
 
 def _conditional(relative: str) -> bool:
