@@ -2,13 +2,15 @@
 
 Parts are uploaded straight to the checkpoint's final prefix, each after a staging marker
 (``.staging/<dir_name>.<attempt>``, one small PUT) that says a part of an uncommitted round is
-there; the commit writes the checkpoint's commit record (``commit_record.py``) as its last object, and the snapshot
-listing it commits it (readers and resume go by the snapshot). Parts of a round that never
-committed are deleted when the attempt ends or the run resumes (their staging marker names them). A small file is one PUT, there whole or not
-at all. History flushes are part objects folded now and then (``history_parts``), the snapshot
-is rewritten at every commit (there is no journal to append to), and the run is claimed with a
-lease object that has a heartbeat (``lease``). Rank logs are written to a private directory on
-the driver's machine.
+there; the commit writes the checkpoint's commit record (``commit_record.py``) as its last
+object, and the snapshot listing it commits it (readers and resume go by the snapshot). Parts
+of a round that never committed are deleted when the attempt ends or the run resumes (their
+staging marker names them). A small file is one PUT, there whole or not at all. History flushes
+are part objects folded now and then (``history_parts``), the snapshot is rewritten at every
+commit (there is no journal to append to), and the run is claimed with a lease object that has
+a heartbeat (``lease``). On S3 the driver's writes are conditional (``If-Match`` the version it
+wrote last): a request of a driver given up, delivered late, replaces nothing. Rank logs are
+written to a private directory on the driver's machine.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ _CONDITIONAL_TRIES = 4
 
 def takes_conditions(filesystem: Any) -> bool:
     """S3 (s3fs): ``pipe_file`` passes ``IfMatch``/``IfNoneMatch`` to PutObject and answers
-    with its ETag. Other object stores write unconditionally."""
+    with its ETag; unless PHALANX_S3_CONDITIONAL_WRITES=0. Other object stores write
+    unconditionally."""
     protocol = getattr(filesystem, "protocol", ())
     s3 = "s3" in (protocol if isinstance(protocol, (tuple, list)) else (protocol,))
     return s3 and env.s3_conditional_writes()
