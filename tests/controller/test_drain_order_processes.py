@@ -60,7 +60,7 @@ def model_text(checkpoint: Checkpoint | None) -> str | None:
         return Path(d, "model.txt").read_text()
 
 
-# -- the failure drain (Controller._drain_failed_attempt) -----------------------------------------
+# -- the failure drain (EventIntake.drain_failed_attempt) ----------------------------------------
 
 
 def rank0_reports_after_rank1_died(config: dict[str, Any]) -> str | None:

@@ -8,8 +8,9 @@ Each state has one method that does its work and returns the next state (``step`
       Failure(error, preempted) -> START    (the failure budget allows a retry)
                                 -> ERRORED  (it does not)
 
-Starting an attempt is in ``launch``, reading the engine's events in ``events``, what a
-complete round writes (history, checkpoint, data positions) in ``commit``, the failure budget's
+Starting an attempt is in ``launch``, reading the engine's events in ``events``, what each event
+does (and committing the rounds they complete) in ``intake``, what a complete round writes
+(history, checkpoint, data positions) in ``commit``, the failure budget's
 decision in ``retry`` (over ``failure_policy``), the elastic growth check in ``growth``, the end
 of the run in ``outcome``; ``tests/controller/`` steps this machine over a scripted worker group.
 """
@@ -27,10 +28,11 @@ from phalanx._foundation.goodput_parts import Goodput
 from phalanx._internal.controller.agreement import ReplicaAgreement
 from phalanx._internal.controller.attempt import Attempt
 from phalanx._internal.controller.commit import RoundCommitter
-from phalanx._internal.controller.events import drain, round_report
+from phalanx._internal.controller.events import drain
 from phalanx._internal.controller.goodput import GoodputClock
 from phalanx._internal.controller.growth import GrowthCheck
-from phalanx._internal.controller.hooks import notify
+from phalanx._internal.controller.hooks import notify, notify_goodput
+from phalanx._internal.controller.intake import EventIntake
 from phalanx._internal.controller.launch import (
     group_spec,
     prepare_workers,
@@ -40,34 +42,33 @@ from phalanx._internal.controller.launch import (
 from phalanx._internal.controller.metrics_endpoint import MetricsEndpoint, start_endpoint
 from phalanx._internal.controller.outcome import (
     close_storage,
+    end_attempt,
     failure_error,
-    outcome_name,
     quietly,
+    record_end,
     root_exception,
+    run_result,
     save_error,
 )
 from phalanx._internal.controller.progress import RunWatcher
-from phalanx._internal.controller.report_steps import ReportSteps
 from phalanx._internal.controller.retry import Retries
-from phalanx._internal.controller.rounds import ReportRounds, Round
+from phalanx._internal.controller.rounds import ReportRounds
 from phalanx._internal.controller.spec import RunSpec, run_context
 from phalanx._internal.controller.state import FINAL_STATES, Failure, State, Step
 from phalanx._internal.controller.stragglers import StragglerWatch
 from phalanx._internal.controller.validation import Validations, resume_unfinished
 from phalanx._internal.controller.watchdog import ProgressWatchdog, hang_error
-from phalanx._internal.engines import messages
 from phalanx._internal.engines.base import Engine
 from phalanx._internal.engines.rank_output import log_failures
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.history import MetricsHistory
-from phalanx._internal.storage.reader import RunReader
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.profiling import write_workers
 from phalanx._internal.worker.session import init_session
 from phalanx._internal.worker_group.group import WorkerGroup
 from phalanx.callbacks import Callback
 from phalanx.errors import TrainingFailedError, WorkerGroupError, WorkerStartupError
-from phalanx.result import Result, attempt_errors
+from phalanx.result import Result
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +95,9 @@ class Controller:
         self.backend = spec.backend_config.backend_cls()
         self.callbacks: list[Callback] = list(spec.run_config.callbacks)
         self.run_context = run_context(spec, storage)
-        self.report_steps = ReportSteps(self.history, self.callbacks)
         self.attempt: Attempt | None = None
         self.attempts = 0
         self.error: TrainingFailedError | None = None  # the error the run ends with (ERRORED)
-        # A resumed run starts with the metrics it ended with: a finished run re-run returns them
-        self.last_metrics: dict[str, Any] | None = self.history.last_metrics()
         self._warned_silent = False
         self.return_value: Any = None
         self.validations = Validations(spec.validation_config)
@@ -119,6 +117,22 @@ class Controller:
         self.growth = GrowthCheck(spec.scaling_config, engine)
         self.stragglers = StragglerWatch(env.straggler_detection())
         self.agreement = ReplicaAgreement()  # replicas compared before a round commits
+        self.intake = EventIntake(
+            self.commits,
+            self.history,
+            self.goodput,
+            self.agreement,
+            self.stragglers,
+            self.watcher,
+            self.callbacks,
+            self.run_context,
+            self.failure_config.preemption_grace_s,
+        )
+
+    @property
+    def last_metrics(self) -> dict[str, Any] | None:
+        """The metrics of the last committed round (a resumed run: those it ended with)."""
+        return self.intake.last_metrics
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -133,7 +147,7 @@ class Controller:
         except BaseException as exc:  # Ctrl-C, a callback, storage: stop every worker first
             self._teardown(graceful=False)
             self.goodput.attempt_ended("interrupted")
-            quietly("record the end of the attempt", partial(self._end_attempt, exc))
+            quietly("record the end of the attempt", partial(end_attempt, self.manager, exc))
             if isinstance(exc, KeyboardInterrupt):
                 logger.warning(self.retries.resume_hint())
             raise
@@ -239,7 +253,7 @@ class Controller:
         attempt = self.attempt
         if attempt is None:
             return
-        self._take_events(attempt, drain(attempt.group.events, None), set())
+        self.intake.take(attempt, drain(attempt.group.events, None), set())
         self.validations.collect(self.manager.update_validation)
 
     # -- RUNNING --------------------------------------------------------------------------------
@@ -252,7 +266,7 @@ class Controller:
         # are done, then drain again, and every report of those ranks is in hand.
         finished = attempt.finished_ranks()
         events += drain(attempt.group.events, None)
-        self._take_events(attempt, events, finished)
+        self.intake.take(attempt, events, finished)
         self._warn_silent_ranks(attempt, finished)
         self.validations.collect(self.manager.update_validation)
         self.history.maybe_flush()
@@ -283,45 +297,12 @@ class Controller:
         logger.warning(self.growth.grow_line(size))
         self._shutdown_backend()
         self._teardown(graceful=True)
-        self._drain_failed_attempt(attempt)  # complete rounds are committed, never lost
+        self.intake.drain_failed_attempt(attempt)  # complete rounds are committed, never lost
         self.goodput.attempt_ended("resized")
-        self._report_goodput(self.goodput.snapshot())
+        self._report_goodput()
         self.commits.discard_uncommitted()
         self.manager.end_attempt("resized", f"grown from {size} workers")
         return State.START
-
-    def _take_events(
-        self, attempt: Attempt, events: list[tuple[int, messages.Event]], finished: set[int]
-    ) -> None:
-        """Record the events, then commit every round they completed."""
-        for index, message in events:
-            self._on_event(attempt, attempt.group.rank_of(index), message)
-        self._commit_complete_rounds(attempt, finished)
-        self.commits.record_awaited_rounds()
-
-    def _on_event(self, attempt: Attempt, rank: int, event: messages.Event) -> None:
-        match event:
-            case messages.Report(round=index, metrics=metrics, validation=validation):
-                attempt.rounds.add(rank, round_report(event))
-                self.goodput.report(rank, event.time, event.started)
-                self.history.add_rank_report(rank, index, metrics)  # every report, complete or not
-                if validation:
-                    self.commits.validation_requests.setdefault(index, validation)
-                attempt.watchdog.progress(rank)
-            case messages.CallDone():
-                attempt.watchdog.progress(rank)
-            case messages.Exited(returncode=returncode):
-                attempt.on_exit(rank, returncode)
-            case messages.Preempting():
-                self._on_preemption(attempt, rank)
-            case messages.Poll(round=awaited):
-                if awaited is not None:  # else it woke the poll loop: that was all it was for
-                    self.commits.awaited_rounds.add(awaited)
-            case _:  # a bug (an engine that queues something else): never ignore it silently
-                raise TypeError(f"not an engine event: {event!r}")
-
-    def _on_preemption(self, attempt: Attempt, rank: int) -> None:
-        attempt.on_preemption(rank, self.failure_config.preemption_grace_s)
 
     def _declare_hang(self, attempt: Attempt, hung: list[int]) -> Failure:
         stacks = attempt.group.collect_stacks()
@@ -329,14 +310,6 @@ class Controller:
         error = hang_error(hung, stacks, attempt.watchdog.rule(), pids, attempt.watchdog.idle_s())
         attempt.failures = error.worker_failures
         return Failure.of(error)
-
-    def _commit_complete_rounds(self, attempt: Attempt, finished: set[int]) -> None:
-        for round_ in attempt.rounds.pop_complete(attempt.returned_ranks(finished)):
-            diverged = self.agreement.check(round_)
-            if diverged is not None:  # replicas differ: this round and later ones never commit
-                attempt.failures.update(diverged)
-                continue
-            self._commit_round(round_)
 
     def _warn_silent_ranks(self, attempt: Attempt, finished: set[int]) -> None:
         """Once per run: rounds wait for ranks that have not reported at all (rank-0-only)."""
@@ -347,17 +320,6 @@ class Controller:
         self._warned_silent = True
         logger.warning(lag)
 
-    def _commit_round(self, round_: Round) -> None:
-        dir_name = self.commits.check(round_)  # a config error commits nothing
-        self.last_metrics = round_.run_metrics
-        checkpoint = self.commits.commit(round_, dir_name, self.attempts - 1)
-        self._notify("after_report", self.run_context, round_.metrics, checkpoint)
-        info = self.report_steps.info(round_, self.attempts - 1, checkpoint)
-        self._notify("on_report", self.run_context, info)
-        self.stragglers.on_round(round_)
-        self.watcher.straggling = self.stragglers.straggling()
-        self.watcher.on_report(info)
-
     # -- FAILED ---------------------------------------------------------------------------------
 
     def _handle_failure(self, failure: Failure) -> Step:
@@ -366,11 +328,11 @@ class Controller:
         assert attempt is not None
         # A retry follows: the engine may keep the survivors for it (Ray's in-place recovery)
         self._teardown(graceful=False, reuse=self.retries.may_retry(failure))
-        self._drain_failed_attempt(attempt)  # before the staged parts are removed
+        self.intake.drain_failed_attempt(attempt)  # before the staged parts are removed
         self.commits.discard_uncommitted()
         self.goodput.attempt_ended("failed")
-        self._report_goodput(self.goodput.snapshot())
-        self._end_attempt(failure.error)
+        self._report_goodput()
+        end_attempt(self.manager, failure.error)
         failed_ranks = getattr(failure.error, "worker_failures", {})
         log_failures(self.storage.local_log_dir(), attempt.number, failed_ranks)
         self._notify("after_exception", self.run_context, failure.exceptions())
@@ -381,19 +343,6 @@ class Controller:
             return State.ERRORED
         self.sleep(delay)  # Ctrl-C still stops the run while it waits
         return State.START
-
-    def _drain_failed_attempt(self, attempt: Attempt) -> None:
-        """Reports that arrived while the group was torn down: record them, and commit every
-        round that is complete (a round every rank reported is never lost)."""
-        for index, event in drain(attempt.group.events, None):
-            match event:
-                case messages.Report():
-                    self._on_event(attempt, attempt.group.rank_of(index), event)
-                case _:
-                    pass  # the attempt failed already: exits and preemptions change nothing
-        if attempt.train_futures:
-            self._commit_complete_rounds(attempt, attempt.finished_ranks())
-        self.history.flush()
 
     # -- the end --------------------------------------------------------------------------------
 
@@ -412,38 +361,24 @@ class Controller:
             attempt.group.shutdown(graceful=graceful, reuse=reuse)
             attempt.group.workers = []
 
-    def _collect_validations(self) -> None:
-        self.validations.collect(self.manager.update_validation, wait=True)
-
-    def _end_attempt(self, error: BaseException | None) -> None:
-        self.manager.end_attempt(outcome_name(error), str(error)[:2000] if error else None)
-
     def finish(self, state: Step) -> Result:
         """The run's Result; raises its error (with the Result attached) when it ERRORED."""
-        if state is State.FINISHED:
-            self._end_attempt(None)
-            self.validations.collect(self.manager.update_validation, wait=True)
-            self.manager.save()
-        else:  # the run's own error matters more than a storage too broken to record it
-            quietly("record the validations", self._collect_validations)
-            quietly("save the run's snapshot", self.manager.save)
-        result = Result(
-            metrics=self.last_metrics,
-            checkpoint=self.manager.latest_checkpoint,
-            error=self.error if state is State.ERRORED else None,
-            path=self.storage.run_uri,
-            best_checkpoints=self.manager.best_checkpoints(),
-            return_value=self.return_value,
-            attempts=self.manager.attempts,
-            attempt_errors=attempt_errors(self.manager.attempt_history),
-            stragglers=list(self.stragglers.periods),
-            goodput=self.goodput.finish(),
-            _storage=RunReader(self.storage),
+        record_end(self.manager, self.validations, finished=state is State.FINISHED)
+        error = self.error if state is State.ERRORED else None
+        goodput = self.goodput.finish()
+        result = run_result(
+            self.manager,
+            self.storage,
+            self.last_metrics,
+            error,
+            self.return_value,
+            self.stragglers.periods,
+            goodput,
         )
-        if self.record is not None and result.goodput is not None:
-            self.record["goodput"] = result.goodput.to_dict()  # run.json, once the run ends
-        if state is State.FINISHED and result.goodput is not None:  # else reported on failing
-            self._report_goodput(result.goodput)
+        if self.record is not None:
+            self.record["goodput"] = goodput.to_dict()  # run.json, once the run ends
+        if state is State.FINISHED:  # else reported on failing
+            self._report_goodput(goodput)
         if result.error is not None:
             save_error(self.storage, result.error)
         self.watcher.finish(result)
@@ -456,8 +391,7 @@ class Controller:
     def _notify(self, hook: str, *args: Any) -> None:
         notify(self.callbacks, hook, *args)
 
-    def _report_goodput(self, goodput: Goodput) -> None:
-        """At the end of each attempt, the breakdown so far to the callbacks that take it (the
-        trackers' ``on_goodput``; not a hook of Ray's Callback)."""
-        takers = [c for c in self.callbacks if callable(getattr(c, "on_goodput", None))]
-        notify(takers, "on_goodput", self.run_context, self.attempts, goodput)
+    def _report_goodput(self, goodput: Goodput | None = None) -> None:
+        """The goodput so far (``goodput``: the run's, once it ends) to the callbacks."""
+        snapshot = self.goodput.snapshot() if goodput is None else goodput
+        notify_goodput(self.callbacks, self.run_context, self.attempts, snapshot)

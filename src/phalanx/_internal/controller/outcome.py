@@ -1,16 +1,21 @@
-"""The end of a run: the error to raise for an attempt's failures, saving it with the run, and
-closing the run's storage without hiding that error."""
+"""The end of an attempt and of the run: the error to raise for an attempt's failures, how each
+attempt ended in the run's record, the run's last bookkeeping and the Result it returns, saving
+its error with the run, and closing the run's storage without hiding that error."""
 
 from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
+from phalanx._foundation.goodput_parts import Goodput
 from phalanx._foundation.run_scope import RunStopped
+from phalanx._internal.controller.validation import Validations
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.history import MetricsHistory
+from phalanx._internal.storage.reader import RunReader
 from phalanx._internal.storage.run_storage import ERROR_PICKLE_FILE, ERROR_TEXT_FILE, RunStorage
 from phalanx.errors import (
     PreemptionError,
@@ -20,6 +25,7 @@ from phalanx.errors import (
     WorkerGroupError,
     root_failure,
 )
+from phalanx.result import Result, attempt_errors
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +47,51 @@ def outcome_name(error: BaseException | None) -> str:
     if isinstance(error, RunStopped):  # a callback ended it (a sweep's scheduler)
         return "stopped"
     return "failed"
+
+
+def end_attempt(manager: CheckpointManager, error: BaseException | None) -> None:
+    """Record in the run's snapshot how the attempt ended (``error``: None when it finished)."""
+    manager.end_attempt(outcome_name(error), str(error)[:2000] if error else None)
+
+
+def record_end(manager: CheckpointManager, validations: Validations, finished: bool) -> None:
+    """The run's last bookkeeping: the end of a finished run's last attempt (a failed one was
+    recorded as it failed), the validations still running, the snapshot. The end of a failed
+    run only logs a storage error: the run's own error matters more than a storage too broken
+    to record it."""
+    collect = partial(validations.collect, manager.update_validation, wait=True)
+    if finished:
+        end_attempt(manager, None)
+        collect()
+        manager.save()
+    else:
+        quietly("record the validations", collect)
+        quietly("save the run's snapshot", manager.save)
+
+
+def run_result(
+    manager: CheckpointManager,
+    storage: RunStorage,
+    metrics: dict[str, Any] | None,
+    error: TrainingFailedError | None,
+    return_value: object,
+    stragglers: Iterable[dict[str, Any]],
+    goodput: Goodput,
+) -> Result:
+    """The Result ``fit()`` returns (or attaches to the error it raises)."""
+    return Result(
+        metrics=metrics,
+        checkpoint=manager.latest_checkpoint,
+        error=error,
+        path=storage.run_uri,
+        best_checkpoints=manager.best_checkpoints(),
+        return_value=return_value,
+        attempts=manager.attempts,
+        attempt_errors=attempt_errors(manager.attempt_history),
+        stragglers=list(stragglers),
+        goodput=goodput,
+        _storage=RunReader(storage),
+    )
 
 
 def save_error(storage: RunStorage, error: BaseException) -> None:
