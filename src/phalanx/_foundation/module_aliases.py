@@ -16,17 +16,23 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["MOVED_MODULES", "keep_moved_module_paths", "keep_old_module_paths"]
+__all__ = ["KEPT_PATHS", "MOVED_MODULES", "keep_moved_module_paths", "keep_old_module_paths"]
 
 # Modules that moved to another folder whose objects an old run directory pickled: a
 # ``trainer.pkl`` holds a ``DataConfig`` and with it its ``ExecutionOptions``.
 MOVED_MODULES = {"phalanx._internal.execution_options": "phalanx._foundation.execution_options"}
 
 
+# Every old path keep_old_module_paths kept so far -> its module now (its package imported)
+KEPT_PATHS: dict[str, str] = {}
+
+
 def keep_old_module_paths(package: str, names: Iterable[str]) -> None:
     """Make each ``<package>.<name>`` import the module ``<package>._<name>``."""
     for name in names:
-        sys.modules.setdefault(f"{package}.{name}", importlib.import_module(f"{package}._{name}"))
+        old, new = f"{package}.{name}", f"{package}._{name}"
+        sys.modules.setdefault(old, importlib.import_module(new))
+        KEPT_PATHS[old] = new
 
 
 class _MovedModuleFinder(importlib.abc.MetaPathFinder):
