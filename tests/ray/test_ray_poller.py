@@ -22,7 +22,8 @@ pytest.importorskip("ray")
 
 from phalanx._internal.engines.base import WorkerMetadata
 from phalanx._internal.engines.messages import Exited, Poll
-from phalanx._internal.engines.ray.handle import UNAVAILABLE_S, DrainPoller, RayWorkerHandle
+from phalanx._internal.engines.ray.drain import UNAVAILABLE_S, DrainPoller
+from phalanx._internal.engines.ray.handle import RayWorkerHandle
 
 pytestmark = pytest.mark.slow
 RETRY_ANSWER_S = 10.0  # how long a stand-in's retried drain hangs before it answers

@@ -27,8 +27,9 @@ from phalanx._foundation import env
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle
 from phalanx._internal.engines.messages import Events
 from phalanx._internal.engines.ray import gcs
+from phalanx._internal.engines.ray.drain import DrainPoller
 from phalanx._internal.engines.ray.elastic_placement import Released, place_elastic, placeable_now
-from phalanx._internal.engines.ray.handle import DrainPoller, RayWorkerHandle
+from phalanx._internal.engines.ray.handle import RayWorkerHandle
 from phalanx._internal.engines.ray.placement import (
     _fmt,
     infeasibility,

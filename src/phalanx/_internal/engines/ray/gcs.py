@@ -91,3 +91,17 @@ def available_per_node(timeout_s: float | None = None) -> dict[str, dict[str, fl
     except (ImportError, AttributeError):
         return None
     return bounded(per_node, "the free resources per node", timeout_s)
+
+
+NODE_QUERY_S = 2.0  # the drain thread asks whether a node is dead: it must not stall for long
+
+
+def node_is_dead(node_id: str) -> bool:
+    """Whether the GCS says the node left the cluster; False when it cannot say in time."""
+    if not node_id or node_id == "?":
+        return False
+    try:
+        nodes = bounded(ray.nodes, "ray.nodes()", timeout_s=NODE_QUERY_S)
+        return any(n["NodeID"] == node_id and not n["Alive"] for n in nodes)
+    except Exception:
+        return False

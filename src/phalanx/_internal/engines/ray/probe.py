@@ -12,7 +12,7 @@ closes, it connects again at once: a raylet that **refuses** after having **acce
 and the node is reported down; an accepted connection (the server let an idle connection go)
 replaces the closed one. A driver that cannot reach the raylets at all (a firewall, Ray Client)
 and a machine that vanished without closing anything (no answer at all) are never declared by the
-probe: the poller's unavailability bound (``handle.UNAVAILABLE_S``) decides as before.
+probe: the poller's unavailability bound (``drain.UNAVAILABLE_S``) decides as before.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from phalanx._internal.engines.ray import gcs
 from phalanx._internal.engines.ray.elastic_placement import PROBE_S, placeable_now
-from phalanx._internal.engines.ray.handle import RayWorkerHandle, _node_is_dead
+from phalanx._internal.engines.ray.handle import RayWorkerHandle
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class Parked:
 def moved_off_its_node(lost: RayWorkerHandle) -> bool:
     """Whether a lost rank's new actor needs a bundle elsewhere: its node is lost, and the GCS
     does not say it is dead yet, so Ray would not place the old bundle again until it does."""
-    return lost.node_lost and not _node_is_dead(lost.metadata.node_id)
+    return lost.node_lost and not gcs.node_is_dead(lost.metadata.node_id)
 
 
 def can_park(handles: list[RayWorkerHandle], reset_worker: Callable[[], None] | None) -> bool:

@@ -22,7 +22,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from phalanx._internal.engines.base import WorkerGroupSpec, WorkerMetadata
 from phalanx._internal.engines.messages import Events
 from phalanx._internal.engines.ray.actor import PhalanxWorker
-from phalanx._internal.engines.ray.handle import DrainPoller, RayWorkerHandle
+from phalanx._internal.engines.ray.drain import DrainPoller
+from phalanx._internal.engines.ray.handle import RayWorkerHandle
 from phalanx._internal.engines.ray.placement import actor_options, label_options
 from phalanx._internal.storage.run_storage import LOG_DIR, MARKER_FILE
 from phalanx.errors import StorageError, WorkerStartupError
