@@ -17,11 +17,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from phalanx._foundation.fs.access import is_local
-from phalanx._foundation.fs.paths import check_checkpoint_dir_name, default_checkpoint_dir_name
 from phalanx._internal.storage.checkpoint_class import class_name
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker import checkpoint_wait, data_wait
+from phalanx._internal.worker.checkpoint_plan import (
+    Background,
+    CheckpointPlan,
+    InPlace,
+    Stage,
+    StateJob,
+    UserUpload,
+    plan_checkpoint,
+)
 from phalanx._internal.worker.code_origins import load_function
 from phalanx._internal.worker.data_position import DataPositions, dataset_key
 from phalanx._internal.worker.metrics import checked_metrics
@@ -33,16 +40,9 @@ from phalanx._internal.worker.report_checks import (
     upload_mode,
 )
 from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
-from phalanx._internal.worker.state_writer import StateWriter, pending_write
+from phalanx._internal.worker.state_writer import StateWriter
 from phalanx._internal.worker.step_anatomy import RankAnatomy
-from phalanx._internal.worker.uploader import (
-    BackgroundUploader,
-    check_deletable,
-    check_source,
-    in_place_dir_name,
-    move_aside,
-    same_device,
-)
+from phalanx._internal.worker.uploader import BackgroundUploader, in_place_dir_name, move_aside
 from phalanx.checkpoint import Checkpoint, CheckpointUploadMode
 from phalanx.context import PreemptionInfo, TrainContext
 from phalanx.errors import SessionMisuseError
@@ -144,31 +144,32 @@ class Session:
             self._uploader.raise_error()
         index = self.next_round
         check_checkpoint(checkpoint)
-        dir_name, delete = None, False
+        plan: CheckpointPlan | None = None
         if checkpoint is not None:  # every check before the round is taken
-            dir_name = self._dir_name(checkpoint, checkpoint_dir_name, mode, index)
-            delete = self._delete(checkpoint, mode, delete_local_checkpoint_after_upload)
+            plan = plan_checkpoint(
+                self.storage,
+                checkpoint,
+                mode,
+                index,
+                checkpoint_dir_name,
+                delete_local_checkpoint_after_upload,
+                checkpoint_upload_fn,
+            )
         self._ask_providers = False
         for hook in report_hooks:
             hook(self, index)
-        message: tuple[Any, ...] = ("report", index, metrics, dir_name, time.time())
+        started = time.time()
         extras = _message_extras(validation, checkpoint)
         self._add_timings(extras)
         self.anatomy.add_to(extras, index, checkpoint is not None)
         self.profile.poll()
         self._add_position(extras)
-        if extras:
-            message += (extras,)
         self.next_round += 1
-        if checkpoint is None:
-            self._send(message)
-        elif checkpoint_upload_fn is not None:
-            if self._uploader is not None:
-                self._uploader.wait()
-            dir_name = self._upload_with(checkpoint_upload_fn, checkpoint, dir_name, delete)  # type: ignore[arg-type]
-            self._send(_with_checkpoint_time((*message[:3], dir_name, *message[4:])))
+        dir_name = None
+        if checkpoint is None or plan is None:
+            self._send(_report_message(index, metrics, None, started, extras))
         else:
-            self._persist(checkpoint, dir_name, mode, delete, message)  # type: ignore[arg-type]
+            dir_name = self._persist(checkpoint, plan, index, metrics, started, extras)
         if dir_name is not None:
             self.last_checkpoint_round = index
             self.latest_checkpoint = Checkpoint(
@@ -204,90 +205,71 @@ class Session:
             rank = self.context.world_rank
             raise AttemptInterrupted(f"rank {rank}: the attempt failed on another rank")
 
-    def _dir_name(
-        self, checkpoint: Checkpoint, name: str | None, mode: CheckpointUploadMode, index: int
-    ) -> str:
-        if name is not None:
-            check_checkpoint_dir_name(name)
-        if mode is CheckpointUploadMode.NO_UPLOAD:
-            return in_place_dir_name(self.storage, checkpoint, name)
-        check_source(checkpoint)
-        return name or default_checkpoint_dir_name(index)
-
-    def _delete(
-        self, checkpoint: Checkpoint, mode: CheckpointUploadMode, delete: bool | None
-    ) -> bool:
-        if mode is CheckpointUploadMode.NO_UPLOAD:
-            return False  # the files are the checkpoint already
-        if delete is None:
-            delete = mode.default_delete_local_checkpoint_after_upload()
-        if delete:
-            check_deletable(self.storage, checkpoint)
-        return bool(delete)
-
     def _persist(
         self,
         checkpoint: Checkpoint,
-        dir_name: str,
-        mode: CheckpointUploadMode,
-        delete: bool,
-        message: tuple[Any, ...],
-    ) -> None:
-        """Save this rank's part of ``dir_name`` as ``mode`` says, then send ``message``.
-
-        The user's directory is only read, unless ``delete``: then its files are moved (a
-        rename on the same filesystem) and the directory removed once they are safe.
-        """
-        if mode is CheckpointUploadMode.NO_UPLOAD:
-            self.storage.mark_in_place(dir_name, self.attempt)
-            self._send(message)
-            return
-        if (job := pending_write(checkpoint.path)) is not None:
-            # save_state's private directory: committed once its background write is done
-            self._background().upload(checkpoint, dir_name, message, True, prepare=job.result)
-            if job.blocking:
-                self.finish_uploads()
-            return
-        if mode is CheckpointUploadMode.SYNC or (delete and same_device(checkpoint, self.storage)):
-            # a move within one filesystem is as fast as queuing it: ASYNC needs no thread
-            if self._uploader is not None:
-                self._uploader.wait()  # the documented promise: the previous upload is done
-            self.storage.stage_part(checkpoint, dir_name, self.attempt, move=delete)
-            self._send(_with_checkpoint_time(message))
-        elif delete and is_local(checkpoint.filesystem):  # the directory is free at once
-            scratch = Checkpoint(move_aside(checkpoint))
-            self._background().upload(scratch, dir_name, message, scratch=True)
-        else:  # read in the background: the user keeps the directory unchanged until then
-            self._background().upload(checkpoint, dir_name, message, scratch=False)
-
-    def _upload_with(
-        self,
-        fn: Callable[[Checkpoint, str], Checkpoint],
-        checkpoint: Checkpoint,
-        dir_name: str,
-        delete: bool,
+        plan: CheckpointPlan,
+        index: int,
+        metrics: dict[str, Any],
+        started: float,
+        extras: dict[str, Any],
     ) -> str:
+        """Save this rank's part of the round as ``plan`` says, then send its report (once the
+        part is durable); returns the name the round commits.
+
+        The user's directory is only read, unless the plan moves it: then its files are moved
+        (a rename on the same filesystem) and the directory removed once they are safe.
+        """
+        dir_name = plan.dir_name
+        match plan:
+            case InPlace():
+                self.storage.mark_in_place(dir_name, self.attempt)
+                self._send(_report_message(index, metrics, dir_name, started, extras))
+            case StateJob(job=job):
+                message = _report_message(index, metrics, dir_name, started, extras)
+                self._background().upload(checkpoint, dir_name, message, True, prepare=job.result)
+                if job.blocking:
+                    self.finish_uploads()
+            case Stage(move=move):
+                if self._uploader is not None:
+                    self._uploader.wait()  # the documented promise: the previous upload is done
+                self.storage.stage_part(checkpoint, dir_name, self.attempt, move=move)
+                message = _report_message(index, metrics, dir_name, started, extras)
+                self._send(_with_checkpoint_time(message))
+            case Background(move_aside=aside):
+                source = Checkpoint(move_aside(checkpoint)) if aside else checkpoint
+                message = _report_message(index, metrics, dir_name, started, extras)
+                self._background().upload(source, dir_name, message, scratch=aside)
+            case UserUpload():
+                if self._uploader is not None:
+                    self._uploader.wait()
+                dir_name = self._upload_with(plan, checkpoint)
+                message = _report_message(index, metrics, dir_name, started, extras)
+                self._send(_with_checkpoint_time(message))
+        return dir_name
+
+    def _upload_with(self, plan: UserUpload, checkpoint: Checkpoint) -> str:
         """``report(checkpoint_upload_fn=fn)``: ``fn(checkpoint, dir_name)`` persists the
         checkpoint itself (typically to ``get_storage().build_checkpoint_path_from_name(
         dir_name)``) and returns it. Returns the name the round commits: the returned
         checkpoint's own when it lies directly in the run directory (it joins like a NO_UPLOAD
         part); otherwise its files are copied in."""
-        if (job := pending_write(checkpoint.path)) is not None:
-            job.result()  # a save_state checkpoint: fn reads its files once they are written
-        uploaded = fn(checkpoint, dir_name)
+        if plan.job is not None:
+            plan.job.result()  # a save_state checkpoint: fn reads its files once they are written
+        uploaded = plan.fn(checkpoint, plan.dir_name)
         if not isinstance(uploaded, Checkpoint):
             raise TypeError(
                 f"checkpoint_upload_fn returned {type(uploaded).__name__}; it must return the "
                 "phalanx.Checkpoint it persisted."
             )
+        dir_name = plan.dir_name
         try:
             dir_name = in_place_dir_name(self.storage, uploaded, None)
             self.storage.mark_in_place(dir_name, self.attempt)
         except ValueError:  # persisted elsewhere: bring a copy into the run
             self.storage.stage_part(uploaded, dir_name, self.attempt)
         committed = self.storage.checkpoint_path(dir_name).rstrip("/")
-        local = is_local(checkpoint.filesystem)
-        if delete and local and checkpoint.path.rstrip("/") != committed:  # not the committed one
+        if plan.remove_after and checkpoint.path.rstrip("/") != committed:  # not the committed one
             shutil.rmtree(checkpoint.path, ignore_errors=True)
         return dir_name
 
@@ -349,6 +331,18 @@ def _message_extras(validation: Any, checkpoint: Checkpoint | None) -> dict[str,
     if name is not None:
         extras["checkpoint_class"] = name
     return extras
+
+
+def _report_message(
+    index: int,
+    metrics: dict[str, Any],
+    dir_name: str | None,
+    started: float,
+    extras: dict[str, Any],
+) -> tuple[Any, ...]:
+    """The report as the driver's ``messages.decode`` reads it (``extras`` only if any)."""
+    message: tuple[Any, ...] = ("report", index, metrics, dir_name, started)
+    return (*message, extras) if extras else message
 
 
 def _with_checkpoint_time(message: tuple[Any, ...]) -> tuple[Any, ...]:

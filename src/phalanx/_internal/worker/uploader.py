@@ -24,7 +24,7 @@ from collections.abc import Callable
 from queue import SimpleQueue
 from typing import Any
 
-from phalanx._foundation.fs.access import is_local, move_tree_contents
+from phalanx._foundation.fs.access import move_tree_contents
 from phalanx._foundation.fs.paths import checkpoint_name_problem
 from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.worker.runtime import Outbox
@@ -32,11 +32,12 @@ from phalanx.checkpoint import Checkpoint
 from phalanx.errors import StorageError
 
 
-def check_source(checkpoint: Checkpoint) -> None:
-    """A reported checkpoint must be a directory. An empty one is a checkpoint, as in Ray (its
-    fault-tolerance guide reports a ``TemporaryDirectory`` with the save left as a comment)."""
+def check_source(checkpoint: Checkpoint, local: bool) -> None:
+    """A reported checkpoint must be a directory (``local``: on this machine's disk). An empty
+    one is a checkpoint, as in Ray (its fault-tolerance guide reports a ``TemporaryDirectory``
+    with the save left as a comment)."""
     fs, path = checkpoint.filesystem, checkpoint.path
-    if not (os.path.isdir(path) if is_local(fs) else fs.isdir(path)):
+    if not (os.path.isdir(path) if local else fs.isdir(path)):
         raise FileNotFoundError(
             f"report(checkpoint=...) was given {path!r}, which is not a directory (missing, or "
             "a file). A checkpoint is a directory of files.\nHINT: write your files into a "
@@ -44,12 +45,10 @@ def check_source(checkpoint: Checkpoint) -> None:
         )
 
 
-def check_deletable(storage: RunStorage, checkpoint: Checkpoint) -> None:
-    """``delete_local_checkpoint_after_upload=True`` removes the directory: refuse directories
-    that hold the run itself (as Ray does) or that other programs share."""
-    if not is_local(checkpoint.filesystem):
-        return
-    path = os.path.realpath(checkpoint.path)
+def check_deletable(storage: RunStorage, local_path: str) -> None:
+    """``delete_local_checkpoint_after_upload=True`` removes the local directory: refuse
+    directories that hold the run itself (as Ray does) or that other programs share."""
+    path = os.path.realpath(local_path)
     shared = {os.path.realpath(p) for p in (tempfile.gettempdir(), os.path.expanduser("~"))}
     shared |= {os.path.realpath(os.getcwd()), "/"}
     run = os.path.realpath(storage.local_path) if storage.local_path else None
@@ -88,12 +87,12 @@ def in_place_dir_name(
     return name
 
 
-def same_device(checkpoint: Checkpoint, storage: RunStorage) -> bool:
-    """Whether a rename can carry the checkpoint's files into the run's staging area."""
-    if storage.local_path is None or not is_local(checkpoint.filesystem):
+def same_device(local_path: str, storage: RunStorage) -> bool:
+    """Whether a rename can carry a local checkpoint's files into the run's staging area."""
+    if storage.local_path is None:
         return False
     try:
-        return os.stat(checkpoint.path).st_dev == os.stat(storage.run_path).st_dev
+        return os.stat(local_path).st_dev == os.stat(storage.run_path).st_dev
     except OSError:
         return False
 
