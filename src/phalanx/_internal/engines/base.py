@@ -16,11 +16,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from phalanx._internal.engines.messages import Events
 from phalanx.config import ScalingConfig
 from phalanx.context import RunLocation
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class WorkerHandle(ABC):
     metadata: WorkerMetadata
 
     @abstractmethod
-    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+    def execute(self, fn: Callable[..., T], *args: object, **kwargs: object) -> Future[T]:
         """Run ``fn(*args, **kwargs)`` in the worker; the future holds its return value."""
 
     @abstractmethod

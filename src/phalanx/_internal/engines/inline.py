@@ -14,13 +14,15 @@ import os
 import socket
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from phalanx._foundation.run_scope import RunStopped
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.messages import Events, Exited, in_process_event
 from phalanx._internal.worker.runtime import RemoteCallError, capture_exception, set_outbox
 from phalanx._internal.worker.session import clear_thread_session
+
+T = TypeVar("T")
 
 
 class _InlineOutbox:
@@ -42,8 +44,8 @@ class InlineWorkerHandle(WorkerHandle):
         self.alive = True
         self._events = events
 
-    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
+    def execute(self, fn: Callable[..., T], *args: object, **kwargs: object) -> Future[T]:
+        future: Future[T] = Future()
         try:
             future.set_result(fn(*args, **kwargs))
         except BaseException as exc:  # as a worker would: the controller decides what it means

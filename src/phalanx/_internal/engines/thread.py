@@ -14,13 +14,15 @@ import threading
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.messages import Events, Exited, in_process_event
 from phalanx._internal.worker.runtime import RemoteCallError, capture_exception, set_outbox
 from phalanx._internal.worker.session import thread_sessions
 from phalanx.context import PreemptionInfo
+
+T = TypeVar("T")
 
 
 class _ThreadOutbox:
@@ -59,8 +61,8 @@ class ThreadWorkerHandle(WorkerHandle):
             except BaseException as exc:
                 future.set_exception(RemoteCallError(capture_exception(exc)))
 
-    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
+    def execute(self, fn: Callable[..., T], *args: object, **kwargs: object) -> Future[T]:
+        future: Future[T] = Future()
         if not self.alive:
             future.set_exception(ConnectionError(f"worker {self.index} is gone"))
         else:

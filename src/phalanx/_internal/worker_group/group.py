@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec, WorkerHandle, WorkerMetadata
 from phalanx._internal.engines.messages import Events
@@ -20,6 +20,8 @@ from phalanx.errors import WorkerFailure, WorkerGroupError
 
 if TYPE_CHECKING:
     import phalanx.backend as backend
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -107,57 +109,65 @@ class WorkerGroup:
     def get_resources_per_worker(self) -> dict[str, float]:
         return self.spec.scaling_config._resources_per_worker_not_none
 
-    def execute_async(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Future[Any]]:
+    def execute_async(
+        self, fn: Callable[..., T], *args: object, **kwargs: object
+    ) -> list[Future[T]]:
         return [w.handle.execute(fn, *args, **kwargs) for w in self.workers]
 
     def execute(
-        self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None, **kwargs: Any
-    ) -> list[Any]:
+        self,
+        fn: Callable[..., T],
+        *args: object,
+        timeout_s: float | None = None,
+        **kwargs: object,
+    ) -> list[T]:
         """Run ``fn`` on every rank; raise WorkerGroupError naming the ranks that failed."""
         return self.gather(self.execute_async(fn, *args, **kwargs), timeout_s)
 
     def execute_single_async(
-        self, rank: int, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Future[Any]:
+        self, rank: int, fn: Callable[..., T], *args: object, **kwargs: object
+    ) -> Future[T]:
         return self.workers[rank].handle.execute(fn, *args, **kwargs)
 
     def execute_single(
         self,
         rank: int,
-        fn: Callable[..., Any],
-        *args: Any,
+        fn: Callable[..., T],
+        *args: object,
         timeout_s: float | None = None,
-        **kwargs: Any,
-    ) -> Any:
+        **kwargs: object,
+    ) -> T:
         """Run ``fn`` on one rank; raise WorkerGroupError if it fails or does not answer."""
         future = self.workers[rank].handle.execute(fn, *args, **kwargs)
-        futures: list[Future[Any]] = [Future() for _ in self.workers]
-        for other, placeholder in enumerate(futures):
-            if other != rank:
-                placeholder.set_result(None)
-        futures[rank] = future
-        return self.gather(futures, timeout_s)[rank]
+        return self._gather({rank: future}, timeout_s)[rank]
 
     def execute_per_rank(
         self,
-        fn: Callable[..., Any],
-        args_per_rank: Sequence[tuple[Any, ...]],
+        fn: Callable[..., T],
+        args_per_rank: Sequence[tuple[object, ...]],
         timeout_s: float | None = None,
-    ) -> list[Any]:
+    ) -> list[T]:
         """Run ``fn(*args_per_rank[r])`` on each rank ``r``; results in rank order."""
         futures = [
             w.handle.execute(fn, *args) for w, args in zip(self.workers, args_per_rank, strict=True)
         ]
         return self.gather(futures, timeout_s)
 
-    def gather(self, futures: list[Future[Any]], timeout_s: float | None = None) -> list[Any]:
-        done, pending = wait_futures(futures, timeout=timeout_s)
+    def gather(self, futures: Sequence[Future[T]], timeout_s: float | None = None) -> list[T]:
+        """The results of one call per rank, in rank order."""
+        results = self._gather(dict(enumerate(futures)), timeout_s)
+        return [results[rank] for rank in range(len(futures))]
+
+    def _gather(self, futures: dict[int, Future[T]], timeout_s: float | None) -> dict[int, T]:
+        """The results by rank; raise WorkerGroupError naming each rank that failed or did not
+        answer within ``timeout_s``."""
+        done, pending = wait_futures(futures.values(), timeout=timeout_s)
         failures = {
             rank: self.failure(rank, f.exception())
-            for rank, f in enumerate(futures)
+            for rank, f in futures.items()
             if f in done and f.exception() is not None
         }
-        for rank, f in enumerate(futures):
+        for rank, f in futures.items():
             if f in pending:
                 failures[rank] = WorkerFailure(
                     rank,
@@ -169,7 +179,7 @@ class WorkerGroup:
                 )
         if failures:
             raise WorkerGroupError(failures)
-        return [f.result() for f in futures]
+        return {rank: f.result() for rank, f in futures.items()}
 
     def failure(
         self, rank: int, exc: BaseException | None, returncode: int | None = None

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 import cloudpickle
 
@@ -32,6 +32,8 @@ from phalanx._internal.engines.pending_calls import PendingCalls
 from phalanx._internal.engines.rank_output import reader_error
 from phalanx._internal.worker.runtime import RemoteCallError, undecodable_error
 
+T = TypeVar("T")
+
 
 class LocalWorkerHandle(WorkerHandle):
     def __init__(self, index: int, conn: Connection, events: Events) -> None:
@@ -46,8 +48,8 @@ class LocalWorkerHandle(WorkerHandle):
         self.hello = Future[tuple[int, str]]()
         self.broken: RemoteCallError | None = None  # set once a message could not be read
 
-    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
+    def execute(self, fn: Callable[..., T], *args: object, **kwargs: object) -> Future[T]:
+        future: Future[T] = Future()
         if self.broken is not None:
             future.set_exception(self.broken)
             return future

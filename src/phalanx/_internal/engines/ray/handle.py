@@ -15,7 +15,7 @@ import pickle
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 import cloudpickle
 import ray
@@ -38,6 +38,7 @@ from phalanx._internal.engines.rank_output import RankOutput
 from phalanx._internal.worker.runtime import RemoteCallError, undecodable_error
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class RayWorkerDied(ConnectionError):
@@ -69,8 +70,8 @@ class RayWorkerHandle(WorkerHandle):
 
     # -- WorkerHandle ---------------------------------------------------------------------------
 
-    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
+    def execute(self, fn: Callable[..., T], *args: object, **kwargs: object) -> Future[T]:
+        future: Future[T] = Future()
         payload = cloudpickle.dumps((fn, args, kwargs))
         with self._lock:
             if self.death is not None or self.broken is not None:
