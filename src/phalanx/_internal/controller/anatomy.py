@@ -20,10 +20,14 @@ part whose excess over the other ranks is largest.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from phalanx._internal.controller.rounds import Round
+
+if TYPE_CHECKING:
+    from phalanx._internal.controller.stragglers import StragglerPeriod
 
 __all__ = [
     "MIN_EXCESS_S",
@@ -182,14 +186,18 @@ class RoundAnatomy:
         )
 
 
-def excess_line(period: dict[str, Any]) -> str:
-    """``data loading 41 ms per step more``."""
+def excess_line(period: Mapping[str, object]) -> str:
+    """``data loading 41 ms per step more`` (``period``: a StragglerPeriod, or one read back)."""
     words = CAUSE_WORDS.get(str(period.get("cause")), str(period.get("cause")))
-    excess = float(period.get("excess_s") or 0.0)
+    excess = _seconds(period.get("excess_s"))
     return f"{words} {excess * 1000:.0f} ms per {period.get('per', 'round')} more"
 
 
-def short(period: dict[str, Any]) -> str:
+def short(period: StragglerPeriod) -> str:
     """The progress view's few words: ``data +41 ms/step``."""
-    excess = float(period.get("excess_s") or 0.0)
+    excess = _seconds(period.get("excess_s"))
     return f"{period.get('cause')} +{excess * 1000:.0f} ms/{period.get('per', 'round')}"
+
+
+def _seconds(value: object) -> float:
+    return float(value) if isinstance(value, int | float | str) and value else 0.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,7 +124,7 @@ class RoundCommitter:
         self.show_data(record)
         return record
 
-    def show_data(self, record: dict[str, Any]) -> None:
+    def show_data(self, record: Mapping[str, object]) -> None:
         positions = self.spec.dataset_positions
         shown = [positions.progress(n, r) for n, r in dataset_records(record).items()]
         self.watcher.data = ", ".join(shown)

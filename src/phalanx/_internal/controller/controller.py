@@ -388,7 +388,7 @@ class Controller:
             raise result.error from root_exception(result.error)
         return result
 
-    def _notify(self, hook: str, *args: Any) -> None:
+    def _notify(self, hook: str, *args: object) -> None:
         notify(self.callbacks, hook, *args)
 
     def _report_goodput(self, goodput: Goodput | None = None) -> None:

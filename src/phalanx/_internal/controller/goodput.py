@@ -201,7 +201,7 @@ class GoodputClock:
             per = max(rank_parts.steps, 1)
             self.counts.step_parts[rank] = {n: rank_parts.part(n) / per for n in STEP_PARTS}
 
-    def checkpoint_committed(self, filesystem: Any, path: str) -> None:
+    def checkpoint_committed(self, filesystem: object, path: str) -> None:
         """The checkpoint at ``path`` was committed: count its bytes (after the commit, so
         the commit latency does not include the count)."""
         self.counts.bytes_written += tree_bytes(filesystem, path)

@@ -3,14 +3,12 @@ callback that hides its errors would hide the user's)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from phalanx._foundation.goodput_parts import Goodput
 from phalanx.callbacks import Callback, TrainRunContext
 from phalanx.errors import ConfigError, ControllerError
 
 
-def notify(callbacks: list[Callback], hook: str, *args: Any) -> None:
+def notify(callbacks: list[Callback], hook: str, *args: object) -> None:
     for callback in callbacks:
         try:
             getattr(callback, hook)(*args)

@@ -12,12 +12,20 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from phalanx._foundation import env
 from phalanx._foundation.goodput_parts import PARTS
 from phalanx._foundation.optional import require
 from phalanx._internal.controller.goodput import GoodputClock
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+    from phalanx._internal.controller.stragglers import StragglerWatch
 
 __all__ = ["EXPORTED", "MetricsEndpoint", "start_endpoint"]
 
@@ -47,22 +55,24 @@ class _RunCollector:
     """Reads the clock on each scrape (in the HTTP server's thread; the controller's thread
     writes: a reading may straddle one update, as a scrape always may)."""
 
-    def __init__(self, run_name: str, clock: GoodputClock, stragglers: Any = None) -> None:
+    def __init__(
+        self, run_name: str, clock: GoodputClock, stragglers: StragglerWatch | None = None
+    ) -> None:
         self.run_name = run_name
         self.clock = clock
-        self.stragglers = stragglers  # a StragglerWatch: the ranks flagged now
+        self.stragglers = stragglers  # the ranks flagged now
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         core = require("prometheus_client.core", "PHALANX_METRICS_PORT")
         yield from self._progress(core, [self.run_name])
         yield from self._anatomy(core, [self.run_name])
         yield from self._goodput(core, [self.run_name])
 
-    def _progress(self, core: Any, run: list[str]) -> Iterator[Any]:
+    def _progress(self, core: ModuleType, run: list[str]) -> Iterator[Metric]:
         """Rounds, reports, commits, attempts, failures, per-rank step times and stragglers."""
         counts = self.clock.counts
 
-        def counter(name: str, doc: str, value: float) -> Any:
+        def counter(name: str, doc: str, value: float) -> Metric:
             family = core.CounterMetricFamily(name, doc, labels=["run"])
             family.add_metric(run, value)
             return family
@@ -101,7 +111,7 @@ class _RunCollector:
             counts.last_to_report,
         )
 
-    def _anatomy(self, core: Any, run: list[str]) -> Iterator[Any]:
+    def _anatomy(self, core: ModuleType, run: list[str]) -> Iterator[Metric]:
         """Each rank's last step by part, and the stragglers flagged now with their cause."""
         parts = core.GaugeMetricFamily(
             "phalanx_train_step_part_seconds",
@@ -125,7 +135,7 @@ class _RunCollector:
             flagged.add_metric(labels, float(period.get("excess_s") or 0.0))
         yield flagged
 
-    def _goodput(self, core: Any, run: list[str]) -> Iterator[Any]:
+    def _goodput(self, core: ModuleType, run: list[str]) -> Iterator[Metric]:
         goodput = self.clock.snapshot()
         parts = core.GaugeMetricFamily(
             "phalanx_train_goodput_seconds",
@@ -148,7 +158,13 @@ class _RunCollector:
         yield wall
 
 
-def _per_rank(family_cls: Any, name: str, doc: str, run: list[str], values: dict[int, Any]) -> Any:
+def _per_rank(
+    family_cls: Callable[..., GaugeMetricFamily | CounterMetricFamily],
+    name: str,
+    doc: str,
+    run: list[str],
+    values: dict[int, float] | dict[int, int],
+) -> Metric:
     family = family_cls(name, doc, labels=["run", "rank"])
     for rank, value in sorted(values.copy().items()):  # copy(): atomic, the driver adds ranks
         family.add_metric([*run, str(rank)], value)
@@ -158,7 +174,7 @@ def _per_rank(family_cls: Any, name: str, doc: str, run: list[str], values: dict
 class MetricsEndpoint:
     """The HTTP server of one run's metrics; ``close()`` stops it."""
 
-    def __init__(self, server: Any, thread: threading.Thread) -> None:
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
         self._server = server
         self._thread = thread
 
@@ -175,7 +191,7 @@ class MetricsEndpoint:
 def start_endpoint(
     run_name: str,
     clock: GoodputClock,
-    stragglers: Any = None,
+    stragglers: StragglerWatch | None = None,
     address: Callable[[], tuple[str, int] | None] = env.metrics_address,
 ) -> MetricsEndpoint | None:
     """Serve the run's metrics where ``PHALANX_METRICS_PORT`` says; None when it is unset or

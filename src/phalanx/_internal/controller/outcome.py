@@ -12,6 +12,7 @@ from typing import Any
 
 from phalanx._foundation.goodput_parts import Goodput
 from phalanx._foundation.run_scope import RunStopped
+from phalanx._internal.controller.stragglers import StragglerPeriod
 from phalanx._internal.controller.validation import Validations
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
 from phalanx._internal.storage.history import MetricsHistory
@@ -75,7 +76,7 @@ def run_result(
     metrics: dict[str, Any] | None,
     error: TrainingFailedError | None,
     return_value: object,
-    stragglers: Iterable[dict[str, Any]],
+    stragglers: Iterable[StragglerPeriod],
     goodput: Goodput,
 ) -> Result:
     """The Result ``fit()`` returns (or attaches to the error it raises)."""
@@ -88,7 +89,7 @@ def run_result(
         return_value=return_value,
         attempts=manager.attempts,
         attempt_errors=attempt_errors(manager.attempt_history),
-        stragglers=list(stragglers),
+        stragglers=[dict(period) for period in stragglers],
         goodput=goodput,
         _storage=RunReader(storage),
     )

@@ -16,6 +16,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from phalanx._foundation import env
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
     from phalanx._internal.controller.attempt import Attempt
     from phalanx._internal.controller.goodput import Goodput
+    from phalanx._internal.controller.stragglers import StragglerPeriod
     from phalanx.callbacks import ReportInfo
     from phalanx.result import Result
 
@@ -59,7 +61,7 @@ class RunWatcher:
         self.metrics: dict[str, Any] = {}
         self.checkpoints = 0
         self.data = ""  # where the latest committed checkpoint's datasets are ("train epoch 1 42%")
-        self.straggling: dict[int, dict[str, Any]] = {}  # rank -> its period (the controller)
+        self.straggling: dict[int, StragglerPeriod] = {}  # rank -> its period (the controller)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tty = False
@@ -171,7 +173,7 @@ def _alive(attempt: Attempt) -> int:
     return sum(1 for r, f in enumerate(futures) if not f.done() and r not in gone)
 
 
-def _format_metrics(metrics: dict[str, Any]) -> str:
+def _format_metrics(metrics: Mapping[str, object]) -> str:
     shown = []
     for key, value in metrics.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):

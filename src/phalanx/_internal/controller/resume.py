@@ -4,7 +4,7 @@ an attempt resumes its data mid-epoch."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
 
 from phalanx._internal.controller.spec import DatasetPositions
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
@@ -44,7 +44,7 @@ def log_resume(run_name: str, manager: CheckpointManager) -> None:
     )
 
 
-def log_data_resume(record: dict[str, Any], positions: DatasetPositions) -> None:
+def log_data_resume(record: Mapping[str, object], positions: DatasetPositions) -> None:
     """``Resuming data from the checkpoint: dataset 'train' at epoch 3, sample 91,200 of
     120,000.`` when the checkpoint an attempt starts from stored dataset positions."""
     described = [positions.describe(name, rec) for name, rec in dataset_records(record).items()]

@@ -7,7 +7,7 @@ never imports a feature or framework package (``tests/test_layering.py`` keeps i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,9 +16,10 @@ from phalanx.backend import BackendConfig
 from phalanx.callbacks import TrainRunContext
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import RunConfig, ScalingConfig
+from phalanx.validation import ValidationConfig
 
 
-def no_shards(world_size: int, resume: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def no_shards(world_size: int, resume: Mapping[str, object] | None = None) -> list[dict[str, Any]]:
     """``RunSpec.make_shards`` of a run without datasets."""
     return [{} for _ in range(world_size)]
 
@@ -76,8 +77,8 @@ class RunSpec:
     # Files added to every committed checkpoint (the fitted preprocessor), by file name
     checkpoint_files: dict[str, bytes] = field(default_factory=dict)
     start_timeout_s: float = 60.0
-    validation_config: Any = None  # phalanx.ValidationConfig
-    train_fn: Callable[..., Any] | None = None  # called as is when it runs in the driver
+    validation_config: ValidationConfig | None = None
+    train_fn: Callable[..., object] | None = None  # called as is when it runs in the driver
     total_rounds: int | None = None  # GBDT's num_boost_round, for the progress view
 
 

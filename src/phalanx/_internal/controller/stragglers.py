@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from phalanx._internal.controller.anatomy import (
     MIN_EXCESS_S,
@@ -72,6 +72,32 @@ CAUSE_HINTS = {
 }
 
 
+class PeriodSummary(TypedDict):
+    """A period's cause and seconds (per step, or per round when steps are not counted)."""
+
+    slowdown: float  # the median ratio of the rank's round time to the others'
+    cause: str
+    excess_s: float  # the cause's seconds more than the other ranks'
+    per: str  # "step" or "round"
+    seconds: dict[str, float]  # each part: the rank's
+    others_seconds: dict[str, float]  # each part: the median of the others'
+
+
+class StragglerPeriod(PeriodSummary, total=False):
+    """One period a rank was flagged (``Result.stragglers``' rows, run.json's). Read back from
+    a run directory, a row of an older run may lack the summary's keys."""
+
+    rank: int
+    host: str
+    node_id: str
+    gpu_ids: list[int]
+    first_round: int
+    last_round: int
+    started: float  # the rank's report times, seconds since 1970
+    ended: float
+    attempt: int
+
+
 @dataclass
 class _RankState:
     slow_run: int = 0  # slow eligible rounds in a row
@@ -79,7 +105,7 @@ class _RankState:
     ratios: list[float] = field(default_factory=list)  # of the current run / period
     first_round: int = 0  # of the current run of slow rounds
     started: float = 0.0  # the rank's report time in that round
-    period: dict[str, Any] | None = None  # open period
+    period: StragglerPeriod | None = None  # open period
     lockstep: int = 0  # slow rounds named by own time (vs round time)
     mine: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     theirs: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
@@ -105,7 +131,7 @@ class _RankState:
             self.mine[name] += values[rank]
             self.theirs[name] += others_median(values, rank)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> PeriodSummary:
         """The period's cause and its seconds per step (or per round) of the rank and, as the
         median of theirs, of the other ranks."""
         per = self.steps if self.counted_steps and self.steps else self.rounds
@@ -138,11 +164,11 @@ class StragglerDetector:
     def __init__(self, workers: list[WorkerMetadata], attempt: int) -> None:
         self.workers = workers
         self.attempt = attempt
-        self.periods: list[dict[str, Any]] = []
+        self.periods: list[StragglerPeriod] = []
         self._states = [_RankState() for _ in workers]
         self._anatomy = RoundAnatomy()
 
-    def observe(self, round_: Round) -> list[dict[str, Any]]:
+    def observe(self, round_: Round) -> list[StragglerPeriod]:
         reports = round_.reports
         if len(reports) < 2 or len(reports) != len(self._states):
             return []
@@ -180,27 +206,28 @@ class StragglerDetector:
         state.slow_run, state.fast_run = state.slow_run + 1, 0
         state.add(parts, rank, slow)
         if state.period is not None:
-            state.period.update(last_round=index, ended=at, **state.summary())
+            state.period.update(state.summary())
+            state.period["last_round"], state.period["ended"] = index, at
             return False
         if state.slow_run < CONSECUTIVE:
             return False
         worker = self.workers[rank]
-        state.period = {
-            "rank": rank,
-            "host": worker.host,
-            "node_id": worker.node_id,
-            "gpu_ids": list(worker.gpu_ids),
+        state.period = StragglerPeriod(
+            rank=rank,
+            host=worker.host,
+            node_id=worker.node_id,
+            gpu_ids=list(worker.gpu_ids),
             **state.summary(),
-            "first_round": state.first_round,
-            "last_round": index,
-            "started": state.started,
-            "ended": at,
-            "attempt": self.attempt,
-        }
+            first_round=state.first_round,
+            last_round=index,
+            started=state.started,
+            ended=at,
+            attempt=self.attempt,
+        )
         self.periods.append(state.period)
         return True
 
-    def straggling(self) -> dict[int, dict[str, Any]]:
+    def straggling(self) -> dict[int, StragglerPeriod]:
         """``{rank: its open period}`` of the ranks flagged now (for the progress view)."""
         return {rank: state.period for rank, state in enumerate(self._states) if state.period}
 
@@ -212,7 +239,7 @@ class StragglerWatch:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self.periods: list[dict[str, Any]] = []
+        self.periods: list[StragglerPeriod] = []
         self._detector: StragglerDetector | None = None
 
     def on_attempt(self, workers: list[WorkerMetadata], attempt: int) -> None:
@@ -226,11 +253,11 @@ class StragglerWatch:
             self.periods.append(period)
             logger.warning(describe(period))
 
-    def straggling(self) -> dict[int, dict[str, Any]]:
+    def straggling(self) -> dict[int, StragglerPeriod]:
         return self._detector.straggling() if self._detector is not None else {}
 
 
-def describe(period: dict[str, Any]) -> str:
+def describe(period: StragglerPeriod) -> str:
     """The WARNING for a rank just flagged."""
     cause_name = period.get("cause", "compute")
     return (
@@ -242,7 +269,7 @@ def describe(period: dict[str, Any]) -> str:
     )
 
 
-def where(period: dict[str, Any]) -> str:
+def where(period: StragglerPeriod) -> str:
     """``rank 2 on host h3 (node n3, GPU 2)``."""
     gpus = period.get("gpu_ids") or []
     extra = f"node {period.get('node_id')}" + (f", GPU {', '.join(map(str, gpus))}" if gpus else "")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +87,10 @@ def _time_left(running: _Running) -> float | None:
 
 
 def _validate(
-    fn: Callable[..., Any], checkpoint: Checkpoint, kwargs: dict[str, Any], running: _Running
+    fn: Callable[..., object],
+    checkpoint: Checkpoint,
+    kwargs: Mapping[str, object],
+    running: _Running,
 ) -> None:
     try:
         metrics = fn(checkpoint, **kwargs)
