@@ -6,6 +6,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -257,7 +258,7 @@ class CheckpointManager:
         if missing:
             raise _missing_score_error(missing, tracked.dir_name, tracked.metrics)
 
-    def check_score(self, dir_name: str, metrics: dict[str, Any]) -> None:
+    def check_score(self, dir_name: str, metrics: Mapping[str, object]) -> None:
         """Raise ConfigError if the report of checkpoint ``dir_name`` lacks the score attribute
         (before the checkpoint is committed)."""
         missing = self._missing_score(metrics)
@@ -273,7 +274,7 @@ class CheckpointManager:
     def pending_validations(self) -> list[str]:
         return [name for name, status in self.statuses.items() if status == PENDING_VALIDATION]
 
-    def update_validation(self, dir_name: str, metrics: dict[str, Any], status: str) -> None:
+    def update_validation(self, dir_name: str, metrics: Mapping[str, object], status: str) -> None:
         """Merge a finished validation's metrics into its checkpoint; retention applies again."""
         self.statuses[dir_name] = status
         for i, tracked in enumerate(self.checkpoints):
@@ -374,7 +375,7 @@ class CheckpointManager:
             del fields["checkpoint_class"]
         return tracked, encode_json(fields)
 
-    def _missing_score(self, metrics: dict[str, Any]) -> str | None:
+    def _missing_score(self, metrics: Mapping[str, object]) -> str | None:
         attr = self.config.checkpoint_score_attribute
         return attr if attr is not None and attr not in _flatten(metrics) else None
 
@@ -421,7 +422,7 @@ def _log_failed_deletion(future: Future[None]) -> None:
         logger.warning("An evicted checkpoint could not be deleted: %s", error)
 
 
-def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(metrics: Mapping[str, object], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in metrics.items():
         name = f"{prefix}{key}"
@@ -432,7 +433,7 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _missing_score_error(missing: str, dir_name: str, metrics: dict[str, Any]) -> ConfigError:
+def _missing_score_error(missing: str, dir_name: str, metrics: Mapping[str, object]) -> ConfigError:
     return ConfigError(
         f"CheckpointConfig(checkpoint_score_attribute={missing!r}) is invalid: the report with "
         f"checkpoint {dir_name!r} has no metric {missing!r} (it has "

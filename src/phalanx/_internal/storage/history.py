@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TypeGuard
 
 from phalanx._internal.storage.run_storage import ALL_RANKS_HISTORY_FILE, HISTORY_FILE
 from phalanx._internal.storage.store import RunLog, RunStore
@@ -27,8 +28,10 @@ LEGACY_ATTEMPT_COLUMN = "attempt"  # phalanx's name for it in runs written befor
 # Columns phalanx adds to the rows of metrics.jsonl (stripped again for Result.metrics).
 AUTO_FILLED = ("training_iteration", "timestamp", "checkpoint_dir_name", ATTEMPT_COLUMN)
 
+Row = dict[str, object]  # one line of a history file: the user's metrics and AUTO_FILLED
 
-def _default(value: Any) -> Any:
+
+def _default(value: object) -> object:
     for attr in ("item", "tolist"):  # numpy scalars/arrays, 0-d tensors
         method = getattr(value, attr, None)
         if callable(method):
@@ -39,14 +42,14 @@ def _default(value: Any) -> Any:
     return repr(value)
 
 
-def encode_json(value: Any) -> str:
+def encode_json(value: object) -> str:
     return json.dumps(value, default=_default, allow_nan=True)
 
 
-def decode_lines(data: bytes | None) -> list[dict[str, Any]]:
+def decode_lines(data: bytes | None) -> list[Row]:
     if not data:
         return []
-    rows = []
+    rows: list[Row] = []
     for line in data.decode().splitlines():
         if line.strip():
             try:
@@ -80,23 +83,23 @@ class MetricsHistory:
         """Rows metrics.jsonl had when the run (re)started, a row cut by a crash included."""
         return int(self._cut[HISTORY_FILE]) + self._logs[HISTORY_FILE].count_lines()
 
-    def last_metrics(self) -> dict[str, Any] | None:
+    def last_metrics(self) -> dict[str, object] | None:
         """The user's metrics of the last row of the final trajectory (None for a new run)."""
         rows = final_trajectory(upgraded(decode_lines(self._logs[HISTORY_FILE].read())))
         return user_metrics(rows[-1]) if rows else None
 
     def add_round(
-        self, round_index: int, metrics: dict[str, Any], checkpoint_dir_name: str | None
+        self, round_index: int, metrics: Mapping[str, object], checkpoint_dir_name: str | None
     ) -> None:
-        row = dict(metrics)
+        row: Row = dict(metrics)
         row.setdefault("training_iteration", round_index + 1)
         row.setdefault("timestamp", time.time())
         row["checkpoint_dir_name"] = checkpoint_dir_name
         row[ATTEMPT_COLUMN] = self.attempt
         self._pending[HISTORY_FILE].append(encode_json(row))
 
-    def add_rank_report(self, rank: int, round_index: int, metrics: dict[str, Any]) -> None:
-        row = {
+    def add_rank_report(self, rank: int, round_index: int, metrics: Mapping[str, object]) -> None:
+        row: Row = {
             "rank": rank,
             ATTEMPT_COLUMN: self.attempt,
             "training_iteration": round_index + 1,
@@ -123,13 +126,13 @@ class MetricsHistory:
             self._logs[each].compact()
 
 
-def read_history(storage: RunStore, all_ranks: bool = False) -> list[dict[str, Any]]:
+def read_history(storage: RunStore, all_ranks: bool = False) -> list[Row]:
     """The rows of a history file, phalanx's attempt column under its current name."""
     name = ALL_RANKS_HISTORY_FILE if all_ranks else HISTORY_FILE
     return upgraded(decode_lines(storage.read_log(name)))
 
 
-def upgraded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def upgraded(rows: list[Row]) -> list[Row]:
     """Rows of a run written before the rename have ``attempt`` with phalanx's meaning (users
     could not report one then): renamed, in its position. A row that has the new
     column keeps ``attempt``: it is the user's metric."""
@@ -141,31 +144,31 @@ def upgraded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def final_trajectory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def final_trajectory(rows: list[Row]) -> list[Row]:
     """Rows in order, each ``training_iteration`` once: when an attempt's first row repeats the
     iteration of earlier attempts' rows (it restarted from a checkpoint), those rows and every
     later one of the earlier attempts are superseded. Rows within one attempt are never dropped.
     """
-    kept: list[dict[str, Any]] = []
-    attempt: Any = None
+    kept: list[Row] = []
+    attempt: object = None
     for row in rows:
         if row.get(ATTEMPT_COLUMN) != attempt:
             attempt = row.get(ATTEMPT_COLUMN)
-            start: Any = row.get("training_iteration")
+            start = row.get("training_iteration")
             if _is_number(start):
                 kept = [r for r in kept if not _superseded(r, float(start))]
         kept.append(row)
     return kept
 
 
-def user_metrics(row: dict[str, Any]) -> dict[str, Any]:
+def user_metrics(row: Row) -> dict[str, object]:
     return {k: v for k, v in row.items() if k not in AUTO_FILLED}
 
 
-def _superseded(row: dict[str, Any], start: float) -> bool:
-    iteration: Any = row.get("training_iteration")
+def _superseded(row: Row, start: float) -> bool:
+    iteration = row.get("training_iteration")
     return _is_number(iteration) and float(iteration) >= start
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)

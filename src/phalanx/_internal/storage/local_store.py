@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx._foundation.fs import copy as local_copy
 from phalanx._foundation.fs.access import (
@@ -44,6 +44,9 @@ from phalanx._internal.storage.run_storage import (
 )
 from phalanx.errors import StorageError
 
+if TYPE_CHECKING:
+    from phalanx.checkpoint import Checkpoint
+
 logger = logging.getLogger(__name__)
 
 FSYNC_THREADS = 8  # fsyncs of one commit in flight at once (every rank may pass a part)
@@ -59,7 +62,7 @@ class LocalStore(RunStorage, register=True):
     appends = True
 
     @classmethod
-    def serves(cls, filesystem: Any) -> bool:
+    def serves(cls, filesystem: object) -> bool:
         return is_local(filesystem)
 
     @property
@@ -78,7 +81,9 @@ class LocalStore(RunStorage, register=True):
 
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def stage_part(self, source: Any, dir_name: str, attempt: int, move: bool = False) -> None:
+    def stage_part(
+        self, source: Checkpoint, dir_name: str, attempt: int, move: bool = False
+    ) -> None:
         """Put one rank's files into the staging directory of ``dir_name``: copied (the user's
         directory is theirs), unless ``move``: then a local directory on the same filesystem is
         moved entry by entry (a rename, no copy) and the emptied directory removed. Refused

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import shutil
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx._foundation import env
 from phalanx._foundation.fs.access import (
@@ -50,6 +50,9 @@ from phalanx._internal.storage.run_storage import (
     write_files,
 )
 from phalanx.errors import StorageError
+
+if TYPE_CHECKING:
+    from phalanx.checkpoint import Checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +100,7 @@ class ObjectStore(RunStorage, register=True):
     appends = False
 
     @classmethod
-    def serves(cls, filesystem: Any) -> bool:
+    def serves(cls, filesystem: object) -> bool:
         return not is_local(filesystem)
 
     def local_log_dir(self, create: bool = True) -> str:
@@ -107,7 +110,9 @@ class ObjectStore(RunStorage, register=True):
 
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def stage_part(self, source: Any, dir_name: str, attempt: int, move: bool = False) -> None:
+    def stage_part(
+        self, source: Checkpoint, dir_name: str, attempt: int, move: bool = False
+    ) -> None:
         """Upload one rank's files to the final prefix; ``move``: remove the local source after.
         The staging marker goes first: a crash mid-upload leaves parts that are known as such.
         Refused for an attempt that is not the run's current one, before the upload and after

@@ -93,7 +93,7 @@ class RunReader:
         return self.storage.local_path
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], filesystem: Any = None) -> RunReader:
+    def open(cls, path: str | os.PathLike[str], filesystem: object = None) -> RunReader:
         """The run at ``path`` (``<storage_path>/<name>``, a local path or a URI)."""
         path = os.fspath(path).rstrip("/")
         parent, name = path.rsplit("/", 1) if "/" in path else (".", path)

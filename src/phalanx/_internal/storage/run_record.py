@@ -32,7 +32,7 @@ import platform
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from phalanx._foundation.fs.access import storage_errors
@@ -57,7 +57,7 @@ FRAMEWORKS = ("torch", "xgboost", "lightgbm", "ray", "numpy", "pandas", "pyarrow
 STATUSES = ("running", "finished", "failed", "interrupted")
 
 
-def json_safe(value: Any) -> Any:
+def json_safe(value: object) -> Any:
     """``value`` as JSON can hold it: configs (dataclasses) become dicts, enums their value, and
     anything else JSON cannot hold ``{"__repr__": repr(value)}``."""
     if value is None or isinstance(value, bool | int | float | str):
@@ -77,11 +77,11 @@ def json_safe(value: Any) -> Any:
     return {REPR_KEY: _short_repr(value)}
 
 
-def _key(key: Any) -> str:
+def _key(key: object) -> str:
     return key if isinstance(key, str) else repr(key)
 
 
-def _short_repr(value: Any, limit: int = 500) -> str:
+def _short_repr(value: object, limit: int = 500) -> str:
     try:
         text = repr(value)
     except Exception as exc:  # a broken __repr__ must not stop the run
@@ -115,7 +115,7 @@ _RECORDED_APART = ("train_loop_config", "metadata")
 _EFFECTIVE = ("label_column", "params", "num_boost_round")
 
 
-def trainer_arguments(trainer: Any) -> dict[str, Any]:
+def trainer_arguments(trainer: object) -> dict[str, Any]:
     """``{"type": class, **arguments}``: the constructor arguments given to ``trainer`` that are
     plain data (numbers, strings, lists and dicts of them, e.g. a GBDT trainer's ``params``,
     ``label_column`` and ``num_boost_round``); configs are recorded under their own keys, and
@@ -133,7 +133,7 @@ def _public_name(cls: type) -> str:
     return ".".join([*public, cls.__qualname__])
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: object) -> bool:
     if value is None or isinstance(value, bool | int | float | str):
         return True
     if isinstance(value, list | tuple):
@@ -156,7 +156,7 @@ def _run_config(run_config: Any) -> dict[str, Any]:
     return rendered
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     cls = type(value)
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -222,12 +222,12 @@ def read_record(storage: RunStore) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def _write(storage: RunStore, record: dict[str, Any]) -> None:
+def _write(storage: RunStore, record: Mapping[str, object]) -> None:
     data = json.dumps(record, indent=2, allow_nan=True, default=_short_repr)
     storage.write_atomic(RUN_FILE, data.encode())
 
 
-def start_record(storage: RunStore, config: dict[str, Any]) -> dict[str, Any]:
+def start_record(storage: RunStore, config: Mapping[str, object]) -> dict[str, Any]:
     """Write the record of a ``fit()`` that starts now; a resumed run keeps its first start."""
     previous = None
     with contextlib.suppress(StorageError):
@@ -309,7 +309,7 @@ def status_of(exc: BaseException | None) -> str:
 
 
 @contextlib.contextmanager
-def recorded_run(storage: RunStore, config: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def recorded_run(storage: RunStore, config: Mapping[str, object]) -> Iterator[dict[str, Any]]:
     """Write the record as ``running`` now and with the outcome when the block ends.
 
     The run matters more than its record: a storage too broken to update it at the end is

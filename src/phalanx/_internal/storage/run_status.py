@@ -64,7 +64,7 @@ def _live_status(storage: RunStore, owner: dict[str, Any]) -> RunStatus:
     return RunStatus("running" if held else "interrupted", how="run lock")
 
 
-def _same_process_alive(pid: int, started: Any) -> bool | None:
+def _same_process_alive(pid: int, started: object) -> bool | None:
     """True/False when it can be told; None when this system cannot say."""
     try:
         os.kill(pid, 0)

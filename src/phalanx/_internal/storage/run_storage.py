@@ -105,13 +105,13 @@ class RunStorage(RunStore):
     appends: ClassVar[bool] = False
     """Files grow in place (history lines, the snapshot's journal), readable at once."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> RunStorage:
+    def __new__(cls, *args: object, **kwargs: object) -> RunStorage:
         if cls is RunStorage:
             filesystem = args[0] if args else kwargs.get("filesystem")
             cls = next(s for s in _STORES if s.serves(filesystem))
         return object.__new__(cls)
 
-    def __init_subclass__(cls, register: bool = False, **kwargs: Any) -> None:
+    def __init_subclass__(cls, register: bool = False, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if register:
             _STORES.append(cls)
@@ -126,11 +126,11 @@ class RunStorage(RunStore):
             )
 
     @classmethod
-    def serves(cls, filesystem: Any) -> bool:
+    def serves(cls, filesystem: object) -> bool:
         return False
 
     @classmethod
-    def create(cls, storage_path: str, name: str, filesystem: Any = None) -> RunStorage:
+    def create(cls, storage_path: str, name: str, filesystem: object = None) -> RunStorage:
         with storage_errors("open the storage at", os.fspath(storage_path)):
             fs, root = resolve_filesystem(storage_path, filesystem)
         return cls(fs, root.rstrip("/") or "/", name)

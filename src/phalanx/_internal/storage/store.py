@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from phalanx._internal.storage.claim import Owner
     from phalanx._internal.storage.commit_record import CommitRecord
+    from phalanx.checkpoint import Checkpoint
 
 
 class RunLog(Protocol):
@@ -104,7 +105,9 @@ class RunStore(Protocol):
 
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def stage_part(self, source: Any, dir_name: str, attempt: int, move: bool = False) -> None:
+    def stage_part(
+        self, source: Checkpoint, dir_name: str, attempt: int, move: bool = False
+    ) -> None:
         """Put one rank's files (a :class:`~phalanx.Checkpoint`) where ``commit`` finds them."""
         ...
 
