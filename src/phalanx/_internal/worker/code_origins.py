@@ -30,7 +30,7 @@ _MAX_VISITED = 5_000
 _CodeKey = tuple[str, str, int]  # qualname, name, first line
 
 
-def dump_function(fn: Callable[..., Any]) -> bytes:
+def dump_function(fn: Callable[..., object]) -> bytes:
     """``fn`` pickled with the file names (and sources) of the code it carries by value."""
     origins: dict[_CodeKey, str] = {}
     ambiguous: set[_CodeKey] = set()
@@ -77,7 +77,7 @@ def _restored(code: CodeType, origins: dict[_CodeKey, str]) -> CodeType:
     return code.replace(**changes) if changes else code
 
 
-def _codes(fn: Any) -> Iterator[CodeType]:
+def _codes(fn: object) -> Iterator[CodeType]:
     for func in _functions(fn):
         yield from _nested(func.__code__)
 
@@ -89,7 +89,7 @@ def _nested(code: CodeType) -> Iterator[CodeType]:
             yield from _nested(const)
 
 
-def _functions(root: Any) -> Iterator[FunctionType]:
+def _functions(root: object) -> Iterator[FunctionType]:
     """The functions pickled by value with ``root``: itself, and what it reaches through its
     closure, defaults and the globals its code names, and the methods of classes it reaches."""
     seen: set[int] = set()
@@ -124,7 +124,7 @@ def _referenced(func: FunctionType) -> Iterator[Any]:
     yield from (func.__globals__[name] for name in names if name in func.__globals__)
 
 
-def _by_value(obj: Any) -> bool:
+def _by_value(obj: object) -> bool:
     """Whether cloudpickle copies ``obj``'s code rather than importing it by name."""
     should_import = getattr(cloudpickle.cloudpickle, "_should_pickle_by_reference", None)
     if should_import is not None:

@@ -68,7 +68,7 @@ def _ensure_dir(storage: Any, directory: str) -> None:
     storage.filesystem.makedirs(storage.path(directory), exist_ok=True)
 
 
-def _wait_for(storage: Any, relative: str, what: str, rank: int) -> bytes:
+def _wait_for(storage: object, relative: str, what: str, rank: int) -> bytes:
     """The file once it is there; the wait counts as a collective wait (the step anatomy)."""
     began = time.perf_counter()
     try:

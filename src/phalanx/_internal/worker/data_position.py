@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 __all__ = [
@@ -112,11 +112,11 @@ def build_record(
     return record
 
 
-def encode_record(record: dict[str, Any]) -> bytes:
+def encode_record(record: Mapping[str, object]) -> bytes:
     return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
 
 
-def dataset_records(record: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def dataset_records(record: Mapping[str, object] | None) -> dict[str, dict[str, Any]]:
     """The records of the datasets in ``record``, by dataset name."""
     return {
         key[len(DATASET_PREFIX) :]: value

@@ -37,7 +37,7 @@ _HINTS = {
 }
 
 
-def checked_metrics(metrics: Any) -> dict[str, Any]:
+def checked_metrics(metrics: object) -> dict[str, Any]:
     """``metrics`` itself when it is plain; a converted copy when it holds numpy values or
     tuples. Raises TypeError (not a dict) or ValueError (a key or value that cannot be kept)."""
     if type(metrics) is not dict:
@@ -58,7 +58,7 @@ def checked_metrics(metrics: Any) -> dict[str, Any]:
     return metrics if converted is None else converted
 
 
-def _refuse_key(key: Any) -> None:
+def _refuse_key(key: object) -> None:
     if type(key) is not str:
         raise ValueError(
             f"Metric key {key!r} is a {type(key).__name__}; metric names must be strings (the "
@@ -109,7 +109,7 @@ def _convert_dict(value: dict[Any, Any], key: str, depth: int) -> dict[str, Any]
     return out if changed else value
 
 
-def _refuse_value(value: Any, key: str) -> ValueError:
+def _refuse_value(value: object, key: str) -> ValueError:
     kind = type(value)
     if kind.__module__.split(".")[0] == "torch":
         # Ray Train's own words (train/v2 report()), so users switching recognise the error.
@@ -127,6 +127,6 @@ def _refuse_value(value: Any, key: str) -> ValueError:
     )
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

@@ -3,8 +3,6 @@ changes nothing (the rank's next report() is the same round)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from phalanx.checkpoint import Checkpoint, CheckpointUploadMode
 
 
@@ -20,7 +18,7 @@ def upload_mode(value: CheckpointUploadMode | str) -> CheckpointUploadMode:
         ) from None
 
 
-def check_validation(validation: Any, checkpoint: Checkpoint | None, configured: bool) -> None:
+def check_validation(validation: object, checkpoint: Checkpoint | None, configured: bool) -> None:
     from phalanx.validation import ValidationTaskConfig
 
     if not isinstance(validation, bool | ValidationTaskConfig):
@@ -40,7 +38,7 @@ def check_validation(validation: Any, checkpoint: Checkpoint | None, configured:
         )
 
 
-def check_upload_fn(fn: Any, mode: CheckpointUploadMode) -> None:
+def check_upload_fn(fn: object, mode: CheckpointUploadMode) -> None:
     if fn is not None and mode is CheckpointUploadMode.NO_UPLOAD:
         raise ValueError(
             "report(checkpoint_upload_fn=...) uploads the checkpoint, but "
@@ -49,7 +47,7 @@ def check_upload_fn(fn: Any, mode: CheckpointUploadMode) -> None:
         )
 
 
-def check_checkpoint(checkpoint: Any) -> None:
+def check_checkpoint(checkpoint: object) -> None:
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
         raise TypeError(
             f"report(checkpoint=...) takes a phalanx.Checkpoint, got "

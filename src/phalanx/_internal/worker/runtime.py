@@ -44,7 +44,7 @@ def current_outbox() -> Outbox | None:
     return getattr(_local, "outbox", None) or _process_outbox
 
 
-def dumps(value: Any) -> bytes:
+def dumps(value: object) -> bytes:
     """Pickle fast when plain pickle can, with cloudpickle for functions and closures."""
     try:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)

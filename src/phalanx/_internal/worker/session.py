@@ -13,7 +13,7 @@ import inspect
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,7 +133,7 @@ class Session:
         checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC,
         delete_local_checkpoint_after_upload: bool | None = None,
         checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
-        validation: Any = False,
+        validation: object = False,
     ) -> None:
         self._raise_if_interrupted()
         metrics = checked_metrics(metrics)  # numpy values become Python ones
@@ -210,9 +210,9 @@ class Session:
         checkpoint: Checkpoint,
         plan: CheckpointPlan,
         index: int,
-        metrics: dict[str, Any],
+        metrics: Mapping[str, object],
         started: float,
-        extras: dict[str, Any],
+        extras: Mapping[str, object],
     ) -> str:
         """Save this rank's part of the round as ``plan`` says, then send its report (once the
         part is durable); returns the name the round commits.
@@ -321,7 +321,7 @@ def _track_shards(positions: DataPositions, shards: dict[str, Any]) -> DataPosit
     return positions
 
 
-def _message_extras(validation: Any, checkpoint: Checkpoint | None) -> dict[str, Any]:
+def _message_extras(validation: object, checkpoint: Checkpoint | None) -> dict[str, Any]:
     """The report message's optional part: what to validate, and the checkpoint's class (the
     driver rebuilds ``result.checkpoint`` as that class, e.g. a ``TorchCheckpoint``)."""
     extras: dict[str, Any] = {}
@@ -335,10 +335,10 @@ def _message_extras(validation: Any, checkpoint: Checkpoint | None) -> dict[str,
 
 def _report_message(
     index: int,
-    metrics: dict[str, Any],
+    metrics: Mapping[str, object],
     dir_name: str | None,
     started: float,
-    extras: dict[str, Any],
+    extras: Mapping[str, object],
 ) -> tuple[Any, ...]:
     """The report as the driver's ``messages.decode`` reads it (``extras`` only if any)."""
     message: tuple[Any, ...] = ("report", index, metrics, dir_name, started)
