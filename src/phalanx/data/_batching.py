@@ -334,7 +334,7 @@ def shuffle_blocks(
             yield ops.take(ops.concat(held), key_order(key))
 
 
-def to_arrow_column(values: Any) -> pa.Array:
+def to_arrow_column(values: object) -> pa.Array:
     """One column of a dict of arrays: a tensor column where the rows are arrays."""
     array = np.asarray(values)
     if array.ndim > 1:

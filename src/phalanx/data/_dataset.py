@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import secrets
 import sys
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +22,9 @@ from phalanx.data._mix_plan import MixRule
 from phalanx.data._plan import Start, pieces_in_range, rank_range
 from phalanx.data._position import fingerprint
 from phalanx.data._source import Source, TableSource
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "Dataset",
@@ -68,9 +71,9 @@ class Dataset:
 
     def mix(
         self,
-        *other: Any,
+        *other: object,
         weights: Sequence[float] | None = None,
-        stopping_condition: Any = None,
+        stopping_condition: object = None,
     ) -> Dataset:
         """This dataset's rows and ``other``'s in the ratio of ``weights`` (this one's first;
         default: equal; normalized), as Ray Data's ``mix``. Unlike Ray's, the ratio holds in
@@ -236,10 +239,10 @@ class Dataset:
 
     def map_batches(
         self,
-        fn: Any,
+        fn: Callable[..., object],
         *,
         batch_size: int | str | None = None,
-        compute: Any = None,
+        compute: object = None,
         batch_format: str | None = "default",
         zero_copy_batch: bool = True,
         fn_args: Iterable[Any] | None = None,
@@ -249,8 +252,8 @@ class Dataset:
         num_cpus: float | None = None,
         num_gpus: float | None = None,
         memory: float | None = None,
-        concurrency: Any = None,
-        **ray_remote_args: Any,
+        concurrency: object = None,
+        **ray_remote_args: object,
     ) -> Dataset:
         """``fn`` applied to every batch (a function, or a callable class built once with
         ``fn_constructor_args/kwargs``; it may return or yield batches). Unlike Ray Data, this
@@ -284,7 +287,7 @@ def from_arrow(table: pa.Table) -> Dataset:
     return Dataset(TableSource(table))
 
 
-def from_pandas(df: Any) -> Dataset:
+def from_pandas(df: pd.DataFrame) -> Dataset:
     """A dataset of a pandas DataFrame's rows (its index is dropped).
 
     Example::
@@ -375,7 +378,7 @@ class MixedDataset(Dataset):
         )
 
 
-def check_parts(parts: Sequence[Any]) -> list[Dataset]:
+def check_parts(parts: Sequence[object]) -> list[Dataset]:
     """The datasets to mix: phalanx datasets of one schema, none itself a mix."""
     out = []
     for i, part in enumerate(parts):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import reprlib
-from typing import Any
 
 __all__ = ["describe_value", "shorten"]
 
@@ -13,7 +12,7 @@ _REPR.maxother = 60
 _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
 
 
-def describe_value(value: Any) -> str:
+def describe_value(value: object) -> str:
     """``value``'s type and a repr cut to about 60 characters (lists to 4 items)."""
     shape = getattr(value, "shape", None)
     size = f", shape {tuple(shape)}" if shape is not None else ""

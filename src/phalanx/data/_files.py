@@ -49,11 +49,11 @@ class FileList:
 
 
 def file_source(
-    paths: Any,
+    paths: object,
     *,
     label: str,
     format: str | None = None,
-    filesystem: Any = None,
+    filesystem: object = None,
     columns: Sequence[str] | None = None,
     file_constants: list[dict[str, Any]] | None = None,
     constant_schema: pa.Schema | None = None,
@@ -120,7 +120,7 @@ def _expand(fs: Any, path: str, given: str, label: str) -> list[tuple[str, bool]
     return [(f, False) for f in files]
 
 
-def _to_arrow_fs(fs: Any) -> pafs.FileSystem:
+def _to_arrow_fs(fs: object) -> pafs.FileSystem:
     from fsspec.implementations.local import LocalFileSystem
 
     if isinstance(fs, LocalFileSystem):

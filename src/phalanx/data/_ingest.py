@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +37,11 @@ from phalanx.data._plan import ranges_len
 from phalanx.data._position import resume_start
 from phalanx.errors import ConfigError
 
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow.dataset as pds
+    import ray.data
+
 __all__ = ["as_dataset", "require_columns", "shard_datasets", "validate_datasets"]
 
 logger = logging.getLogger(__name__)
@@ -48,7 +53,7 @@ ACCEPTED = (
 )
 
 
-def validate_datasets(datasets: dict[str, Any], data_config: DataConfig) -> None:
+def validate_datasets(datasets: Mapping[str, object], data_config: DataConfig) -> None:
     """Raise ConfigError for anything ``shard_datasets`` could not read."""
     for name in datasets:
         if not isinstance(name, str):
@@ -114,7 +119,7 @@ def shard_datasets(
 
 
 def _split(
-    dataset: Dataset, name: str, world_size: int, equal: bool, record: dict[str, Any] | None
+    dataset: Dataset, name: str, world_size: int, equal: bool, record: Mapping[str, object] | None
 ) -> list[DataIterator]:
     if not isinstance(record, dict):
         _log_split(name, dataset.count(), world_size, equal)
@@ -131,7 +136,7 @@ def _split(
     return dataset._split(world_size, equal, start=start, seed=seed)
 
 
-def as_dataset(value: Any, name: str = "dataset") -> Dataset:
+def as_dataset(value: object, name: str = "dataset") -> Dataset:
     """``value`` (any accepted kind of data) as a :class:`Dataset`.
 
     Example::
@@ -155,7 +160,9 @@ def as_dataset(value: Any, name: str = "dataset") -> Dataset:
     return _converted(label, from_items, value)
 
 
-def require_columns(data: Any, columns: Sequence[str], what: str, name: str | None = None) -> None:
+def require_columns(
+    data: object, columns: Sequence[str], what: str, name: str | None = None
+) -> None:
     """Raise ConfigError if ``data`` (a dataset value, a Dataset or a DataIterator) lacks any of
     ``columns``. For trainers that need e.g. a label column::
 
@@ -181,7 +188,7 @@ def require_columns(data: Any, columns: Sequence[str], what: str, name: str | No
 # -- checks ---------------------------------------------------------------------------------
 
 
-def _check_value(value: Any, label: str) -> None:
+def _check_value(value: object, label: str) -> None:
     if isinstance(value, Dataset | pa.Table) or _is_pandas(value):
         return
     if _is_paths(value):
@@ -232,7 +239,7 @@ def _check_records(value: list[dict[str, Any]], label: str) -> None:
             )
 
 
-def _column_names(data: Any, name: str) -> list[str] | None:
+def _column_names(data: object, name: str) -> list[str] | None:
     if isinstance(data, Dataset | DataIterator):
         return data.columns()
     if isinstance(data, pa.Table):
@@ -256,12 +263,12 @@ def _label(name: str) -> str:
     return f"datasets[{name!r}]"
 
 
-def _is_factory(value: Any) -> bool:
+def _is_factory(value: object) -> bool:
     known = Dataset | pa.Table | dict | list | str | os.PathLike | np.ndarray
     return callable(value) and not isinstance(value, known) and not _is_pandas(value)
 
 
-def _call_factory(name: str, factory: Any) -> Any:
+def _call_factory(name: str, factory: Callable[[], object]) -> object:
     try:
         value = factory()
     except Exception as exc:
@@ -276,12 +283,12 @@ def _call_factory(name: str, factory: Any) -> Any:
     return value
 
 
-def _is_pandas(value: Any) -> bool:
+def _is_pandas(value: object) -> TypeGuard[pd.DataFrame]:
     pd = sys.modules.get("pandas")
     return pd is not None and isinstance(value, pd.DataFrame)
 
 
-def _is_paths(value: Any) -> bool:
+def _is_paths(value: object) -> bool:
     if isinstance(value, str | os.PathLike):
         return True
     return (
@@ -291,7 +298,7 @@ def _is_paths(value: Any) -> bool:
     )
 
 
-def _is_arrow_dataset(value: Any) -> bool:
+def _is_arrow_dataset(value: object) -> TypeGuard[pds.Dataset]:
     if not type(value).__module__.startswith("pyarrow"):
         return False
     import pyarrow.dataset as pds
@@ -299,7 +306,7 @@ def _is_arrow_dataset(value: Any) -> bool:
     return isinstance(value, pds.Dataset)
 
 
-def _is_ray_dataset(value: Any) -> bool:
+def _is_ray_dataset(value: object) -> TypeGuard[ray.data.Dataset]:
     if "ray" not in sys.modules or not type(value).__module__.startswith("ray"):
         return False
     try:
@@ -309,7 +316,9 @@ def _is_ray_dataset(value: Any) -> bool:
     return bool(ray_data.is_ray_dataset(value))
 
 
-def _ray_iterators(value: Any, world_size: int, split: bool, options: Any) -> list[Any] | None:
+def _ray_iterators(
+    value: object, world_size: int, split: bool, options: object
+) -> list[Any] | None:
     """Ray Data's own iterators for a ``ray.data.Dataset`` (``streaming_split`` when split),
     with ``options`` (execution options; None: Ray's ingest defaults) set on a copy of it, as
     Ray Train does."""
@@ -340,7 +349,7 @@ def _converted(label: str, convert: Any, value: Any) -> Dataset:
         ) from exc
 
 
-def _from_arrow_dataset(value: Any, label: str) -> Dataset:
+def _from_arrow_dataset(value: pds.Dataset, label: str) -> Dataset:
     """A pyarrow dataset: file datasets are read file by file (with their partition columns),
     others are materialized."""
     import pyarrow.dataset as pds

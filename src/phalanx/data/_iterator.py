@@ -134,8 +134,8 @@ class DataIterator:
         *,
         prefetch_batches: int = 1,
         batch_size: int | None = 256,
-        dtypes: Any = None,
-        device: Any = "auto",
+        dtypes: object = None,
+        device: object = "auto",
         collate_fn: Callable[[Any], Any] | None = None,
         drop_last: bool = False,
         local_shuffle_buffer_size: int | None = None,
@@ -184,7 +184,7 @@ class DataIterator:
             convert = _to_pandas if fmt == "pandas" else None
             ops = ARROW if fmt in ("pandas", "pyarrow") else numpy_ops
 
-            def finish(batch: Any) -> Any:
+            def finish(batch: object) -> Any:
                 return tb.to_device(collate_fn(convert(batch) if convert else batch), target)
 
         return Passes(
@@ -210,9 +210,9 @@ class DataIterator:
         drop_last: bool = False,
         local_shuffle_buffer_size: int | None = None,
         local_shuffle_seed: int | None = None,
-        feature_type_spec: Any = None,
-        label_type_spec: Any = None,
-        additional_type_spec: Any = None,
+        feature_type_spec: object = None,
+        label_type_spec: object = None,
+        additional_type_spec: object = None,
     ) -> Any:
         """This shard as a ``tf.data.Dataset`` of ``(features, labels)`` batches (plus
         ``additional_columns``), as Ray's: a column name gives a tensor, a list a dict of them;
@@ -312,7 +312,7 @@ class DataIterator:
         self._lock = threading.Lock()
 
 
-def _check_args(batch_size: Any, prefetch: Any, buffer_size: Any) -> None:
+def _check_args(batch_size: object, prefetch: object, buffer_size: object) -> None:
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size={batch_size!r} is invalid: use a positive int or None.")
     if not isinstance(prefetch, int) or prefetch < 0:

@@ -178,7 +178,7 @@ def read_rows(source: Source, batch_size: int | None) -> int:
     return max(rows, batch_size or 0)
 
 
-def _size_of(batch: Any) -> int:
+def _size_of(batch: object) -> int:
     if isinstance(batch, dict):
         return sum(int(getattr(v, "nbytes", 1 << 20)) for v in batch.values())
     if isinstance(batch, pa.Table):

@@ -179,7 +179,7 @@ def pieces_for_ranges(
 # -- sets of positions as ranges ------------------------------------------------------------
 
 
-def as_ranges(value: Any) -> Ranges:
+def as_ranges(value: object) -> Ranges:
     """``[(start, stop), ...]`` (or an array of them) as ``Ranges``."""
     return np.asarray(value, dtype=np.int64).reshape(-1, 2)
 
@@ -223,7 +223,7 @@ def map_ranges(positions: Ranges, items: Ranges) -> Ranges:
     return _join(np.stack([begin, begin + (e - s)], axis=1))
 
 
-def merge_ranges(ranges: Any) -> Ranges:
+def merge_ranges(ranges: object) -> Ranges:
     """Any ranges (overlapping, unsorted, empty) as sorted disjoint ones.
 
     >>> merge_ranges([(5, 7), (0, 2), (1, 3), (3, 4), (9, 9)]).tolist()
@@ -240,7 +240,7 @@ def merge_ranges(ranges: Any) -> Ranges:
     return np.stack([arr[new, 0], reach[last]], axis=1)
 
 
-def subtract_ranges(base: Ranges, minus: Any) -> Ranges:
+def subtract_ranges(base: Ranges, minus: object) -> Ranges:
     """Positions of ``base`` not in ``minus``.
 
     >>> subtract_ranges(as_ranges([(0, 10)]), [(2, 4), (3, 5), (9, 12)]).tolist()

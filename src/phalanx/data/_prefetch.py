@@ -95,7 +95,7 @@ def _run(
         _put(channel, _Failure(exc), stop)
 
 
-def _put(channel: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+def _put(channel: queue.Queue[Any], item: object, stop: threading.Event) -> bool:
     while not stop.is_set():
         try:
             channel.put(item, timeout=PUT_WAIT_S)

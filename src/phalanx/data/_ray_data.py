@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 
-def is_ray_dataset(obj: Any) -> bool:
+def is_ray_dataset(obj: object) -> bool:
     """True if ``obj`` is a ``ray.data.Dataset`` (False whenever Ray Data was never imported)."""
     ray_data = sys.modules.get("ray.data")
     dataset_cls = getattr(ray_data, "Dataset", None)

@@ -22,7 +22,7 @@ _scans_lock = threading.Lock()
 
 
 def open_text_reader(
-    stream: Any, format: str, schema: pa.Schema | None, columns: list[str] | None = None
+    stream: object, format: str, schema: pa.Schema | None, columns: list[str] | None = None
 ) -> Any:
     """A streaming reader (iterable of record batches) over one CSV or JSON-lines stream."""
     if format == "csv":

@@ -5,7 +5,7 @@ imports ``phalanx.tensorflow`` (whose ``prepare_dataset_shard`` works on any ``t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -52,7 +52,7 @@ def _names(columns: str | list[str]) -> list[str]:
     return [columns] if isinstance(columns, str) else list(columns)
 
 
-def _pick(batch: dict[str, Any], columns: str | list[str]) -> Any:
+def _pick(batch: Mapping[str, object], columns: str | list[str]) -> Any:
     return batch[columns] if isinstance(columns, str) else {c: batch[c] for c in columns}
 
 

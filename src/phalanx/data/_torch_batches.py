@@ -43,7 +43,7 @@ def resolve_device(device: Any) -> torch.device:
     return resolved
 
 
-def collate_format(collate_fn: Callable[..., Any]) -> str:
+def collate_format(collate_fn: Callable[..., object]) -> str:
     """The batch format a collate function takes: Ray's ``ArrowBatchCollateFn`` and
     ``PandasBatchCollateFn`` subclasses take pyarrow / pandas batches; anything else numpy."""
     names = {cls.__name__ for cls in type(collate_fn).__mro__}
@@ -95,7 +95,7 @@ class TensorOps(BlockOps[TensorBlock]):
 
     def __init__(
         self,
-        dtypes: Any,
+        dtypes: object,
         private: bool,
         device: torch.device | None = None,
         stack_columns: dict[str, tuple[str, ...]] | None = None,
@@ -300,7 +300,7 @@ def _tensor(name: str, array: np.ndarray, dtype: torch.dtype | None) -> torch.Te
     return tensor if dtype is None or tensor.dtype == dtype else tensor.to(dtype)
 
 
-def to_device(value: Any, device: torch.device) -> Any:
+def to_device(value: object, device: torch.device) -> Any:
     """Move tensors (alone, or in a dict, list or tuple) to ``device``; leave anything else."""
     if device.type == "cpu":
         return value
@@ -313,7 +313,7 @@ def to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-def check_stack_columns(stack_columns: Any, schema: pa.Schema) -> dict[str, tuple[str, ...]]:
+def check_stack_columns(stack_columns: object, schema: pa.Schema) -> dict[str, tuple[str, ...]]:
     """``iter_torch_batches(stack_columns=...)`` checked against the columns: a dict of new
     name -> the numeric columns (at least one, each in one group only) it stacks."""
     if not isinstance(stack_columns, dict) or not stack_columns:

@@ -7,7 +7,7 @@ and its output is held in memory as a new Dataset (Ray Data defers it to a clust
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -43,7 +43,7 @@ def map_batches(
 
 
 def _callable(
-    fn: Any, args: Iterable[Any] | None, kwargs: dict[str, Any] | None
+    fn: object, args: Iterable[object] | None, kwargs: Mapping[str, object] | None
 ) -> Callable[..., Any]:
     if isinstance(fn, type):  # a callable class: built once, as Ray's actor would
         return fn(*(args or ()), **(kwargs or {}))  # type: ignore[no-any-return]
@@ -57,7 +57,7 @@ def _callable(
     return fn  # type: ignore[no-any-return]
 
 
-def to_arrow_batch(batch: Any) -> pa.Table:
+def to_arrow_batch(batch: object) -> pa.Table:
     """A batch a function returned (pyarrow, pandas or a dict of arrays) as a pyarrow Table."""
     if isinstance(batch, pa.Table):
         return batch
