@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from phalanx._foundation.goodput_parts import Goodput
@@ -70,7 +70,7 @@ def _sorted_runs(runs: list[RunView], key: str, descending: bool) -> list[RunVie
     return present + missing
 
 
-def _sortable(v: Any) -> bool:
+def _sortable(v: object) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
@@ -125,7 +125,7 @@ def _attempt_line(attempt: dict[str, Any]) -> str:
     return f"{line}: {error}" if error else line
 
 
-def _show_goodput(data: Any, out: Out) -> None:
+def _show_goodput(data: object, out: Out) -> None:
     """run.json's goodput breakdown: the summary, then seconds per part (nothing without one)."""
     if not isinstance(data, dict):
         return
@@ -138,7 +138,7 @@ def _show_goodput(data: Any, out: Out) -> None:
     out("  " + "  ".join(f"{part} {seconds:.1f} s" for part, seconds in goodput.seconds.items()))
 
 
-def _show_stragglers(periods: Any, out: Out) -> None:
+def _show_stragglers(periods: object, out: Out) -> None:
     """run.json's straggler periods, one line each (nothing for a run that had none)."""
     if not isinstance(periods, list) or not periods:
         return
@@ -208,7 +208,7 @@ def _show_data_position(run: RunView, out: Out) -> None:
             out(f"  {name}: (unreadable position record)")
 
 
-def _show_config(record: dict[str, Any], out: Out) -> None:
+def _show_config(record: Mapping[str, object], out: Out) -> None:
     if not record:
         out("config:       (not recorded: the run predates run.json)")
         return
@@ -273,7 +273,7 @@ def _labels(runs: list[RunView]) -> list[str]:
     return names if len(set(names)) == len(names) else [run.uri for run in runs]
 
 
-def _comparable_config(record: dict[str, Any]) -> dict[str, Any]:
+def _comparable_config(record: Mapping[str, object]) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key in (*CONFIG_KEYS, "versions"):
         if key in record:

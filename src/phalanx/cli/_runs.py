@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -127,7 +128,7 @@ class RunView:
         return RunReader(self.storage).log_dir()
 
 
-def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(metrics: Mapping[str, object], prefix: str = "") -> dict[str, Any]:
     """Nested metric dicts as ``"outer/inner"`` keys (Ray's flattened columns)."""
     flat: dict[str, Any] = {}
     for key, value in metrics.items():
@@ -138,7 +139,7 @@ def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def is_number(value: Any) -> TypeGuard[int | float]:
+def is_number(value: object) -> TypeGuard[int | float]:
     return (
         isinstance(value, int | float)
         and not isinstance(value, bool)
@@ -159,7 +160,7 @@ def split_run_path(path: str) -> tuple[str, str]:
     return path.rsplit("/", 1) if "/" in path else (".", path)  # type: ignore[return-value]
 
 
-def open_run(path: str, filesystem: Any = None) -> RunView:
+def open_run(path: str, filesystem: object = None) -> RunView:
     """Load the run at ``path`` (a local directory, a URI, or a run's name in the default
     storage: see ``locate``), or raise a CLIError saying why."""
     if filesystem is None:
@@ -278,7 +279,7 @@ def _checkpoint_config(record: dict[str, Any] | None) -> CheckpointConfig:
     return CheckpointConfig()
 
 
-def find_run_storages(storage_path: str, filesystem: Any) -> list[RunStorage]:
+def find_run_storages(storage_path: str, filesystem: object) -> list[RunStorage]:
     """Every run directory directly under ``storage_path``."""
     fs, root = _resolve(storage_path, filesystem)
     root = root.rstrip("/") or "/"
@@ -299,7 +300,7 @@ def find_run_storages(storage_path: str, filesystem: Any) -> list[RunStorage]:
     return runs
 
 
-def find_runs(storage_path: str, filesystem: Any = None) -> list[RunView]:
+def find_runs(storage_path: str, filesystem: object = None) -> list[RunView]:
     """Every run under ``storage_path``; a CLIError when there is none, saying why."""
     fs, root = _resolve(storage_path, filesystem)
     if _entry_names(fs, root) is None:
@@ -329,7 +330,7 @@ def find_runs(storage_path: str, filesystem: Any = None) -> list[RunView]:
     return runs
 
 
-def _resolve(storage_path: str, filesystem: Any) -> tuple[Any, str]:
+def _resolve(storage_path: str, filesystem: object) -> tuple[Any, str]:
     with storage_errors("open the storage at", storage_path):
         return resolve_filesystem(storage_path, filesystem)
 

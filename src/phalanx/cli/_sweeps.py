@@ -203,7 +203,7 @@ def _metrics(trial: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return ""
     return text.value(value) if is_number(value) else str(value)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from phalanx._internal.storage.run_record import REPR_KEY
@@ -41,7 +41,7 @@ def duration(seconds: float | None) -> str:
     return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
-def value(v: Any) -> str:
+def value(v: object) -> str:
     """A metric or config value, short: floats to 4 significant digits."""
     if isinstance(v, bool) or v is None:
         return str(v)
@@ -52,7 +52,7 @@ def value(v: Any) -> str:
     return str(v)
 
 
-def metrics_line(metrics: dict[str, Any], first: str | None = None, limit: int = 60) -> str:
+def metrics_line(metrics: Mapping[str, object], first: str | None = None, limit: int = 60) -> str:
     """``loss=0.25 accuracy=0.9 ...`` (``first`` leads), cut at ``limit`` characters."""
     keys = sorted(metrics, key=lambda k: k != first)
     parts = [f"{k}={value(metrics[k])}" for k in keys]
@@ -77,7 +77,7 @@ def first_line(text: str | None, limit: int = 100) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def flat_config(config: Any, prefix: str = "") -> dict[str, Any]:
+def flat_config(config: object, prefix: str = "") -> dict[str, Any]:
     """Nested config dicts as dotted keys (``run_config.failure_config.max_failures``)."""
     if not isinstance(config, dict) or set(config) == {REPR_KEY}:
         return {prefix.rstrip("."): config}
