@@ -3,17 +3,18 @@ phalanx.config's modules so they stay readable lists of fields."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from phalanx.errors import ConfigError
 
 
-def _fail(name: str, value: Any, allowed: str, hint: str = "") -> ConfigError:
+def _fail(name: str, value: object, allowed: str, hint: str = "") -> ConfigError:
     message = f"ScalingConfig({name}={value!r}) is invalid: {name} must be {allowed}."
     return ConfigError(message + (f"\nHINT: {hint}" if hint else ""))
 
 
-def _is_selector(value: Any) -> bool:
+def _is_selector(value: object) -> bool:
     return isinstance(value, dict) and all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     )
@@ -66,7 +67,7 @@ def check_no_labels_locally(scaling: Any) -> None:
 LOCAL_RUNTIME_ENV_KEYS = ("env_vars", "working_dir")
 
 
-def validate_runtime_env(runtime_env: Any) -> None:
+def validate_runtime_env(runtime_env: object) -> None:
     """``RunConfig(worker_runtime_env=...)``: a dict (or Ray's RuntimeEnv, a dict subclass)."""
     if runtime_env is None:
         return
@@ -85,7 +86,7 @@ def validate_runtime_env(runtime_env: Any) -> None:
         )
 
 
-def check_runtime_env_locally(runtime_env: dict[str, Any] | None) -> None:
+def check_runtime_env_locally(runtime_env: Mapping[str, object] | None) -> None:
     """Local processes honour env_vars and working_dir; anything else needs Ray's runtime_env."""
     extra = sorted(set(runtime_env or {}) - set(LOCAL_RUNTIME_ENV_KEYS))
     if extra:

@@ -87,7 +87,7 @@ def options_for(config: Any, name: str) -> Any:
     return options
 
 
-def prefetch_bytes(options: Any) -> int | None:
+def prefetch_bytes(options: object) -> int | None:
     """The byte cap on a local shard's read-ahead from ``options`` (None: no cap)."""
     limit = getattr(getattr(options, "resource_limits", None), "object_store_memory", None)
     if not isinstance(limit, int | float) or not math.isfinite(limit) or limit <= 0:
@@ -95,7 +95,7 @@ def prefetch_bytes(options: Any) -> int | None:
     return int(limit)
 
 
-def as_ray_options(options: Any) -> Any:
+def as_ray_options(options: object) -> Any:
     """``options`` (None: Ray's defaults for ingest) as a new ``ray.data.ExecutionOptions``;
     phalanx's own copy is converted field by field."""
     import ray.data

@@ -19,7 +19,7 @@ from phalanx.errors import UnknownArgumentError
 class KeywordChecked:
     """Base of public classes whose keyword arguments are checked before ``__init__`` runs."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+    def __new__(cls, *args: object, **kwargs: object) -> Any:
         if kwargs:
             names = accepted_keywords(cls)
             if names is not None:

@@ -52,10 +52,10 @@ class _AliasLoader(importlib.abc.Loader):
     def __init__(self, new: str) -> None:
         self.new = new
 
-    def create_module(self, spec: Any) -> Any:
+    def create_module(self, spec: object) -> Any:
         return importlib.import_module(self.new)
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: object) -> None:
         pass  # the new module ran already
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 __all__ = ["RunScope", "RunStopped", "current", "fit_scope", "set_current"]
 
@@ -34,7 +34,7 @@ class RunStopped(BaseException):
 class RunScope(Protocol):
     """What a sweep's trial does around each ``fit()`` in its thread."""
 
-    def enter_fit(self, trainer: Any) -> contextlib.AbstractContextManager[None]:
+    def enter_fit(self, trainer: object) -> contextlib.AbstractContextManager[None]:
         """Set the trainer's run defaults, wait for the resources its workers need, and give
         them back when the block ends."""
 
@@ -54,7 +54,7 @@ def set_current(scope: RunScope | None) -> contextvars.Token[RunScope | None]:
 
 
 @contextlib.contextmanager
-def fit_scope(trainer: Any) -> Iterator[None]:
+def fit_scope(trainer: object) -> Iterator[None]:
     """What ``fit()`` enters first: its scope's ``enter_fit``, or nothing outside a sweep."""
     scope = _current.get()
     if scope is None:

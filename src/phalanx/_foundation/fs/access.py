@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 
-def resolve_filesystem(path: str | os.PathLike[str], filesystem: Any = None) -> tuple[Any, str]:
+def resolve_filesystem(path: str | os.PathLike[str], filesystem: object = None) -> tuple[Any, str]:
     """Return ``(fsspec filesystem, path within it)`` for a local path or a URI."""
     import fsspec  # imported on first use: `import phalanx` stays light (issue 19)
 
@@ -50,7 +50,7 @@ def resolve_filesystem(path: str | os.PathLike[str], filesystem: Any = None) -> 
     return fs, stripped
 
 
-def _as_fsspec(filesystem: Any) -> Any:
+def _as_fsspec(filesystem: object) -> Any:
     import fsspec
 
     if isinstance(filesystem, fsspec.AbstractFileSystem):
@@ -67,7 +67,7 @@ def _as_fsspec(filesystem: Any) -> Any:
     )
 
 
-def is_local(fs: Any) -> bool:
+def is_local(fs: object) -> bool:
     # Until fsspec's local filesystem is imported, nothing can be one of its instances.
     local = sys.modules.get("fsspec.implementations.local")
     return local is not None and isinstance(fs, local.LocalFileSystem)
