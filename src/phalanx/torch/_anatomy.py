@@ -79,7 +79,7 @@ class DDPStepClock:
 
     # -- the first backward: which gradient comes last ------------------------------------------
 
-    def _learn(self, index: int, _inputs: Any, _outputs: Any) -> None:
+    def _learn(self, index: int, _inputs: object, _outputs: object) -> None:
         if not self._model.require_backward_grad_sync:
             return
         if not self._order:
@@ -96,7 +96,7 @@ class DDPStepClock:
 
     # -- every later backward -------------------------------------------------------------------
 
-    def _ready_hook(self, _inputs: Any, _outputs: Any) -> None:
+    def _ready_hook(self, _inputs: object, _outputs: object) -> None:
         if not self._model.require_backward_grad_sync:
             return
         if self._cuda:
@@ -150,8 +150,8 @@ class FSDPStepClock:
         self._steps = 0
         self._gathering: dict[int, float] = {}  # unit -> when its pre-forward started
 
-    def timed(self, hook: Callable[..., Any]) -> Callable[..., Any]:
-        def timed_hook(*args: Any) -> Any:
+    def timed(self, hook: Callable[..., object]) -> Callable[..., Any]:
+        def timed_hook(*args: object) -> Any:
             started = time.perf_counter()
             try:
                 return hook(*args)
@@ -160,12 +160,12 @@ class FSDPStepClock:
 
         return timed_hook
 
-    def unit_started(self, unit: Any, root: bool) -> None:
+    def unit_started(self, unit: object, root: bool) -> None:
         if root and torch.is_grad_enabled():
             self._steps += 1
         self._gathering[id(unit)] = time.perf_counter()
 
-    def unit_gathered(self, unit: Any) -> None:
+    def unit_gathered(self, unit: object) -> None:
         started = self._gathering.pop(id(unit), None)
         if started is not None:
             self._waited += time.perf_counter() - started

@@ -7,6 +7,7 @@ import pickle
 import tempfile
 import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ class TorchCheckpoint(Checkpoint):
 
     @classmethod
     def from_state_dict(
-        cls, state_dict: dict[str, Any], *, preprocessor: Any = None
+        cls, state_dict: Mapping[str, object], *, preprocessor: object = None
     ) -> TorchCheckpoint:
         """A new checkpoint (in a temporary directory) holding ``state_dict``.
 
@@ -50,7 +51,7 @@ class TorchCheckpoint(Checkpoint):
         return cls._save(state, preprocessor)
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, *, preprocessor: Any = None) -> TorchCheckpoint:
+    def from_model(cls, model: torch.nn.Module, *, preprocessor: object = None) -> TorchCheckpoint:
         """A new checkpoint holding the whole pickled ``model``. Prefer :meth:`from_state_dict`:
         loading a pickled model runs code from the checkpoint, so only load trusted ones.
 
@@ -60,7 +61,7 @@ class TorchCheckpoint(Checkpoint):
         return cls._save(_unwrapped(model), preprocessor)
 
     @classmethod
-    def _save(cls, obj: Any, preprocessor: Any) -> TorchCheckpoint:
+    def _save(cls, obj: object, preprocessor: object) -> TorchCheckpoint:
         directory = tempfile.mkdtemp(prefix="phalanx_torch_checkpoint_")
         torch.save(obj, os.path.join(directory, MODEL_FILENAME))
         checkpoint = cls(directory)

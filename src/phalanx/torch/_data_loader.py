@@ -8,7 +8,7 @@ import logging
 import random
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -120,7 +120,7 @@ def _data_positions() -> DataPositions | None:
 
 
 def _needs_sampler(
-    loader: DataLoader[Any], world: int, tracking: bool, record: dict[str, Any] | None
+    loader: DataLoader[Any], world: int, tracking: bool, record: Mapping[str, object] | None
 ) -> bool:
     """A DistributedSampler is added with several workers, and with one where the order must be
     recomputable: a shuffling loader, or one continuing a checkpoint's epoch."""
@@ -170,7 +170,7 @@ def _with_distributed_sampler(loader: DataLoader[Any], world: int, rank: int) ->
     )
 
 
-def _rebuilt(loader: DataLoader[Any], cls: type, **changes: Any) -> DataLoader[Any]:
+def _rebuilt(loader: DataLoader[Any], cls: type, **changes: object) -> DataLoader[Any]:
     """A new loader of class ``cls`` with ``loader``'s settings, but ``changes``."""
     kwargs: dict[str, Any] = {
         "batch_size": loader.batch_size,
@@ -325,7 +325,7 @@ def _track_iterable(
     return loader, StatefulPosition(loader, world, rank)
 
 
-def _to_device(item: Any, device: torch.device, non_blocking: bool = False) -> Any:
+def _to_device(item: object, device: torch.device, non_blocking: bool = False) -> Any:
     if isinstance(item, torch.Tensor):
         return item.to(device, non_blocking=non_blocking)
     if isinstance(item, collections.abc.Mapping):
@@ -341,7 +341,7 @@ def _to_device(item: Any, device: torch.device, non_blocking: bool = False) -> A
     return item
 
 
-def _tensors(item: Any) -> Iterator[torch.Tensor]:
+def _tensors(item: object) -> Iterator[torch.Tensor]:
     if isinstance(item, torch.Tensor):
         yield item
     elif isinstance(item, collections.abc.Mapping):

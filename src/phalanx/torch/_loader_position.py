@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,7 +221,7 @@ class StatefulPosition:
         return self._state
 
 
-def _json_round_trips(state: dict[str, Any]) -> bool:
+def _json_round_trips(state: Mapping[str, object]) -> bool:
     """Whether the checkpoint's JSON file keeps ``state`` as it is (checked once per loader: a
     dataset's state keeps its shape from batch to batch)."""
     try:

@@ -77,12 +77,12 @@ class TorchPredictor(Predictor):
         of the input tensors, one for all or a dict per column."""
         return super().predict(data, dtype=dtype, **kwargs)
 
-    def call_model(self, inputs: Any) -> Any:
+    def call_model(self, inputs: object) -> Any:
         """Run the model; override to call it differently."""
         return self.model(inputs)
 
     def _predict_numpy(  # type: ignore[override]
-        self, data: np.ndarray | dict[str, np.ndarray], dtype: Any = None, **kwargs: Any
+        self, data: np.ndarray | dict[str, np.ndarray], dtype: object = None, **kwargs: object
     ) -> dict[str, np.ndarray]:
         inputs: Any
         if isinstance(data, np.ndarray):
@@ -116,5 +116,5 @@ class TorchPredictor(Predictor):
         return f"TorchPredictor(model={type(self.model).__name__}, device={self.device})"
 
 
-def _array(tensor: Any) -> np.ndarray:
+def _array(tensor: object) -> np.ndarray:
     return tensor.detach().cpu().numpy() if isinstance(tensor, torch.Tensor) else np.asarray(tensor)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -60,13 +60,13 @@ class BufferPool:
         return sum(b.numel() * b.element_size() for b in self.buffers.values())
 
 
-def take_snapshot(state: dict[str, Any], pool: BufferPool) -> dict[str, Any]:
+def take_snapshot(state: Mapping[str, object], pool: BufferPool) -> dict[str, Any]:
     """A copy of ``state`` (nested dicts and lists) whose tensors live in ``pool``'s buffers."""
     with _copy_stream(state):
         return _copy(state, "", pool)
 
 
-def _copy(value: Any, key: str, pool: BufferPool) -> Any:
+def _copy(value: object, key: str, pool: BufferPool) -> Any:
     dtensor = _dtensor_class()
     if dtensor is not None and isinstance(value, dtensor):
         local = value._local_tensor
@@ -85,7 +85,7 @@ def _copy(value: Any, key: str, pool: BufferPool) -> Any:
     return copy.deepcopy(value)
 
 
-def _has_tensor(value: Any) -> bool:
+def _has_tensor(value: object) -> bool:
     if isinstance(value, torch.Tensor):
         return True
     if isinstance(value, dict):
@@ -95,7 +95,7 @@ def _has_tensor(value: Any) -> bool:
     return False
 
 
-def _any_cuda(value: Any) -> bool:
+def _any_cuda(value: object) -> bool:
     if isinstance(value, torch.Tensor):
         return value.is_cuda
     if isinstance(value, dict):
@@ -106,7 +106,7 @@ def _any_cuda(value: Any) -> bool:
 
 
 @contextmanager
-def _copy_stream(state: dict[str, Any]) -> Iterator[None]:
+def _copy_stream(state: Mapping[str, object]) -> Iterator[None]:
     """Device-to-host copies on a side stream that first waits for the work already queued
     (the step that produced the tensors), synchronised before the snapshot is returned."""
     if not (torch.cuda.is_available() and _any_cuda(state)):

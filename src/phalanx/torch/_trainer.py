@@ -57,7 +57,7 @@ class TorchTrainer(DataParallelTrainer):
         dataset_config: DataConfig | None = None,
         metadata: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
-        preprocessor: Any = None,
+        preprocessor: object = None,
         validation_config: ValidationConfig | None = None,
     ) -> None:
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
