@@ -10,17 +10,23 @@ Run from the repository root:
 
 Systems, interleaved in fresh subprocesses (bench/harness.py):
 
-- ``plain``: 2 local DDP workers, the model wrapped by ``DistributedDataParallel`` itself (no
-  phalanx hook); ``anatomy``: by ``prepare_model(replica_check=False)`` (the clock that
+- ``plain``: 2 local DDP workers, the model wrapped by ``DistributedDataParallel`` itself, with
+  ``PHALANX_STRAGGLER_DETECTION=0`` (no phalanx clock); ``own-ddp``: the same with the knob on
+  (the clock is put on the user's DDP at its first forward); ``reduce-plain`` / ``reduce-timed``:
+  no DDP, the loop all-reduces each gradient itself, knob off / on (each blocking
+  ``all_reduce`` timed); ``anatomy``: by ``prepare_model(replica_check=False)`` (the clock that
   times the all-reduce wait); ``check``: ``prepare_model(replica_check=100)`` (and a checksum
   of the parameters every 100 rounds, as at a checkpoint every 100 steps); ``before``:
   ``anatomy`` with phalanx imported from ``--before-src`` (another checkout's ``src/``, e.g.
   ``git worktree add --detach /tmp/before main``), run only when that is given. Each: ``--steps``
   steps of a 2-layer MLP (~0.5 M parameters), ``report()`` every step; rank 0's median step
   time and ``report()`` p50 (B3's figure).
-- ``detect``: 4 DDP ranks (gloo), 24 steps each; rank 2 slowed 40 ms per step by its
-  DataLoader, by compute before backward, or by its ``phalanx.data`` reads, or nobody slowed
-  (clean); ``--trials`` fits per case: was the rank and cause named within 20 steps (clean:
+- ``detect`` (local engine) and ``detect-ray`` (the Ray engine, a local Ray of 4 CPUs): 4 DDP
+  ranks (gloo), 24 steps each; rank 2 slowed 40 ms per step by its DataLoader, by compute before
+  backward, or by its ``phalanx.data`` reads, by compute with the user's own DDP (``own-ddp``)
+  or with a loop that all-reduces its gradients itself (``all_reduce``), or nobody slowed
+  (clean); ``--trials`` fits per case per engine (the issue's 10 trials: ``--reps 1 --trials
+  10 --systems detect,detect-ray``), reported as named/total: was the rank and cause named within 20 steps (clean:
   nobody), and the goodput's straggler seconds against the 40 ms x steps injected; a case where
   every rank's loader waits 20 ms per step checks the data part.
 - ``flip``: one mantissa bit flipped in one of 3 DDP replicas at a random step, rank and
@@ -28,12 +34,14 @@ Systems, interleaved in fresh subprocesses (bench/harness.py):
   spreads NaN to every replica alike: a NaN loss, not a divergence): named before the next checkpoint commits, and the run ends bitwise equal to a run
   restarted from the same checkpoint without the flip.
 
-Results: bench/results/anatomy.{md,json}.
+Results: bench/results/anatomy.{md,json}. B17c (bench/anatomy_profile.py): the step time during
+``phalanx profile``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -43,21 +51,36 @@ from typing import Any
 
 import harness
 
-OVERHEAD = ("plain", "before", "anatomy", "check")
-SYSTEMS = (*OVERHEAD, "detect", "flip")
+OVERHEAD = ("plain", "own-ddp", "before", "anatomy", "check", "reduce-plain", "reduce-timed")
+DETECT = ("detect", "detect-ray")
+SYSTEMS = (*OVERHEAD, *DETECT, "flip")
+KNOB_OFF = ("plain", "reduce-plain")  # PHALANX_STRAGGLER_DETECTION=0: no clock, nothing timed
 SLOW_S = 0.04
 SLOW_RANK = 2
 DETECT_STEPS = 24
 BATCH = 8
-CASES = {"loader": "data", "compute": "compute", "phalanx.data": "data", "clean": None}
+CASES = {
+    "loader": "data",
+    "compute": "compute",
+    "phalanx.data": "data",
+    "own-ddp": "compute",  # compute, the model wrapped by DDP itself (no prepare_model)
+    "all_reduce": "compute",  # compute, a loop that all-reduces its gradients itself (no DDP)
+    "clean": None,
+}
+WRAPS = {"own-ddp": "ddp", "all_reduce": "all_reduce"}
 COLUMNS = [("step_ms", "step p50 ms"), ("report_ms", "report() p50 ms"), ("wall_s", "wall s")]
 
 
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
     if args.one in OVERHEAD:
         return overhead("anatomy" if args.one == "before" else args.one, args.steps)
-    if args.one == "detect":
-        return detect(args.trials)
+    if args.one in DETECT:
+        engine = "ray" if args.one == "detect-ray" else "local"
+        if engine == "ray":
+            import ray
+
+            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+        return detect(args.trials, engine)
     return flips(args.flip_trials)
 
 
@@ -95,8 +118,11 @@ def overhead_loop(config: dict[str, Any]) -> tuple[list[float], list[float]]:
     module = torch.nn.Sequential(
         torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256)
     )
-    if config["system"] == "plain":
+    system = config["system"]
+    if system in ("plain", "own-ddp"):  # the user's own DDP: the clock only when the knob is on
         model: Any = torch.nn.parallel.DistributedDataParallel(module)
+    elif system.startswith("reduce-"):  # no DDP: the loop all-reduces its gradients itself
+        model = module
     else:
         model = prepare_model(module, replica_check=100 if config["system"] == "check" else False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -106,6 +132,9 @@ def overhead_loop(config: dict[str, Any]) -> tuple[list[float], list[float]]:
         began = time.perf_counter()
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
+        if system.startswith("reduce-"):
+            for p in model.parameters():
+                torch.distributed.all_reduce(p.grad)
         optimizer.step()
         reported = time.perf_counter()
         phalanx.report({"step": step})
@@ -119,12 +148,12 @@ def overhead_loop(config: dict[str, Any]) -> tuple[list[float], list[float]]:
 # -- detection and goodput ------------------------------------------------------------------------
 
 
-def detect(trials: int) -> dict[str, Any]:
+def detect(trials: int, engine: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for case, cause in CASES.items():
         named = excess = straggled = 0.0
         for _ in range(trials):
-            result = lockstep_fit(case)
+            result = lockstep_fit(case, engine)
             periods = result.stragglers
             if cause is None:
                 named += not periods
@@ -146,14 +175,17 @@ def detect(trials: int) -> dict[str, Any]:
         if cause is not None:  # what the goodput attributes to stragglers vs what was injected
             out[f"{case}_injected_s"] = SLOW_S * (DETECT_STEPS - 1)
             out[f"{case}_reported_s"] = result.goodput.seconds["stragglers"]
-    result = lockstep_fit("all-data")
+    result = lockstep_fit("all-data", engine)
     out["all-data_injected_s"] = SLOW_S / 2 * DETECT_STEPS
     out["all-data_reported_s"] = result.goodput.seconds["data"]
+    for case in ("checkpoint", "failure"):
+        injected, reported = goodput_fit(case, engine)
+        out[f"{case}_injected_s"], out[f"{case}_reported_s"] = injected, reported
     out["trials"] = trials
     return out
 
 
-def lockstep_fit(case: str) -> Any:
+def lockstep_fit(case: str, engine: str = "local") -> Any:
     from phalanx import RunConfig, ScalingConfig
     from phalanx.data._dataset import Dataset
     from phalanx.torch import TorchTrainer
@@ -167,7 +199,11 @@ def lockstep_fit(case: str) -> Any:
         return TorchTrainer(
             lockstep_loop,
             train_loop_config={"case": case},
-            scaling_config=ScalingConfig(num_workers=4),
+            scaling_config=ScalingConfig(
+                num_workers=4,
+                engine=engine,
+                resources_per_worker={"CPU": 0.25} if engine == "ray" else None,
+            ),
             run_config=RunConfig(name="b17", storage_path=storage, verbose=0),
             datasets=datasets,
         ).fit()
@@ -199,16 +235,28 @@ def _slow_reads(rows: int) -> Any:
     return SlowReads(rows)
 
 
+def _wrapped(module: Any, wrap: str | None) -> Any:
+    """``module`` as prepare_model wraps it, as the user's own DDP, or as it is (all_reduce)."""
+    import torch
+
+    from phalanx.torch import prepare_model
+
+    if wrap is None:
+        return prepare_model(module)
+    return torch.nn.parallel.DistributedDataParallel(module) if wrap == "ddp" else module
+
+
 def lockstep_loop(config: dict[str, Any]) -> None:
     import torch
 
     import phalanx
-    from phalanx.torch import prepare_data_loader, prepare_model
+    from phalanx.torch import prepare_data_loader
 
     case = config["case"]
     rank = phalanx.get_context().get_world_rank()
     slow = case if rank == SLOW_RANK or case == "all-data" else None
-    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Linear(16, 1)))
+    wrap = WRAPS.get(case)
+    model = _wrapped(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Linear(16, 1)), wrap)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     if case == "phalanx.data":
         shard = phalanx.get_dataset_shard("train")
@@ -233,13 +281,120 @@ def lockstep_loop(config: dict[str, Any]) -> None:
     for step in range(DETECT_STEPS):
         x, y = next(batches)
         loss = torch.nn.functional.mse_loss(model(x), y)
-        if slow == "compute":
+        if slow in ("compute", *WRAPS):
             time.sleep(SLOW_S)
         optimizer.zero_grad()
         loss.backward()
+        if wrap == "all_reduce":
+            for p in model.parameters():
+                torch.distributed.all_reduce(p.grad)
+                p.grad /= 4
         optimizer.step()
         time.sleep(0.01)
         phalanx.report({"step": step})
+
+
+# -- checkpoints and a failure: what the goodput says against what the loop measured ----------
+
+GOODPUT_STEPS, CHECKPOINT_EVERY, KILL_AT = 16, 4, 10
+CHECKPOINT_MB = 64
+
+
+def goodput_fit(case: str, engine: str) -> tuple[float, float]:
+    """``(injected, reported)`` seconds: for ``checkpoint``, the time every round with a
+    checkpoint held its slowest rank in ``report()`` beyond that rank's usual report (rank 0
+    reports a 64 MB checkpoint every 4 steps), against the goodput's ``checkpoints``; for
+    ``failure``, rank 1 killed at step 10 (the last checkpoint step 7's): from the end of step
+    7's ``report()`` to the retry's training function starting, against ``failures``."""
+    from phalanx import FailureConfig, RunConfig, ScalingConfig
+    from phalanx.torch import TorchTrainer
+
+    with tempfile.TemporaryDirectory() as storage:
+        stamps = f"{storage}/stamps.jsonl"
+        result = TorchTrainer(
+            goodput_loop,
+            train_loop_config={"case": case, "stamps": stamps},
+            scaling_config=ScalingConfig(
+                num_workers=2,
+                engine=engine,
+                resources_per_worker={"CPU": 0.5} if engine == "ray" else None,
+            ),
+            run_config=RunConfig(
+                name="b17g",
+                storage_path=storage,
+                verbose=0,
+                failure_config=FailureConfig(max_failures=1),
+            ),
+        ).fit()
+        with open(stamps) as f:
+            rows = [json.loads(line) for line in f]
+    parts = result.goodput.seconds
+    if case == "checkpoint":
+        return _checkpoint_truth(rows), parts["checkpoints"]
+    committed = max(
+        r["t"] for r in rows if r["attempt"] == 0 and r.get("step") == KILL_AT - KILL_AT % 4 - 1
+    )
+    restarted = min(r["t"] for r in rows if r["attempt"] == 1 and "start" in r)
+    return restarted - committed, parts["failures"]
+
+
+def _checkpoint_truth(rows: list[dict[str, Any]]) -> float:
+    held: dict[int, float] = {}
+    for rank in (0, 1):
+        mine = [r for r in rows if r.get("rank") == rank and "report_s" in r]
+        usual = statistics.median(r["report_s"] for r in mine if not r["checkpoint"])
+        for r in mine:
+            if r["checkpoint"]:
+                held[r["step"]] = max(held.get(r["step"], 0.0), r["report_s"] - usual)
+    return sum(held.values())
+
+
+def goodput_loop(config: dict[str, Any]) -> None:
+    import os
+    import signal
+
+    import torch
+
+    import phalanx
+    from phalanx import Checkpoint
+    from phalanx.torch import prepare_model
+
+    ctx = phalanx.get_context()
+    rank, attempt = ctx.get_world_rank(), ctx.get_attempt()
+    case = config["case"]
+
+    def stamp(**row: Any) -> None:
+        with open(config["stamps"], "a") as f:
+            f.write(json.dumps({"rank": rank, "attempt": attempt, "t": time.time(), **row}) + "\n")
+
+    stamp(start=True)
+    start = 0
+    if (checkpoint := phalanx.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as d, open(f"{d}/step") as f:
+            start = int(f.read()) + 1
+    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Linear(16, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with tempfile.TemporaryDirectory() as saved:
+        if case == "checkpoint" and rank == 0:
+            with open(f"{saved}/weights.bin", "wb") as f:
+                f.write(os.urandom(CHECKPOINT_MB << 20))
+        for step in range(start, GOODPUT_STEPS):
+            optimizer.zero_grad()
+            model(torch.ones(8, 6)).sum().backward()
+            optimizer.step()
+            time.sleep(0.02)
+            if case == "failure" and attempt == 0 and rank == 1 and step == KILL_AT:
+                os.kill(os.getpid(), signal.SIGKILL)  # a lost machine
+            due = step % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1
+            if due and rank == 0:
+                with open(f"{saved}/step", "w") as f:
+                    f.write(str(step))
+            began = time.perf_counter()
+            phalanx.report(
+                {"step": step},
+                checkpoint=Checkpoint.from_directory(saved) if due and rank == 0 else None,
+            )
+            stamp(step=step, report_s=time.perf_counter() - began, checkpoint=due)
 
 
 # -- flipped bits ---------------------------------------------------------------------------------
@@ -343,44 +498,18 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     lines = [*harness.table(runs, systems, COLUMNS, digits=3), ""]
     pairs = harness.pairs_of(
         systems,
-        [("anatomy", "plain"), ("before", "plain"), ("anatomy", "before"), ("check", "anatomy")],
+        [
+            ("anatomy", "plain"),
+            ("own-ddp", "plain"),
+            ("before", "plain"),
+            ("anatomy", "before"),
+            ("check", "anatomy"),
+            ("reduce-timed", "reduce-plain"),
+        ],
     )
     lines += [*harness.ratio_table(runs, pairs, COLUMNS), ""]
-    if "detect" in meta["systems"]:
-        trials = _sum(runs, "detect", "trials")
-        lines += [
-            f"Detection, 4 DDP ranks, rank {SLOW_RANK} slowed {SLOW_S * 1000:.0f} ms per step "
-            f"({trials:.0f} trials per case over all reps):",
-            "",
-            "| case | named (rank and cause within 20 steps; clean: nobody) | excess named, ms "
-            "per step | stragglers, % of wall |",
-            "| --- | --- | --- | --- |",
-        ]
-        for case in CASES:
-            excess = _median(runs, "detect", f"{case}_excess_ms")
-            lines.append(
-                f"| {case} | {_sum(runs, 'detect', f'{case}_named'):.0f}/{trials:.0f} | "
-                f"{'-' if case == 'clean' or excess is None else f'{excess:.1f}'} | "
-                f"{_median(runs, 'detect', f'{case}_straggler_pct') or 0.0:.2f} |"
-            )
-        lines += [
-            "",
-            "Goodput: injected vs reported (the last trial of each rep, median over reps):",
-            "",
-            "| injected | part | injected s | reported s |",
-            "| --- | --- | --- | --- |",
-        ]
-        for case, part in [
-            ("loader", "stragglers"),
-            ("compute", "stragglers"),
-            ("phalanx.data", "stragglers"),
-            ("all-data", "data"),
-        ]:
-            lines.append(
-                f"| {case} | {part} | {_median(runs, 'detect', f'{case}_injected_s') or 0.0:.2f} "
-                f"| {_median(runs, 'detect', f'{case}_reported_s') or 0.0:.2f} |"
-            )
-        lines.append("")
+    for system in (s for s in DETECT if s in meta["systems"]):
+        lines += detection_tables(runs, system)
     if "flip" in meta["systems"]:
         trials = _sum(runs, "flip", "flip_trials")
         lines += [
@@ -391,6 +520,48 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
             f"{trials:.0f}.",
         ]
     return lines
+
+
+def detection_tables(runs: list[dict[str, Any]], system: str) -> list[str]:
+    engine = "Ray" if system == "detect-ray" else "local"
+    trials = _sum(runs, system, "trials")
+    lines = [
+        f"Detection on the {engine} engine, 4 DDP ranks, rank {SLOW_RANK} slowed "
+        f"{SLOW_S * 1000:.0f} ms per step ({trials:.0f} trials per case over all reps; own-ddp "
+        "and all_reduce: compute, without prepare_model):",
+        "",
+        "| case | named (rank and cause within 20 steps; clean: nobody) | excess named, ms "
+        "per step | stragglers, % of wall |",
+        "| --- | --- | --- | --- |",
+    ]
+    for case in CASES:
+        excess = _median(runs, system, f"{case}_excess_ms")
+        lines.append(
+            f"| {case} | {_sum(runs, system, f'{case}_named'):.0f}/{trials:.0f} | "
+            f"{'-' if case == 'clean' or excess is None else f'{excess:.1f}'} | "
+            f"{_median(runs, system, f'{case}_straggler_pct') or 0.0:.2f} |"
+        )
+    lines += [
+        "",
+        f"Goodput on the {engine} engine: injected vs reported (the last trial of each rep, "
+        "median over reps):",
+        "",
+        "| injected | part | injected s | reported s | reported / injected |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for case, part in [
+        ("loader", "stragglers"),
+        ("compute", "stragglers"),
+        ("phalanx.data", "stragglers"),
+        ("all-data", "data"),
+        ("checkpoint", "checkpoints"),
+        ("failure", "failures"),
+    ]:
+        injected = _median(runs, system, f"{case}_injected_s") or 0.0
+        reported = _median(runs, system, f"{case}_reported_s") or 0.0
+        share = f"{reported / injected:.2f}x" if injected else "-"
+        lines.append(f"| {case} | {part} | {injected:.2f} | {reported:.2f} | {share} |")
+    return [*lines, ""]
 
 
 def workload(meta: dict[str, Any]) -> list[str]:
@@ -415,7 +586,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_env(system: str, args: argparse.Namespace) -> dict[str, str]:
-    return {"PYTHONPATH": args.before_src} if system == "before" else {}
+    if system == "before":
+        return {"PYTHONPATH": args.before_src}
+    return {"PHALANX_STRAGGLER_DETECTION": "0"} if system in KNOB_OFF else {}
 
 
 def ok(rec: dict[str, Any]) -> bool:

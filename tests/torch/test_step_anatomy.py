@@ -71,9 +71,23 @@ class SlowReads(Source):
         return "slow reads on one rank"
 
 
+def averaged_gradients(model):
+    """A plain all-reduce loop's own gradient averaging (no DDP)."""
+    for p in model.parameters():
+        torch.distributed.all_reduce(p.grad)
+        p.grad /= torch.distributed.get_world_size()
+
+
 def lockstep_loop(config):
     slow = config["slow"] if _rank() == SLOW_RANK else None
-    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Linear(16, 1)))
+    wrap = config.get("wrap", "prepare_model")
+    module = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Linear(16, 1))
+    if wrap == "prepare_model":
+        model = prepare_model(module)
+    elif wrap == "ddp":  # the user's own DDP: found at its first forward
+        model = torch.nn.parallel.DistributedDataParallel(module)
+    else:  # "all_reduce": no DDP at all; the first blocking collective ends this rank's compute
+        model = module
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     if config["slow"] == "phalanx.data":
         batches = (
@@ -85,44 +99,48 @@ def lockstep_loop(config):
     else:
         rows = LoaderRows(slow == "loader")
         batches = iter(prepare_data_loader(torch.utils.data.DataLoader(rows, batch_size=BATCH)))
-    for step in range(STEPS):
+    for step in range(config.get("steps", STEPS)):
         x, y = next(batches)
         loss = torch.nn.functional.mse_loss(model(x), y)
         if slow == "compute":
             time.sleep(SLOW_S)  # extra work before backward: the others wait in its all-reduce
         optimizer.zero_grad()
         loss.backward()
+        if wrap == "all_reduce":
+            averaged_gradients(model)
         optimizer.step()
         time.sleep(0.01)  # the rest of a step
         train.report({"step": step})
 
 
-def fit(storage, slow, engine="local"):
+def fit(storage, slow, engine="local", workers=4, **config):
     datasets = None
     if slow == "phalanx.data":
-        datasets = {"train": Dataset(SlowReads(4 * STEPS * BATCH))}
-    resources = {"CPU": 0.25} if engine == "ray" else None
+        datasets = {"train": Dataset(SlowReads(workers * STEPS * BATCH))}
+    resources = {"CPU": 4 / workers / 4} if engine == "ray" else None
     return TorchTrainer(
         lockstep_loop,
-        train_loop_config={"slow": slow},
-        scaling_config=ScalingConfig(num_workers=4, engine=engine, resources_per_worker=resources),
+        train_loop_config={"slow": slow, **config},
+        scaling_config=ScalingConfig(
+            num_workers=workers, engine=engine, resources_per_worker=resources
+        ),
         run_config=RunConfig(name=f"slow-{slow}", storage_path=storage),
         datasets=datasets,
     ).fit()
 
 
-def assert_named(result, cause):
+def assert_named(result, cause, steps=STEPS, per="step"):
     assert result.error is None, result.error
     [period] = result.stragglers
     assert (period["rank"], period["cause"]) == (SLOW_RANK, cause), period
-    assert period["first_round"] + 5 <= 20 and period["per"] == "step"
+    assert period["first_round"] + 5 <= 20 and period["per"] == per, period
     # the 40 ms that were injected, as seconds per step more than the other ranks
     assert 0.6 * SLOW_S <= period["excess_s"] <= 1.6 * SLOW_S, period
     mine, theirs = period["seconds"], period["others_seconds"]
     assert theirs["collective"] - mine["collective"] >= 0.5 * SLOW_S  # they waited for it
     # the goodput: most of the others' wait is the straggler's
     goodput = result.goodput.seconds
-    assert goodput["stragglers"] >= 0.5 * SLOW_S * (STEPS - 6), goodput
+    assert goodput["stragglers"] >= 0.5 * SLOW_S * (steps - 6), goodput
 
 
 @pytest.mark.parametrize(
@@ -140,8 +158,25 @@ def test_a_clean_run_names_nobody(storage):
     assert goodput.seconds["stragglers"] <= 0.03 * goodput.wall_s, goodput.seconds
 
 
-def test_on_the_ray_engine(storage, local_ray):
-    assert_named(fit(storage, "compute", engine="ray"), "compute")
+RAY_STEPS = 14  # the period opens by round 6: enough, and the Ray runs cost the most
+
+
+@pytest.mark.parametrize(
+    ("slow", "cause"),
+    [("loader", "data"), ("compute", "compute"), ("phalanx.data", "data")],
+)
+def test_on_the_ray_engine(storage, local_ray, slow, cause):
+    result = fit(storage, slow, engine="ray", steps=RAY_STEPS)
+    assert_named(result, cause, steps=RAY_STEPS)
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "all_reduce"])
+def test_without_prepare_model(storage, wrap):
+    """A user's own DDP gets the clock at its first forward; a loop that all-reduces its
+    gradients itself is timed at its first collective: the slow rank is named all the same
+    (per round there: with no DDP, nothing counts steps)."""
+    result = fit(storage, "compute", workers=3, steps=RAY_STEPS, wrap=wrap)
+    assert_named(result, "compute", steps=RAY_STEPS, per="step" if wrap == "ddp" else "round")
 
 
 def delayed_allreduce(state, bucket):

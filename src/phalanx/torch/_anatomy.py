@@ -15,6 +15,13 @@ synchronously there), and a pair of forward pre-hooks per FSDP unit times the pa
 all-gather before the unit's forward. Not timed: the all-gathers FSDP repeats in backward, and
 any FSDP collective on CUDA (they run on FSDP's own streams).
 
+Without ``prepare_model`` (``watch_unprepared``, from each attempt's process-group setup): a
+DDP model the user wrapped is found at its first forward (a global module forward pre-hook that
+removes itself soon after) and gets the same clock; with no clocked model, the blocking calls of
+``torch.distributed``'s collectives (``dist.all_reduce`` and the rest: a plain all-reduce loop,
+FSDP on CPU) are timed where the training function calls them, so this rank's compute runs up to
+its first collective.
+
 Each clock is read by ``report()`` through the session (``worker/step_anatomy.py``).
 """
 
@@ -22,15 +29,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from phalanx._foundation import env
 from phalanx._internal.worker.session import get_session
+from phalanx._internal.worker.step_anatomy import collective_wait
 
-__all__ = ["DDPStepClock", "FSDPStepClock", "install_step_clock"]
+__all__ = ["DDPStepClock", "FSDPStepClock", "install_step_clock", "watch_unprepared"]
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +196,8 @@ def install_step_clock(model: torch.nn.Module) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(model, DistributedDataParallel):
-        session.anatomy.clocks.append(DDPStepClock(model))
+        if not any(getattr(c, "_model", None) is model for c in session.anatomy.clocks):
+            session.anatomy.clocks.append(DDPStepClock(model))
     elif isinstance(model, FullyShardedDataParallel):
         clock = _fsdp_clock(model)
         if clock is not None:
@@ -219,3 +230,103 @@ def _fsdp_clock(model: Any) -> FSDPStepClock | None:
             lambda _m, _args, owner=unit: clock.unit_gathered(owner)
         )
     return clock
+
+
+# -- without prepare_model --------------------------------------------------------------------
+
+# The collectives a training function calls itself, timed when blocking (``async_op`` false):
+# torch.distributed's names and distributed_c10d's (torch's own helpers call the latter).
+TIMED_COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "gather",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+)
+FIND_DDP_FORWARDS = 1000  # module forwards the DDP finder watches after the first DDP (or none)
+_nested = threading.local()  # one timed collective inside another (all_gather_object's) counts once
+
+
+def watch_unprepared() -> None:
+    """Time this rank's collectives where no ``prepare_model`` clock does: a user's own DDP gets
+    a ``DDPStepClock`` at its first forward, and ``torch.distributed``'s blocking collectives are
+    timed while no model of this session has a clock. Called at each attempt's process-group
+    setup (a kept worker process gets the finder again); wrapping is done once per process.
+    Nothing with ``PHALANX_STRAGGLER_DETECTION=0``."""
+    if not env.straggler_detection():
+        return
+    _time_collectives()
+    _DDPFinder.install()
+
+
+def _time_collectives() -> None:
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    for name in TIMED_COLLECTIVES:
+        for module in (dist, distributed_c10d):
+            original = getattr(module, name, None)
+            if original is None or getattr(original, "_phalanx_timed", False):
+                continue
+            setattr(module, name, _timed_collective(original))
+
+
+def _timed_collective(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("async_op") or getattr(_nested, "depth", 0):
+            return original(*args, **kwargs)
+        session = get_session()
+        if session is None or any(
+            isinstance(c, (DDPStepClock, FSDPStepClock)) for c in session.anatomy.clocks
+        ):
+            return original(*args, **kwargs)  # a clocked model times its own collectives
+        _nested.depth = 1
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            collective_wait.add(time.perf_counter() - started)
+            _nested.depth = 0
+
+    timed._phalanx_timed = True  # type: ignore[attr-defined]
+    return timed
+
+
+class _DDPFinder:
+    """A global module forward pre-hook that gives a DDP model its clock at its first forward in
+    training mode; removed FIND_DDP_FORWARDS module forwards after the first DDP (a second model,
+    as in a GAN, is found in the same step), or after as many with none (a plain loop pays the
+    hook for its first steps only)."""
+
+    _handle: Any = None
+    _left = FIND_DDP_FORWARDS
+    _found = False
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._handle is None:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            cls._handle = register_module_forward_pre_hook(cls._seen)
+        cls._left, cls._found = FIND_DDP_FORWARDS, False
+
+    @classmethod
+    def _seen(cls, module: torch.nn.Module, _args: Any) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(module, DistributedDataParallel) and torch.is_grad_enabled():
+            install_step_clock(module)
+            if not cls._found:
+                cls._left, cls._found = FIND_DDP_FORWARDS, True
+        cls._left -= 1
+        if cls._left <= 0 and cls._handle is not None:
+            cls._handle.remove()
+            cls._handle = None

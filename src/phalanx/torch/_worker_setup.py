@@ -21,6 +21,7 @@ import torch.distributed as dist
 import phalanx.session as session
 from phalanx._foundation import env
 from phalanx.torch._abort import forget_sockets, tracking_sockets
+from phalanx.torch._anatomy import watch_unprepared
 from phalanx.torch._devices import get_device
 from phalanx.torch._environment import INTERFACE_VARIABLES, collective_interface, cpu_share
 
@@ -202,6 +203,7 @@ def init_process_group(
             )
     except RuntimeError as exc:  # torch's DistError family: a rendezvous that failed
         raise RuntimeError(f"{exc}\n{_rendezvous_hint(master_addr, master_port)}") from exc
+    watch_unprepared()  # the step anatomy of a model without prepare_model
 
 
 def _rendezvous_hint(master_addr: str, master_port: int) -> str:
