@@ -3,8 +3,10 @@ at one pace; the step anatomy names the slow rank and its cause anyway.
 
 4 DDP ranks (gloo), one slowed 40 ms per step by (a) its DataLoader, (b) compute before
 backward, (c) its ``phalanx.data`` shard's reads; it is named, with its cause, within 20 steps,
-and a clean run names nobody. One trial per case here (the suite's time); ``bench/anatomy.py``
-runs 10 of each and reports how often the rank and cause were named.
+and a clean run names nobody. On the Ray engine each cause again (3 ranks, 14 steps), and
+compute without ``prepare_model`` (a user's own DDP, a plain all-reduce loop). One trial per
+case here (the suite's time); ``bench/anatomy.py --systems detect,detect-ray --trials 10``
+runs 10 of each per engine and reports how often the rank and cause were named.
 """
 
 from __future__ import annotations
@@ -143,12 +145,25 @@ def assert_named(result, cause, steps=STEPS, per="step"):
     assert goodput["stragglers"] >= 0.5 * SLOW_S * (steps - 6), goodput
 
 
+SHORT_STEPS = 14  # the period opens by round 6: enough where a run costs the most
+
+
 @pytest.mark.parametrize(
     ("slow", "cause"),
-    [("loader", "data"), ("compute", "compute"), ("phalanx.data", "data")],
+    [("loader", "data"), ("phalanx.data", "data")],
 )
 def test_the_slow_rank_and_its_cause_are_named(storage, slow, cause):
     assert_named(fit(storage, slow), cause)
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "all_reduce"])
+def test_without_prepare_model(storage, wrap):
+    """Compute, on the local engine: a user's own DDP gets the clock at its first forward (the
+    same clock as prepare_model's: its compute case runs on the Ray engine below); a loop that
+    all-reduces its gradients itself is timed at its first collective. The slow rank is named
+    all the same (per round there: with no DDP, nothing counts steps)."""
+    result = fit(storage, "compute", workers=3, steps=SHORT_STEPS, wrap=wrap)
+    assert_named(result, "compute", steps=SHORT_STEPS, per="step" if wrap == "ddp" else "round")
 
 
 def test_a_clean_run_names_nobody(storage):
@@ -158,25 +173,13 @@ def test_a_clean_run_names_nobody(storage):
     assert goodput.seconds["stragglers"] <= 0.03 * goodput.wall_s, goodput.seconds
 
 
-RAY_STEPS = 14  # the period opens by round 6: enough, and the Ray runs cost the most
-
-
 @pytest.mark.parametrize(
     ("slow", "cause"),
     [("loader", "data"), ("compute", "compute"), ("phalanx.data", "data")],
 )
 def test_on_the_ray_engine(storage, local_ray, slow, cause):
-    result = fit(storage, slow, engine="ray", steps=RAY_STEPS)
-    assert_named(result, cause, steps=RAY_STEPS)
-
-
-@pytest.mark.parametrize("wrap", ["ddp", "all_reduce"])
-def test_without_prepare_model(storage, wrap):
-    """A user's own DDP gets the clock at its first forward; a loop that all-reduces its
-    gradients itself is timed at its first collective: the slow rank is named all the same
-    (per round there: with no DDP, nothing counts steps)."""
-    result = fit(storage, "compute", workers=3, steps=RAY_STEPS, wrap=wrap)
-    assert_named(result, "compute", steps=RAY_STEPS, per="step" if wrap == "ddp" else "round")
+    result = fit(storage, slow, engine="ray", workers=3, steps=SHORT_STEPS)
+    assert_named(result, cause, steps=SHORT_STEPS)
 
 
 def delayed_allreduce(state, bucket):
@@ -196,7 +199,9 @@ def same_training_loop(config):
     import copy
 
     from phalanx._internal.worker.session import get_session
+    from phalanx.torch._anatomy import _DDPFinder
 
+    _DDPFinder.remove()  # ``plain`` stays DDP alone: no clock found for it at its first forward
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Linear(16, 3))
     plain = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(module))

@@ -250,7 +250,7 @@ TIMED_COLLECTIVES = (
     "reduce_scatter_tensor",
     "scatter",
 )
-FIND_DDP_FORWARDS = 1000  # module forwards the DDP finder watches after the first DDP (or none)
+FIND_DDP_FORWARDS = 1000  # module forwards the DDP finder watches when it sees no DDP model
 _nested = threading.local()  # one timed collective inside another (all_gather_object's) counts once
 
 
@@ -281,6 +281,8 @@ def _time_collectives() -> None:
 def _timed_collective(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # traced by torch.compile: the collective as it is
+            return original(*args, **kwargs)
         if kwargs.get("async_op") or getattr(_nested, "depth", 0):
             return original(*args, **kwargs)
         session = get_session()
@@ -302,13 +304,13 @@ def _timed_collective(original: Callable[..., Any]) -> Callable[..., Any]:
 
 class _DDPFinder:
     """A global module forward pre-hook that gives a DDP model its clock at its first forward in
-    training mode; removed FIND_DDP_FORWARDS module forwards after the first DDP (a second model,
-    as in a GAN, is found in the same step), or after as many with none (a plain loop pays the
-    hook for its first steps only)."""
+    training mode. Removed at the second forward of a DDP model it has seen (every DDP model of
+    a step, as a GAN's two, has had its first forward by then), or after FIND_DDP_FORWARDS
+    module forwards with no DDP model (a plain loop pays the hook in its first steps only)."""
 
     _handle: Any = None
     _left = FIND_DDP_FORWARDS
-    _found = False
+    _seen_models: set[int] = set()
 
     @classmethod
     def install(cls) -> None:
@@ -316,17 +318,24 @@ class _DDPFinder:
             from torch.nn.modules.module import register_module_forward_pre_hook
 
             cls._handle = register_module_forward_pre_hook(cls._seen)
-        cls._left, cls._found = FIND_DDP_FORWARDS, False
+        cls._left, cls._seen_models = FIND_DDP_FORWARDS, set()
 
     @classmethod
     def _seen(cls, module: torch.nn.Module, _args: Any) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
-        if isinstance(module, DistributedDataParallel) and torch.is_grad_enabled():
-            install_step_clock(module)
-            if not cls._found:
-                cls._left, cls._found = FIND_DDP_FORWARDS, True
         cls._left -= 1
-        if cls._left <= 0 and cls._handle is not None:
+        if isinstance(module, DistributedDataParallel) and torch.is_grad_enabled():
+            if id(module) in cls._seen_models:
+                cls._left = 0  # its second forward: every model of the loop has been seen
+            else:
+                cls._seen_models.add(id(module))
+                install_step_clock(module)  # nothing where prepare_model gave it one
+        if cls._left <= 0:
+            cls.remove()
+
+    @classmethod
+    def remove(cls) -> None:
+        if cls._handle is not None:
             cls._handle.remove()
             cls._handle = None

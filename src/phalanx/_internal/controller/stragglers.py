@@ -15,9 +15,11 @@ with a checkpoint and the round after it (a rank writing the checkpoint is slow 
 reason), a round a rank did not report (it had returned). A uniform slowdown (every rank slow
 together) keeps every ratio near 1.
 
-Without a model prepared by ``prepare_model`` (or phalanx's own collectives) the collective
-waits are not measured: ranks in lockstep then look alike, and only the hang roll call names
-a rank that stops the others outright.
+The collective waits come from the step clocks of DDP models (``prepare_model``'s, or a user's
+own DDP found at its first forward), or else from the training function's blocking
+``torch.distributed`` calls, timed where it makes them (``torch/_anatomy.py``). A framework
+whose collectives none of these see leaves ranks in lockstep looking alike; then only the hang
+roll call names a rank that stops the others outright.
 
 Example::
 
