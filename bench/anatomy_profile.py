@@ -32,11 +32,95 @@ from typing import Any
 
 import harness
 
-SYSTEMS = ("capture",)
+SYSTEMS = ("capture", "inproc")
 WARMUP_STEPS = 20
 
 
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
+    return inproc(args) if args.one == "inproc" else capture(args)
+
+
+def inproc(args: argparse.Namespace) -> dict[str, Any]:
+    """One process, no DDP, the same MLP: finer interleaving than a fit allows. torch.profiler
+    on and off in alternate blocks of 10 steps (``--blocks`` pairs; entering and leaving it not
+    timed); py-spy (``record --nonblocking`` on this process, 100 Hz) on and off in alternate
+    2 s blocks. The step p50 of each side, wall time and the training thread's CPU time (which
+    a busy machine's scheduling leaves alone), and their ratio per pair (median over pairs)."""
+    import shutil
+    import subprocess
+
+    import torch
+
+    model, optimizer, x, y = _model(args.width)
+
+    cpu: list[float] = []  # the training thread's CPU seconds of each step (load aside)
+
+    def step() -> float:
+        began, began_cpu = time.perf_counter(), time.thread_time()
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        cpu.append(time.thread_time() - began_cpu)
+        return time.perf_counter() - began
+
+    def ratio(on: list[float], off: list[float]) -> tuple[float, float]:
+        """Wall and CPU p50 ratios of the last ``len(on) + len(off)`` steps (off, then on)."""
+        cpu_off, cpu_on = cpu[-len(on) - len(off) : -len(on)], cpu[-len(on) :]
+        wall = statistics.median(on) / statistics.median(off)
+        return wall, statistics.median(cpu_on) / statistics.median(cpu_off)
+
+    for _ in range(WARMUP_STEPS):
+        step()
+    traced = []
+    for _ in range(args.blocks):
+        off = [step() for _ in range(10)]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            on = [step() for _ in range(10)]
+        traced.append(ratio(on, off))
+    spy = shutil.which("py-spy")
+    sampled = []
+    with tempfile.TemporaryDirectory() as out:
+        for i in range(max(2, args.blocks // 5)):
+            ended = time.monotonic() + 2.0
+            off = []
+            while time.monotonic() < ended:
+                off.append(step())
+            command = [str(spy), "record", "--pid", str(os.getpid()), "--duration", "2"]
+            command += ["--nonblocking", "--output", f"{out}/{i}.svg"]
+            recording = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            time.sleep(0.3)  # py-spy attaches
+            on = []
+            while recording.poll() is None:
+                on.append(step())
+            sampled.append(ratio(on, off))
+    return {
+        "traced_x": statistics.median(w for w, _ in traced),
+        "traced_cpu_x": statistics.median(c for _, c in traced),
+        "pyspy_x": statistics.median(w for w, _ in sampled),
+        "pyspy_cpu_x": statistics.median(c for _, c in sampled),
+        "traced_pairs": traced,
+        "pyspy_pairs": sampled,
+    }
+
+
+def _model(width: int) -> tuple[Any, Any, Any, Any]:
+    import torch
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Linear(width, 4 * width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(4 * width, 4 * width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(4 * width, width),
+    )
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+    return module, optimizer, torch.randn(64, width), torch.randn(64, width)
+
+
+def capture(args: argparse.Namespace) -> dict[str, Any]:
     from phalanx import RunConfig, ScalingConfig
     from phalanx.cli import main as cli_main
     from phalanx.torch import TorchTrainer
@@ -152,7 +236,7 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for rec in runs:
-        if not rec["ok"]:
+        if not rec["ok"] or rec["system"] != "capture":
             continue
         for i, p in enumerate(rec["pairs"]):
 
@@ -168,7 +252,7 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
                 f"| {rec['rep']} | {i} | {cell('quiet')} | {cell('pyspy')} | {x('pyspy')} | "
                 f"{cell('traced')} | {x('traced')} |"
             )
-    every = [p for rec in runs if rec["ok"] for p in rec["pairs"]]
+    every = [p for rec in runs if rec["ok"] and rec["system"] == "capture" for p in rec["pairs"]]
     for key, what in (("pyspy", "during py-spy"), ("traced", "torch.profiler steps")):
         ratios = [p[f"{key}_ms"] / p["quiet_ms"] for p in every if p[f"{key}_ms"]]
         if ratios:
@@ -177,6 +261,18 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
                 f"{what} / quiet, median over {len(ratios)} window pairs: "
                 f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
             )
+    inproc = [rec for rec in runs if rec["ok"] and rec["system"] == "inproc"]
+    for key, what in (("traced", "torch.profiler"), ("pyspy", "py-spy")):
+        pairs = [pair for rec in inproc for pair in rec[f"{key}_pairs"]]
+        if pairs:
+            wall, cpu = [w for w, _ in pairs], [c for _, c in pairs]
+            lines += [
+                "",
+                f"inproc, {what} on / off in alternate blocks, median over {len(pairs)} pairs: "
+                f"step wall time {statistics.median(wall):.3f}x ({min(wall):.3f}-{max(wall):.3f}), "
+                f"the training thread's CPU time per step {statistics.median(cpu):.3f}x "
+                f"({min(cpu):.3f}-{max(cpu):.3f})",
+            ]
     return lines
 
 
@@ -194,6 +290,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--blocks", type=int, default=30, help="inproc: block pairs")
 
 
 BENCH = harness.Bench.of(
@@ -201,7 +298,7 @@ BENCH = harness.Bench.of(
     name="anatomy_profile",
     title="B17c: the step time of a rank during `phalanx profile`",
     systems=SYSTEMS,
-    summary_keys=("quiet_ms", "pyspy_x", "traced_x"),
+    summary_keys=("pyspy_x", "traced_x", "pyspy_cpu_x", "traced_cpu_x"),
     reps=3,
     timeout_s=600.0,
 )

@@ -37,13 +37,16 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--rank", type=int, default=0, help="the rank to profile (default 0)")
     parser.add_argument("--seconds", type=int, default=10, help="py-spy's capture, whole seconds")
     parser.add_argument("--steps", type=int, default=10, help="steps in the torch.profiler trace")
+    parser.add_argument(
+        "--rate", type=int, default=100, help="py-spy's samples per second (default 100)"
+    )
 
 
 def profile(args: argparse.Namespace, out: Out) -> None:
-    if args.seconds <= 0 or args.steps <= 0:
+    if args.seconds <= 0 or args.steps <= 0 or args.rate <= 0:
         raise CLIError(
-            f"phalanx profile --seconds {args.seconds} --steps {args.steps}: both must be > 0."
-            "\nHINT: phalanx profile <run> --rank 0 --seconds 10 --steps 10"
+            f"phalanx profile --seconds {args.seconds} --steps {args.steps} --rate {args.rate}: "
+            "each must be > 0.\nHINT: phalanx profile <run> --rank 0 --seconds 10 --steps 10"
         )
     run = open_run(args.run)
     run_dir = run.storage.local_path
@@ -68,7 +71,8 @@ def profile(args: argparse.Namespace, out: Out) -> None:
         f"{args.seconds} s, and its next {args.steps} steps with torch.profiler ..."
     )
     command = [spy, "record", "--pid", str(worker["pid"]), "--duration", str(args.seconds)]
-    command += ["--nonblocking", "--format", "flamegraph", "--output", flame]
+    command += ["--rate", str(args.rate), "--nonblocking", "--format", "flamegraph"]
+    command += ["--output", flame]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not os.path.exists(flame):
         _withdraw(request)
