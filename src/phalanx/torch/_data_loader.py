@@ -9,7 +9,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -41,15 +41,17 @@ from phalanx.torch._model import reproducibility_seed
 
 __all__ = ["prepare_data_loader"]
 
+T = TypeVar("T")
+
 logger = logging.getLogger(__name__)
 
 
 def prepare_data_loader(
-    data_loader: DataLoader[Any],
+    data_loader: DataLoader[T],
     add_dist_sampler: bool = True,
     move_to_device: bool = True,
     auto_transfer: bool = True,
-) -> DataLoader[Any]:
+) -> DataLoader[T]:
     """Make ``data_loader`` give this worker its shard of the data, on its device, and continue
     where the checkpoint left it after a restart.
 
@@ -120,7 +122,7 @@ def _data_positions() -> DataPositions | None:
 
 
 def _needs_sampler(
-    loader: DataLoader[Any], world: int, tracking: bool, record: Mapping[str, object] | None
+    loader: DataLoader[object], world: int, tracking: bool, record: Mapping[str, object] | None
 ) -> bool:
     """A DistributedSampler is added with several workers, and with one where the order must be
     recomputable: a shuffling loader, or one continuing a checkpoint's epoch."""
@@ -133,7 +135,7 @@ def _needs_sampler(
     return tracking and plain and loader.batch_size is not None and (shuffled or bool(record))
 
 
-def _with_distributed_sampler(loader: DataLoader[Any], world: int, rank: int) -> DataLoader[Any]:
+def _with_distributed_sampler(loader: DataLoader[T], world: int, rank: int) -> DataLoader[T]:
     if loader.batch_size is None:
         logger.warning(
             "prepare_data_loader: this DataLoader has a custom batch_sampler, so no "
@@ -170,7 +172,7 @@ def _with_distributed_sampler(loader: DataLoader[Any], world: int, rank: int) ->
     )
 
 
-def _rebuilt(loader: DataLoader[Any], cls: type, **changes: object) -> DataLoader[Any]:
+def _rebuilt(loader: DataLoader[T], cls: type, **changes: object) -> DataLoader[T]:
     """A new loader of class ``cls`` with ``loader``'s settings, but ``changes``."""
     kwargs: dict[str, Any] = {
         "batch_size": loader.batch_size,
@@ -186,11 +188,11 @@ def _rebuilt(loader: DataLoader[Any], cls: type, **changes: object) -> DataLoade
         kwargs["prefetch_factor"] = loader.prefetch_factor
         kwargs["persistent_workers"] = loader.persistent_workers
         kwargs["multiprocessing_context"] = loader.multiprocessing_context
-    rebuilt: DataLoader[Any] = cls(loader.dataset, **{**kwargs, **changes})
+    rebuilt: DataLoader[T] = cls(loader.dataset, **{**kwargs, **changes})
     return rebuilt
 
 
-def _is_stateful(loader: DataLoader[Any]) -> bool:
+def _is_stateful(loader: DataLoader[object]) -> bool:
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader
     except ImportError:
@@ -299,8 +301,8 @@ def _counted(
 
 
 def _track_iterable(
-    loader: DataLoader[Any], key: str, record: dict[str, Any] | None, world: int, rank: int
-) -> tuple[DataLoader[Any], StatefulPosition | None]:
+    loader: DataLoader[T], key: str, record: dict[str, Any] | None, world: int, rank: int
+) -> tuple[DataLoader[T], StatefulPosition | None]:
     """An IterableDataset with ``state_dict``/``load_state_dict``, read through a
     ``StatefulDataLoader`` (which also takes the state in each of its worker processes, aligned
     with the batches yielded), restored from ``record`` when the world size is the same."""
