@@ -20,10 +20,14 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from phalanx._internal.worker import data_wait
 from phalanx.data._iterator import Passes
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import ray.data
 
 T = TypeVar("T")
 
@@ -43,7 +47,7 @@ def is_ray_dataset(obj: object) -> bool:
     return isinstance(dataset_cls, type) and isinstance(obj, dataset_cls)
 
 
-def with_execution_options(ds: Any, options: Any) -> Any:
+def with_execution_options(ds: ray.data.Dataset, options: object) -> ray.data.Dataset:
     """A copy of ``ds`` that runs with ``options`` (``DataConfig(execution_options=...)``;
     None: Ray's ingest defaults), as Ray Train's ``DataConfig.configure`` does."""
     from phalanx._foundation.execution_options import as_ray_options
@@ -53,14 +57,14 @@ def with_execution_options(ds: Any, options: Any) -> Any:
     return copied
 
 
-def split_ray_dataset(ds: Any, world_size: int) -> list[Any]:
+def split_ray_dataset(ds: ray.data.Dataset, world_size: int) -> list[RayDataShard]:
     """One :class:`RayDataShard` per rank, from ``ds.streaming_split(world_size, equal=True)``."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     return [RayDataShard(it) for it in ds.streaming_split(world_size, equal=True)]
 
 
-def ray_dataset_iterator(ds: Any) -> RayDataShard:
+def ray_dataset_iterator(ds: ray.data.Dataset) -> RayDataShard:
     """The whole dataset for one rank (a dataset that is not split), as Ray Train gives it."""
     return RayDataShard(ds.iterator())
 
@@ -76,7 +80,9 @@ class RayDataShard:
     datasets count theirs.
     """
 
-    def __init__(self, iterator: Any) -> None:
+    def __init__(
+        self, iterator: Any
+    ) -> None:  # Ray's DataIterator: its stubs are stricter than its API
         self._iterator = iterator
 
     def iter_batches(self, **kwargs: Any) -> Passes:
@@ -88,7 +94,7 @@ class RayDataShard:
     def iter_rows(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
         return timed(iter(self._iterator.iter_rows(**kwargs)))
 
-    def to_pandas(self) -> Any:
+    def to_pandas(self) -> pd.DataFrame:
         """The whole shard as one pandas DataFrame (one epoch)."""
         import pandas as pd
 
