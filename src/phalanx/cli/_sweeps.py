@@ -7,6 +7,7 @@ A sweep is a directory of the storage path with the state ``phalanx.tune`` write
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Callable
@@ -29,7 +30,7 @@ Out = Callable[[str], None]
 STATE_FILE = "tuner_state.json"  # phalanx.tune._sweep.STATE_FILE
 
 
-def handled(args: Any, out: Out) -> bool:
+def handled(args: argparse.Namespace, out: Out) -> bool:
     """Runs ``phalanx ls`` when the storage path holds sweeps (its runs, then its sweeps), and
     ``show``/``compare`` of a sweep; False when the command is not about sweeps."""
     if args.command == "ls":
