@@ -91,7 +91,7 @@ class RayDataShard:
     def iter_torch_batches(self, **kwargs: Any) -> Passes:
         return Passes(lambda: timed(iter(self._iterator.iter_torch_batches(**kwargs))))
 
-    def iter_rows(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    def iter_rows(self, **kwargs: object) -> Iterator[dict[str, Any]]:
         return timed(iter(self._iterator.iter_rows(**kwargs)))
 
     def to_pandas(self) -> pd.DataFrame:

@@ -296,7 +296,7 @@ class CudaFeed:
             tensors = unpack(on_gpu, slots, parts)  # dtype conversions run on the GPU
             return tensors, self.record()
 
-    def run(self, waits: Sequence[Any], work: Callable[[], Any]) -> tuple[Any, Any]:
+    def run(self, waits: Sequence[object], work: Callable[[], Any]) -> tuple[Any, Any]:
         """``work()`` on the side stream once ``waits`` (events) have passed; its result and
         the event after it (a ``concat`` or ``take`` of blocks already on the GPU)."""
         with self._on_stream():

@@ -127,7 +127,7 @@ class Session:
 
     def report(
         self,
-        metrics: dict[str, Any],
+        metrics: Mapping[str, object],
         checkpoint: Checkpoint | None = None,
         checkpoint_dir_name: str | None = None,
         checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC,
