@@ -50,6 +50,17 @@ def test_which_rounds_commit(world, counts, returned, expected):
     assert rounds.pop_complete(returned) == []  # a round is handed out once
 
 
+def test_rounds_continue_from_the_round_the_ranks_recovered_to():
+    """After a recovery to the failed step the ranks' first report is a later round than the
+    one after the checkpoint: the rounds are numbered from it (no row missing or repeated)."""
+    rounds = ReportRounds(world_size=2, start_round=10)
+    for index in (13, 14):
+        rounds.add(0, report(0, index))
+        rounds.add(1, report(1, index))
+    assert [d.index for d in rounds.pop_complete(set())] == [13, 14]
+    assert (rounds.start_round, rounds.next_round) == (13, 15)
+
+
 def test_rounds_pop_in_order_as_reports_arrive():
     rounds = ReportRounds(world_size=2, start_round=0)
     rounds.add(0, report(0, 0))

@@ -107,6 +107,14 @@ def _attempt(lines: list[list[str]], attempt: int) -> list[list[str]]:
     return [line for line in lines if int(line[0]) == attempt]
 
 
+def _steps(result: train.Result) -> list[int]:
+    """The steps of the run's metrics rows, in order; each row's training_iteration is its step
+    (one report per step), so a row missing or repeated across the recovery shows."""
+    frame = result.metrics_dataframe
+    assert frame["training_iteration"].tolist() == frame["step"].tolist()
+    return [int(s) for s in frame["step"]]
+
+
 @pytest.fixture(scope="module")
 def twice(tmp_path_factory: Any) -> tuple[train.Result, Any]:
     """Rank 1 killed at step 14, and its replacement again right after the hand-over."""
@@ -123,6 +131,8 @@ def test_a_second_failure_during_the_hand_over_falls_back_to_the_checkpoint(twic
     assert {line[3] for line in third} == {"Checkpoint"}
     names = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_0"))
     assert names == ["checkpoint_000009"]  # step 10's
+    steps = 6 * EPOCHS  # SIZE / (2 ranks * BATCH) per epoch
+    assert _steps(result) == list(range(1, steps + 1))  # the third attempt's rows from 11 on
 
 
 def test_two_ranks_resume_at_the_failed_step_with_the_weights_of_a_run_from_storage(
@@ -145,6 +155,8 @@ def test_two_ranks_resume_at_the_failed_step_with_the_weights_of_a_run_from_stor
     assert not _alive(child)  # what the survivor's failed call started was killed at its reset
     names = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_0"))
     assert names == ["checkpoint_000009"]  # the peer state was never written as a checkpoint
+    # one row per step, none missing between the checkpoint (10) and the recovered step
+    assert _steps(result) == list(range(1, 6 * EPOCHS + 1))
 
 
 def test_three_ranks_resume_at_the_failed_step_as_a_restart_there_from_the_same_state(
@@ -156,6 +168,9 @@ def test_three_ranks_resume_at_the_failed_step_as_a_restart_there_from_the_same_
     after = _attempt(lines["0"], 1)
     assert int(after[0][1]) >= int(_attempt(lines["0"], 0)[-1][1])
     assert int(after[0][1]) == 8 and {line[3] for line in after} == {"PeerCheckpoint"}
+    assert _steps(peer) == list(range(1, 4 * EPOCHS + 1))
+    names = sorted(d for d in os.listdir(peer.path) if d.startswith("checkpoint_0"))
+    assert names == ["checkpoint_000004", "checkpoint_000009"]  # rounds = steps - 1
     monkeypatch.setenv("PHALANX_RESTORE_MODE", "full")
     restarted, lines = _fit(tmp_path, "full3", 3, kill=[1, 0, 8], save_at=[5, 7, 10])
     assert int(_attempt(lines["0"], 1)[0][1]) == 8

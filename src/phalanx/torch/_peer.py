@@ -262,6 +262,9 @@ def _provide(session: Session) -> Checkpoint | None:
             [r for r in range(world) if r not in offer.survivors],
         )
     session.data_positions._resume.update(offer.data_record)
+    # The next report is the round after the recovered one: its metrics row and default
+    # checkpoint name follow the failed attempt's rows (the driver numbers rounds from it)
+    session.next_round = offer.tag[1] + 1
     committed = session.latest_checkpoint
     if committed is not None:
         return PeerCheckpoint(committed.path, committed.filesystem, offer)

@@ -73,6 +73,10 @@ class ReportRounds:
         self.positions: list[dict[str, Any] | None] = [None] * world_size
 
     def add(self, rank: int, report: Report) -> None:
+        if not any(self.counts) and report.index > self.start_round:
+            # The ranks continue a later round than the checkpoint's next one: they recovered
+            # to the failed step (``phalanx.torch._peer``), and number their rounds from there
+            self.start_round = self.next_round = report.index
         self._pending[rank].append(report)
         self.counts[rank] += 1
 
