@@ -10,7 +10,8 @@ Workload: the B2 loop (MLP 784-512-512-10, DDP over gloo, 2 workers, batch 128 p
 with momentum) on synthetic rows, shrunk to 20k rows x 2 epochs (158 steps per worker) so that
 one run stays short. Every ``--ckpt-every`` steps every rank reports, rank 0 with a checkpoint
 of the model and optimizer state; on restart every rank loads the latest checkpoint and skips to
-its step. On the first attempt only, rank 1 writes ``time.time()`` to a file after step
+its step (Ray Train and torchrun; phalanx's prepared loader continues at the checkpoint's
+data position by itself). On the first attempt only, rank 1 writes ``time.time()`` to a file after step
 ``--kill-step`` and SIGKILLs itself. Each system gets one retry:
 
 - phalanx: ``phalanx.torch.TorchTrainer`` + ``FailureConfig(max_failures=1)``; first attempt:
@@ -142,11 +143,17 @@ def _train(
         step = state["step"]
     marks.update(t_loaded=time.time(), start_step=step, torch_threads=torch.get_num_threads(),
                  omp=os.environ.get("OMP_NUM_THREADS"))  # fmt: skip
-    steps_per_epoch = len(loader)
+    # The full epoch's batches per rank (a resumed phalanx loader's len() is the epoch's rest)
+    steps_per_epoch = -(-cfg["rows"] // WORLD_SIZE // cfg["batch_size"])
+    # Ray Train's and torchrun's loaders start each epoch over: the loop skips to its step.
+    # phalanx's prepared loader continues at the checkpoint's data position by itself; skipping
+    # there too would skip the epoch's rest (with --epochs 1: no batch left).
+    resumes = cfg["system"].startswith("phalanx")
     loss = torch.zeros(())
     for epoch in range(step // steps_per_epoch, cfg["epochs"]):
         loader.sampler.set_epoch(epoch)
-        for xb, yb in itertools.islice(loader, step - epoch * steps_per_epoch, None):
+        skip = 0 if resumes else step - epoch * steps_per_epoch
+        for xb, yb in itertools.islice(loader, skip, None):
             optimizer.zero_grad()
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
