@@ -61,6 +61,29 @@ def test_rounds_continue_from_the_round_the_ranks_recovered_to():
     assert (rounds.start_round, rounds.next_round) == (13, 15)
 
 
+def test_a_round_only_the_lost_rank_had_not_reported_is_carried_into_the_recovery():
+    """Rank 1 died after its step 17 (round 16), before reporting it; the survivors resumed
+    after it: round 16 commits with rank 0's report, without its checkpoint, before round 17."""
+    failed = ReportRounds(world_size=2, start_round=10)
+    for index in range(10, 17):
+        failed.add(0, Report(index, {"step": index + 1}, "ckpt" if index == 16 else None, 0.0))
+    for index in range(10, 16):
+        failed.add(1, report(1, index))
+    assert [d.index for d in failed.pop_complete(set())] == list(range(10, 16))
+    rounds = ReportRounds(world_size=2, start_round=10, previous=failed)
+    rounds.add(0, report(0, 17))
+    rounds.add(1, report(1, 17))
+    carried, after = rounds.pop_complete(set())
+    assert (carried.index, after.index) == (16, 17)
+    assert carried.run_metrics == {"step": 17} and carried.reports[1] is None
+    assert carried.checkpoint_dir_names == set()  # its checkpoint never committed
+    assert rounds.pop_complete(set()) == []
+    restarted = ReportRounds(world_size=2, start_round=10, previous=failed)
+    restarted.add(0, report(0, 0))  # a restart from the checkpoint: nothing carried
+    restarted.add(1, report(1, 0))
+    assert [d.index for d in restarted.pop_complete(set())] == [10]
+
+
 def test_rounds_pop_in_order_as_reports_arrive():
     rounds = ReportRounds(world_size=2, start_round=0)
     rounds.add(0, report(0, 0))

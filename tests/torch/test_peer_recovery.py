@@ -28,7 +28,8 @@ def _loop(config: dict[str, Any]) -> list[float]:
     """SIZE samples in batches of BATCH per rank for EPOCHS epochs, DDP, SGD with momentum; a
     checkpoint at each step in ``save_at`` (default: every EVERY steps); each report appended to
     ``<log>/<rank>`` as "attempt step pid restored-from"; ``kill``: (rank, attempt, step) SIGKILLs
-    that rank as it starts that step; ``die_after_load``: (rank, attempt) SIGKILLs it right after
+    that rank as it starts that step, ``kill_after`` after that step's optimizer step, before its
+    report; ``die_after_load``: (rank, attempt) SIGKILLs it right after
     load_state, before its first step (a second failure during the hand-over)."""
     ctx = train.get_context()
     rank, attempt = ctx.get_world_rank(), ctx.get_attempt()
@@ -64,6 +65,8 @@ def _loop(config: dict[str, Any]) -> list[float]:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if [rank, attempt, state["step"] + 1] == list(config.get("kill_after", ())):
+                os.kill(os.getpid(), signal.SIGKILL)  # the step done everywhere, not reported
             state["step"] += 1
             state["epoch"] = epoch
             step = state["step"]
@@ -163,12 +166,14 @@ def test_three_ranks_resume_at_the_failed_step_as_a_restart_there_from_the_same_
     tmp_path, monkeypatch
 ):
     """With 3 ranks a re-created DDP's buckets change the allreduce's rounding, also for a
-    restart from storage: the reference is a full restart at the same step (checkpoint there)."""
-    peer, lines = _fit(tmp_path, "peer3", 3, kill=[1, 0, 8], save_at=[5, 10])
+    restart from storage: the reference is a full restart at the same step (checkpoint there).
+    Rank 1 dies after its step 7, before reporting it: the survivors resume after step 7, and
+    its metrics row comes from their reports."""
+    peer, lines = _fit(tmp_path, "peer3", 3, kill_after=[1, 0, 7], save_at=[5, 10])
     after = _attempt(lines["0"], 1)
     assert int(after[0][1]) >= int(_attempt(lines["0"], 0)[-1][1])
     assert int(after[0][1]) == 8 and {line[3] for line in after} == {"PeerCheckpoint"}
-    assert _steps(peer) == list(range(1, 4 * EPOCHS + 1))
+    assert _steps(peer) == list(range(1, 4 * EPOCHS + 1))  # row 7 too
     names = sorted(d for d in os.listdir(peer.path) if d.startswith("checkpoint_0"))
     assert names == ["checkpoint_000004", "checkpoint_000009"]  # rounds = steps - 1
     monkeypatch.setenv("PHALANX_RESTORE_MODE", "full")

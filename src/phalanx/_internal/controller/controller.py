@@ -231,10 +231,11 @@ class Controller:
         self.history.attempt = self.manager.attempts
         group = WorkerGroup(self.engine, group_spec(self.spec, self.storage, self.attempts - 1))
         n = group.spec.num_workers
+        previous = self.attempt.rounds if self.attempt is not None else None  # see ReportRounds
         self.attempt = Attempt(
             self.attempts,
             group,
-            ReportRounds(n, self.manager.next_round),
+            ReportRounds(n, self.manager.next_round, previous),
             ProgressWatchdog(self.failure_config.hang_timeout_s, n),
         )
         self.watcher.on_attempt(self.attempt)

@@ -9,6 +9,7 @@ that failed is not "returned": rounds it did not report never complete, exactly 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -61,9 +62,19 @@ class Round:
 
 
 class ReportRounds:
-    """Collects reports per rank and hands out rounds once they are complete."""
+    """Collects reports per rank and hands out rounds once they are complete.
 
-    def __init__(self, world_size: int, start_round: int) -> None:
+    ``previous``: the failed attempt's rounds, when this attempt follows one. Its ranks may
+    continue a later round than the one after the checkpoint (they recovered to the failed step
+    from the survivors' state, ``phalanx.torch._peer``): this attempt's rounds are numbered from
+    their first report's, and the failed attempt's rounds before it that only a lost rank had
+    not reported are handed out first, with the survivors' reports (every rank completed their
+    steps: the ranks resumed after them), without their checkpoint (a part is missing).
+    """
+
+    def __init__(
+        self, world_size: int, start_round: int, previous: ReportRounds | None = None
+    ) -> None:
         self._pending: list[deque[Report]] = [deque() for _ in range(world_size)]
         self.counts = [0] * world_size
         self.start_round = start_round
@@ -71,19 +82,20 @@ class ReportRounds:
         # Each rank's data position as of the last round handed out: a rank that reported none
         # in a round (or had returned) keeps its last known one
         self.positions: list[dict[str, Any] | None] = [None] * world_size
+        self._previous = previous if previous and len(previous._pending) == world_size else None
+        self._carried: list[Round] = []  # the failed attempt's rounds, handed out first
 
     def add(self, rank: int, report: Report) -> None:
         if not any(self.counts) and report.index > self.start_round:
-            # The ranks continue a later round than the checkpoint's next one: they recovered
-            # to the failed step (``phalanx.torch._peer``), and number their rounds from there
-            self.start_round = self.next_round = report.index
+            self._continue_at(report.index)
+        self._previous = None  # only the first report tells where the ranks continue
         self._pending[rank].append(report)
         self.counts[rank] += 1
 
     def pop_complete(self, returned: set[int]) -> list[Round]:
         """Complete rounds, oldest first. ``returned``: ranks whose training call returned
         normally (every report of theirs is already added)."""
-        rounds: list[Round] = []
+        rounds, self._carried = self._carried, []
         while True:
             if any(not q and rank not in returned for rank, q in enumerate(self._pending)):
                 return rounds
@@ -95,6 +107,21 @@ class ReportRounds:
                     self.positions[rank] = report.data_position
             rounds.append(Round(self.next_round, reports, list(self.positions)))
             self.next_round += 1
+
+    def _continue_at(self, index: int) -> None:
+        """The ranks' first report is round ``index``: number from it; the failed attempt's
+        rounds between its last complete one and ``index`` go out first (see the class)."""
+        previous = self._previous
+        if previous is not None:
+            self.positions = list(previous.positions)
+            for carried in range(previous.next_round, index):
+                reports = [_survivors_report(q, carried) for q in previous._pending]
+                if any(r is not None for r in reports):
+                    for rank, report in enumerate(reports):
+                        if report is not None and report.data_position is not None:
+                            self.positions[rank] = report.data_position
+                    self._carried.append(Round(carried, reports, list(self.positions)))
+        self.start_round = self.next_round = index
 
     def reported_through(self, rank: int) -> int:
         """How many rounds of this attempt ``rank`` has reported."""
@@ -125,3 +152,21 @@ class ReportRounds:
             "fails.\nHINT: call phalanx.report() on every rank, passing the checkpoint from rank 0 "
             "only: report(metrics, checkpoint=ckpt if rank == 0 else None)."
         )
+
+
+def _survivors_report(queue: deque[Report], index: int) -> Report | None:
+    """A rank's report of round ``index`` in a failed attempt's queue, as a carried round keeps
+    it: its metrics, time, position and replica checksum; not its checkpoint (the round never
+    committed, its staged parts are gone) nor its waits (counted with the failed attempt)."""
+    report = next((r for r in queue if r.index == index), None)
+    if report is None:
+        return None
+    return dataclasses.replace(
+        report,
+        checkpoint_dir_name=None,
+        checkpoint_class=None,
+        checkpoint_s=0.0,
+        data_wait_s=0.0,
+        collective_s=0.0,
+        steps=0,
+    )
