@@ -162,6 +162,20 @@ def test_two_ranks_resume_at_the_failed_step_with_the_weights_of_a_run_from_stor
     assert _steps(result) == list(range(1, 6 * EPOCHS + 1))
 
 
+def test_a_survivor_waiting_in_save_state_for_the_lost_rank_is_kept_and_resumes_there(
+    tmp_path, twice
+):
+    """Rank 1 dies after step 10, before its save_state: rank 0 waits in save_state's roll call
+    for it; the failure ends that wait, rank 0 keeps its process and hands over step 9's state."""
+    result, lines = _fit(tmp_path, "in-save", 2, kill_after=[1, 0, 10], save_at=[5, 10])
+    assert result.attempts == 2
+    before, after = _attempt(lines["0"], 0), _attempt(lines["0"], 1)
+    assert before[0][2] == after[0][2]  # rank 0 kept its process
+    assert int(after[0][1]) == 10 and {line[3] for line in after} == {"PeerCheckpoint"}
+    assert _steps(result) == list(range(1, 6 * EPOCHS + 1))
+    assert result.return_value == twice[0].return_value  # bitwise
+
+
 def test_three_ranks_resume_at_the_failed_step_as_a_restart_there_from_the_same_state(
     tmp_path, monkeypatch
 ):

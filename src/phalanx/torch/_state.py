@@ -216,12 +216,21 @@ def _roll_call(api: str, attempt: int, index: int) -> None:
     keys = [f"phalanx/{api}/{attempt}/{index}/{r}" for r in range(dist.get_world_size())]
     store.set(keys[rank], "1")
     timeout_s = env.save_state_timeout_s()
-    try:
-        store.wait(keys, timedelta(seconds=timeout_s))
-    except RuntimeError:  # DistStoreError: some rank never checked in
-        missing = [r for r, key in enumerate(keys) if not store.check([key])]
-    else:
-        missing = []
+    deadline = time.monotonic() + timeout_s
+    session = get_session()
+    while True:  # in slices: a failure elsewhere ends the training call here (in-place recovery)
+        left = deadline - time.monotonic()
+        try:
+            store.wait(keys, timedelta(seconds=max(0.01, min(ROLL_CALL_SLICE_S, left))))
+        except RuntimeError:  # DistStoreError: not every rank has checked in yet
+            if session is not None:
+                session._raise_if_interrupted()
+            if time.monotonic() < deadline:
+                continue
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        else:
+            missing = []
+        break
     if not missing:
         if index > 0:  # every rank is past the previous roll call: its keys are not read again
             store.delete_key(f"phalanx/{api}/{attempt}/{index - 1}/{rank}")
@@ -235,6 +244,11 @@ def _roll_call(api: str, attempt: int, index: int) -> None:
         f"{env.SAVE_STATE_TIMEOUT_VAR}."
     )
 
+
+# A roll call waits for the other ranks in slices this long: a rank stuck there when another one
+# died (it never comes) must end its training call when the attempt fails, or in-place recovery
+# cannot keep its process (seen: killed after its step, before save_state at a checkpoint step)
+ROLL_CALL_SLICE_S = 0.2
 
 _COLLECTIVE = {
     "save_state": "the ranks plan one DCP checkpoint together, each writing its own part",
