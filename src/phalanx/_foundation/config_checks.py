@@ -4,9 +4,12 @@ phalanx.config's modules so they stay readable lists of fields."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from phalanx.errors import ConfigError
+
+if TYPE_CHECKING:
+    from phalanx.config import ScalingConfig
 
 
 def _fail(name: str, value: object, allowed: str, hint: str = "") -> ConfigError:
@@ -20,7 +23,7 @@ def _is_selector(value: object) -> bool:
     )
 
 
-def validate_placement_fields(scaling: Any) -> None:
+def validate_placement_fields(scaling: ScalingConfig) -> None:
     """Types and combinations, as Ray checks them at construction."""
     selector = scaling.label_selector
     if selector is not None:
@@ -53,7 +56,7 @@ def validate_placement_fields(scaling: Any) -> None:
         raise _fail("elastic_resize_monitor_interval_s", interval, "a number of seconds >= 0")
 
 
-def check_no_labels_locally(scaling: Any) -> None:
+def check_no_labels_locally(scaling: ScalingConfig) -> None:
     """Local processes run on this machine: node labels cannot select anything."""
     if scaling.label_selector is not None:
         raise ConfigError(

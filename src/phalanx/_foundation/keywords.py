@@ -11,15 +11,17 @@ from __future__ import annotations
 import difflib
 import inspect
 import weakref
-from typing import Any
+from typing import TypeVar
 
 from phalanx.errors import UnknownArgumentError
+
+_Checked = TypeVar("_Checked", bound="KeywordChecked")
 
 
 class KeywordChecked:
     """Base of public classes whose keyword arguments are checked before ``__init__`` runs."""
 
-    def __new__(cls, *args: object, **kwargs: object) -> Any:
+    def __new__(cls: type[_Checked], *args: object, **kwargs: object) -> _Checked:
         if kwargs:
             names = accepted_keywords(cls)
             if names is not None:

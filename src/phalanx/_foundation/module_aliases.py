@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
+import types
 from collections.abc import Iterable
-from typing import Any
 
 __all__ = ["KEPT_PATHS", "MOVED_MODULES", "keep_moved_module_paths", "keep_old_module_paths"]
 
@@ -41,7 +42,9 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder):
     def __init__(self, moved: dict[str, str]) -> None:
         self.moved = moved
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> Any:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         new = self.moved.get(fullname)
         if new is None:
             return None
@@ -52,7 +55,7 @@ class _AliasLoader(importlib.abc.Loader):
     def __init__(self, new: str) -> None:
         self.new = new
 
-    def create_module(self, spec: object) -> Any:
+    def create_module(self, spec: object) -> types.ModuleType:
         return importlib.import_module(self.new)
 
     def exec_module(self, module: object) -> None:

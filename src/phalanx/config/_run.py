@@ -16,12 +16,12 @@ if TYPE_CHECKING:
     from phalanx.callbacks import Callback
 
 
-def _check_run_name(name: Any) -> None:
+def _check_run_name(name: object) -> None:
     """The run directory is ``<storage_path>/<name>``: one path component, or it escapes."""
     from phalanx._foundation.fs.paths import RESERVED_PREFIX, component_problem
 
     problem = component_problem(name)
-    if problem is None and name.startswith(RESERVED_PREFIX):
+    if problem is None and isinstance(name, str) and name.startswith(RESERVED_PREFIX):
         problem = f"names starting with {RESERVED_PREFIX!r} are phalanx's own"
     if problem is not None:
         raise _fail(
@@ -143,7 +143,7 @@ class RunConfig(KeywordChecked):
                 )
 
 
-def _check_storage_path(path: Any, known_protocols: bool) -> None:
+def _check_storage_path(path: object, known_protocols: bool) -> None:
     """None, a local path, or a URI whose protocol fsspec knows (installed or not: a missing
     package is a StorageError at fit(), with fsspec's install hint). With a storage_filesystem
     the protocol is that filesystem's business."""
@@ -174,7 +174,7 @@ def _check_storage_path(path: Any, known_protocols: bool) -> None:
             )
 
 
-def _check_storage_filesystem(filesystem: Any) -> None:
+def _check_storage_filesystem(filesystem: object) -> None:
     if filesystem is None:
         return
     import fsspec

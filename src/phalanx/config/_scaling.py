@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from phalanx._foundation.keywords import KeywordChecked
 from phalanx.config._checks import _fail, _is_int, _is_number
@@ -12,7 +11,7 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 ENGINES = ("local", "ray", "thread")
 
 
-def _check_num_workers(value: Any) -> None:
+def _check_num_workers(value: object) -> None:
     """An int >= 0, or ``(min_workers, max_workers)`` ints with 1 <= min <= max (elastic)."""
     if isinstance(value, tuple):
         if len(value) != 2 or not all(_is_int(v) for v in value):
@@ -43,7 +42,7 @@ def _check_num_workers(value: Any) -> None:
         )
 
 
-def _check_resources(cls: str, name: str, resources: Any) -> None:
+def _check_resources(cls: str, name: str, resources: object) -> None:
     """None or a dict of resource name to a number >= 0 (no bools, no NaN)."""
     if resources is None:
         return
