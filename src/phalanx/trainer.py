@@ -9,7 +9,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from phalanx._fit.picklable import check_picklable
 from phalanx._foundation import env
@@ -23,6 +23,7 @@ from phalanx.validation import ValidationConfig
 
 if TYPE_CHECKING:
     # What fit() runs is imported by fit(): `import phalanx.torch` stays light (issue 19).
+    from phalanx._internal.engines.base import Engine
     from phalanx._internal.storage.run_storage import RunStorage
     from phalanx.result import Result
 
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 # A training function that pickles larger than this captured something big (issue: a 300 MB
 # array made fit() 6.6 s instead of 0.24 s, silently).
 LARGE_TRAIN_FN_BYTES = 50_000_000
+
+_Trainer = TypeVar("_Trainer", bound="BaseTrainer")
 
 
 class BaseTrainer(KeywordChecked):
@@ -46,11 +49,13 @@ class BaseTrainer(KeywordChecked):
             result = TorchTrainer.restore(path, train_loop_per_worker=train_func).fit()
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+    # What restore() rebuilds the trainer from (saved by fit(), as Ray V1's trainer.pkl).
+    _init_arguments: dict[str, object] | None
+
+    def __new__(cls: type[_Trainer], *args: object, **kwargs: object) -> _Trainer:
         from phalanx._fit.restore import init_arguments
 
         trainer = super().__new__(cls, *args, **kwargs)
-        # What restore() rebuilds the trainer from (saved by fit(), as Ray V1's trainer.pkl).
         trainer._init_arguments = init_arguments(cls, args, kwargs)
         return trainer
 
@@ -58,7 +63,7 @@ class BaseTrainer(KeywordChecked):
         raise NotImplementedError
 
     @classmethod
-    def can_restore(cls, path: str | os.PathLike[str], storage_filesystem: Any = None) -> bool:
+    def can_restore(cls, path: str | os.PathLike[str], storage_filesystem: object = None) -> bool:
         """Whether ``path`` (a run directory, ``result.path``) holds a run to resume."""
         from phalanx._fit.restore import can_restore
 
@@ -68,7 +73,7 @@ class BaseTrainer(KeywordChecked):
     def restore(
         cls,
         path: str | os.PathLike[str],
-        train_loop_per_worker: Callable[..., Any] | None = None,
+        train_loop_per_worker: Callable[..., object] | None = None,
         train_loop_config: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> BaseTrainer:
@@ -124,7 +129,7 @@ class DataParallelTrainer(BaseTrainer):
 
     def __init__(
         self,
-        train_loop_per_worker: Callable[..., Any],
+        train_loop_per_worker: Callable[..., object],
         *,
         train_loop_config: dict[str, Any] | None = None,
         backend_config: BackendConfig | None = None,
@@ -248,7 +253,7 @@ class DataParallelTrainer(BaseTrainer):
 
     def _fit_locked(
         self,
-        engine: Any,
+        engine: Engine,
         scaling: ScalingConfig,
         storage: RunStorage,
         name: str,
@@ -311,7 +316,7 @@ def default_run_name() -> str:
     return f"phalanx_run-{stamp}.{int(now % 1 * 1000):03d}-{secrets.token_hex(3)}"
 
 
-def _check_type(field: str, value: Any, expected: type) -> None:
+def _check_type(field: str, value: object, expected: type) -> None:
     if not isinstance(value, expected):
         raise ConfigError(
             f"{field}={value!r} is invalid: it must be a phalanx.{expected.__name__}.\n"
@@ -319,7 +324,7 @@ def _check_type(field: str, value: Any, expected: type) -> None:
         )
 
 
-def _check_train_fn(fn: Any) -> None:
+def _check_train_fn(fn: object) -> None:
     if not callable(fn):
         raise ConfigError(f"train_loop_per_worker={fn!r} is invalid: it must be a function.")
     try:
@@ -338,7 +343,7 @@ def _check_train_fn(fn: Any) -> None:
         )
 
 
-def _check_mapping(field: str, value: Any) -> None:
+def _check_mapping(field: str, value: object) -> None:
     if value is not None and not isinstance(value, dict):
         example = "{'train': dataset}" if field == "datasets" else "{'key': 'value'}"
         raise ConfigError(
@@ -365,12 +370,12 @@ def _check_metadata(metadata: dict[str, Any]) -> None:
             )
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _pickle_train_fn(fn: Callable[..., Any]) -> bytes:
+def _pickle_train_fn(fn: Callable[..., object]) -> bytes:
     try:
         payload = dump_function(fn)
     except Exception as exc:

@@ -15,11 +15,14 @@ import logging
 import os
 import pickle
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx._internal.storage.run_storage import SNAPSHOT_FILE, RunStorage
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError, StorageError
+
+if TYPE_CHECKING:
+    from phalanx.trainer import BaseTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +43,15 @@ def split_run_path(path: str | os.PathLike[str]) -> tuple[str, str]:
     return parent, name
 
 
-def can_restore(path: str | os.PathLike[str], storage_filesystem: Any = None) -> bool:
+def can_restore(path: str | os.PathLike[str], storage_filesystem: object = None) -> bool:
     storage_path, name = split_run_path(path)
     storage = RunStorage.create(storage_path, name, storage_filesystem)
     return storage.read(SNAPSHOT_FILE) is not None
 
 
-def init_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict | None:
+def init_arguments(
+    cls: type, args: tuple[object, ...], kwargs: dict[str, object]
+) -> dict[str, object] | None:
     """The arguments of ``cls(*args, **kwargs)`` by name, as given (defaults left out); None
     when they cannot be named (a ``*args`` signature, or a call ``__init__`` will reject)."""
     signature = _init_signature(cls)
@@ -76,7 +81,7 @@ def _init_signature(cls: type) -> inspect.Signature | None:
         return None
 
 
-def save_trainer(storage: RunStorage, trainer: Any) -> None:
+def save_trainer(storage: RunStorage, trainer: BaseTrainer) -> None:
     """Write ``trainer.pkl``: the trainer's class and arguments, datasets by key only (data is
     never copied into the run directory). Arguments that do not pickle are logged, not fatal:
     ``restore`` then needs them passed again."""
