@@ -39,7 +39,7 @@ exit status:
 Out = Callable[[str], None]
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "migrate",
         help="port Ray Train code to phalanx (a diff, or --write)",

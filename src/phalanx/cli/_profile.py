@@ -29,7 +29,7 @@ Out = Callable[[str], None]
 TRACE_GRACE_S = 30.0  # after the flame graph, how long to wait for the trace's steps
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "profile", help="a flame graph (py-spy) and a torch.profiler trace of one running rank"
     )

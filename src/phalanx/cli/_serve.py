@@ -6,14 +6,18 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx.cli._runs import CLIError, locate
+
+if TYPE_CHECKING:
+    from phalanx.serve._config import ServeConfig
+    from phalanx.serve._model import ModelSpec
 
 __all__ = ["add_parser", "serve"]
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
         help="serve a checkpoint over HTTP (POST /predict)",
@@ -103,7 +107,7 @@ def _model(path: str) -> Any:
     return factory
 
 
-def _serve_on_ray(spec: Any, config: Any, replicas: int, address: str) -> None:
+def _serve_on_ray(spec: ModelSpec, config: ServeConfig, replicas: int, address: str) -> None:
     from phalanx.serve._ray_serve import build_deployment, run_on_ray
 
     app = build_deployment(

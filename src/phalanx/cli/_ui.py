@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable
-from typing import Any
 
 __all__ = ["add_parser", "ui"]
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "ui",
         help="look at the runs of a storage path in a browser",
