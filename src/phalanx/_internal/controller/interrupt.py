@@ -14,7 +14,10 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from phalanx.checkpoint import Checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def resume_hint(checkpoints: int, latest: Any, run_uri: str, name: str) -> str:
+def resume_hint(checkpoints: int, latest: Checkpoint | None, run_uri: str, name: str) -> str:
     """The line printed after an interrupted run's workers are gone."""
     storage_path = run_uri.rsplit("/", 1)[0] if "/" in run_uri else "."
     kept = f"{checkpoints} checkpoint(s) kept in {run_uri}"

@@ -124,7 +124,7 @@ def close_storage(
     failure (``quiet``) a broken storage is logged, so the error raised is the one that ended
     the run, and what the failure cut off is sorted out (``recover_unindexed``): a checkpoint
     committed but not yet in the index is re-indexed, never deleted."""
-    steps: list[tuple[str, Callable[[], Any]]] = [
+    steps: list[tuple[str, Callable[[], object]]] = [
         ("write the metrics history", history.flush),
         ("compact the metrics history", history.compact),
     ]
@@ -140,7 +140,7 @@ def close_storage(
             step()
 
 
-def quietly(action: str, step: Callable[[], Any]) -> None:
+def quietly(action: str, step: Callable[[], object]) -> None:
     """Run ``step``; a storage error is logged: a run that is failing already raises its own."""
     try:
         step()

@@ -11,7 +11,7 @@ committed round is one row of ``metrics.jsonl``, so a resumed run starts from th
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from phalanx.callbacks import Callback, ReportInfo
 
@@ -44,5 +44,5 @@ class ReportSteps:
         )
 
 
-def _watches(callback: Any) -> bool:
+def _watches(callback: Callback) -> bool:
     return type(callback).on_report is not Callback.on_report
