@@ -16,12 +16,14 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar
 
 from phalanx._internal.worker.collective import barrier_on, broadcast_on
 from phalanx._internal.worker.session import require_session
 
 __all__ = ["barrier", "broadcast_from_rank_zero"]
+
+_Data = TypeVar("_Data")
 
 
 def barrier() -> None:
@@ -36,7 +38,7 @@ def barrier() -> None:
     barrier_on(require_session("collective.barrier"))
 
 
-def broadcast_from_rank_zero(data: Any) -> Any:
+def broadcast_from_rank_zero(data: _Data) -> _Data:
     """Return rank 0's ``data`` on every rank (it must pickle; other ranks' ``data`` is
     ignored).
 

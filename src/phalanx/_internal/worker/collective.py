@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import cloudpickle
 
 from phalanx._internal.storage.run_storage import STAGING_DIR
 from phalanx._internal.worker.step_anatomy import collective_wait
+
+if TYPE_CHECKING:
+    from phalanx._internal.storage.run_storage import RunStorage
+    from phalanx._internal.worker.session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -24,14 +28,16 @@ FIRST_POLL_S = 0.001
 MAX_POLL_S = 0.05
 WARN_EVERY_S = 60.0
 
+_Data = TypeVar("_Data")
 
-def _next_dir(session: Any) -> str:
-    seq = getattr(session, "collective_seq", 0)
+
+def _next_dir(session: Session) -> str:
+    seq = session.collective_seq
     session.collective_seq = seq + 1
     return f"{STAGING_DIR}/collective/attempt_{session.attempt}/{seq:06d}"
 
 
-def barrier_on(session: Any) -> None:
+def barrier_on(session: Session) -> None:
     context = session.context
     if context.world_size == 1:
         return
@@ -43,7 +49,7 @@ def barrier_on(session: Any) -> None:
         _wait_for(storage, f"{directory}/rank_{rank}", "barrier", rank)
 
 
-def broadcast_on(session: Any, data: Any) -> Any:
+def broadcast_on(session: Session, data: _Data) -> _Data:
     context = session.context
     if context.world_size == 1:
         return data
@@ -64,11 +70,11 @@ def broadcast_on(session: Any, data: Any) -> Any:
     return cloudpickle.loads(_wait_for(storage, path, "broadcast_from_rank_zero", 0))
 
 
-def _ensure_dir(storage: Any, directory: str) -> None:
+def _ensure_dir(storage: RunStorage, directory: str) -> None:
     storage.filesystem.makedirs(storage.path(directory), exist_ok=True)
 
 
-def _wait_for(storage: object, relative: str, what: str, rank: int) -> bytes:
+def _wait_for(storage: RunStorage, relative: str, what: str, rank: int) -> bytes:
     """The file once it is there; the wait counts as a collective wait (the step anatomy)."""
     began = time.perf_counter()
     try:
@@ -77,7 +83,7 @@ def _wait_for(storage: object, relative: str, what: str, rank: int) -> bytes:
         collective_wait.add(time.perf_counter() - began)
 
 
-def _poll(storage: Any, relative: str, what: str, rank: int) -> bytes:
+def _poll(storage: RunStorage, relative: str, what: str, rank: int) -> bytes:
     delay, started, warned = FIRST_POLL_S, time.monotonic(), 0.0
     while (data := storage.read(relative)) is None:
         time.sleep(delay)

@@ -96,6 +96,7 @@ class Session:
         self.storage = spec.storage
         self.attempt = spec.attempt
         self.next_round = spec.start_round
+        self.collective_seq = 0  # phalanx.collective calls so far: calls match up by order
         self.latest_checkpoint = spec.checkpoint
         self.dataset_shards = spec.dataset_shards
         # Per session, not per process: on the thread engine every rank is a thread
