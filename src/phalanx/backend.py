@@ -34,7 +34,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, is_dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from phalanx._foundation.keywords import KeywordChecked
 
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from phalanx.config import ScalingConfig
 
 __all__ = ["Backend", "BackendConfig", "WorkerGroup", "WorkerInfo"]
+
+_R = TypeVar("_R")  # what a function run on the workers returns
 
 
 class WorkerInfo(Protocol):
@@ -116,32 +118,34 @@ class WorkerGroup(Protocol):
         """What each worker holds, e.g. ``{"CPU": 1}`` (as Ray Train's worker group says)."""
 
     def execute(
-        self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None, **kwargs: Any
-    ) -> list[Any]:
+        self, fn: Callable[..., _R], *args: object, timeout_s: float | None = None, **kwargs: object
+    ) -> list[_R]:
         """``fn(*args, **kwargs)`` on every rank; the results in rank order."""
 
-    def execute_async(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Future[Any]]:
+    def execute_async(
+        self, fn: Callable[..., _R], *args: object, **kwargs: object
+    ) -> list[Future[_R]]:
         """``execute`` without waiting: a future per rank (a failure is a ``RemoteCallError``)."""
 
     def execute_single(
         self,
         rank: int,
-        fn: Callable[..., Any],
-        *args: Any,
+        fn: Callable[..., _R],
+        *args: object,
         timeout_s: float | None = None,
-        **kwargs: Any,
-    ) -> Any:
+        **kwargs: object,
+    ) -> _R:
         """``fn(*args, **kwargs)`` on one rank; its result."""
 
     def execute_single_async(
-        self, rank: int, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Future[Any]: ...
+        self, rank: int, fn: Callable[..., _R], *args: object, **kwargs: object
+    ) -> Future[_R]: ...
     def execute_per_rank(
         self,
-        fn: Callable[..., Any],
-        args_per_rank: Sequence[tuple[Any, ...]],
+        fn: Callable[..., _R],
+        args_per_rank: Sequence[tuple[object, ...]],
         timeout_s: float | None = None,
-    ) -> list[Any]:
+    ) -> list[_R]:
         """``fn(*args_per_rank[r])`` on each rank ``r``; the results in rank order."""
 
 
@@ -209,7 +213,7 @@ class BackendConfig(KeywordChecked):
         return Backend
 
     @property
-    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[object]]:
         """A context manager factory wrapped around the training function on every worker."""
         return contextlib.nullcontext
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from phalanx.backend import Backend, BackendConfig
 from phalanx.errors import ConfigError
@@ -60,7 +59,7 @@ class TorchConfig(BackendConfig):
         return TorchBackend
 
     @property
-    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[object]]:
         from phalanx.torch._worker_setup import TrainFuncContext
 
         return TrainFuncContext

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, cast
 from phalanx._gbdt.addresses import cpus_per_worker, group_addresses
 from phalanx.backend import Backend, BackendConfig, WorkerGroup
 from phalanx.errors import ConfigError, WorkerGroupError
-from phalanx.xgboost._collective import prepare_rank, start_tracker, stop_tracker
+from phalanx.xgboost._collective import TrackerArgs, prepare_rank, start_tracker, stop_tracker
 
 if TYPE_CHECKING:
     from phalanx.xgboost._config import XGBoostConfig
@@ -38,7 +38,8 @@ class XGBoostBackend(Backend):
             return
         _check_engine(worker_group)
         host = group_addresses(worker_group)[0]
-        args = worker_group.execute(start_tracker, n, host)[0]
+        # Rank 0 starts the tracker: its answer is the tracker's arguments, never None.
+        args = cast("TrackerArgs", worker_group.execute(start_tracker, n, host)[0])
         if backend_config.timeout_s is not None:
             args["dmlc_timeout"] = int(backend_config.timeout_s)
         worker_group.execute(prepare_rank, args, cpus)
