@@ -39,6 +39,7 @@ from phalanx._internal.worker.report_checks import (
     check_validation,
     upload_mode,
 )
+from phalanx._internal.worker.report_extras import ReportExtras
 from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
 from phalanx._internal.worker.state_writer import StateWriter
 from phalanx._internal.worker.step_anatomy import RankAnatomy
@@ -183,7 +184,7 @@ class Session:
                 f"rank(s) {list(self.preemption.preempted_ranks)})"
             )
 
-    def _add_timings(self, extras: dict[str, Any]) -> None:
+    def _add_timings(self, extras: ReportExtras) -> None:
         """The goodput's numbers: the seconds this rank waited for batches since its last
         report and, in its first report of the attempt, when its training function started."""
         waited = data_wait.take()
@@ -194,7 +195,7 @@ class Session:
         if self.started is not None:
             extras["started"], self.started = self.started, None
 
-    def _add_position(self, extras: dict[str, Any]) -> None:
+    def _add_position(self, extras: ReportExtras) -> None:
         """Where each data stream of this rank is after this round: stored with the round's
         checkpoint, if it has one (a few integers per stream; nothing without a stream)."""
         position = self.data_positions.snapshot()
@@ -322,10 +323,10 @@ def _track_shards(positions: DataPositions, shards: dict[str, Any]) -> DataPosit
     return positions
 
 
-def _message_extras(validation: object, checkpoint: Checkpoint | None) -> dict[str, Any]:
+def _message_extras(validation: object, checkpoint: Checkpoint | None) -> ReportExtras:
     """The report message's optional part: what to validate, and the checkpoint's class (the
     driver rebuilds ``result.checkpoint`` as that class, e.g. a ``TorchCheckpoint``)."""
-    extras: dict[str, Any] = {}
+    extras: ReportExtras = {}
     if validation:
         extras["validation"] = validation
     name = class_name(checkpoint) if checkpoint is not None else None

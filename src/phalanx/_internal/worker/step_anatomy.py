@@ -22,9 +22,12 @@ returns ``(group, checksum, optimizer steps)`` when the round is one to compare,
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from phalanx._internal.worker.waits import WaitTotal
+
+if TYPE_CHECKING:
+    from phalanx._internal.worker.report_extras import ReportExtras
 
 __all__ = ["RankAnatomy", "ReplicaCheck", "StepClock", "collective_wait"]
 
@@ -52,7 +55,7 @@ class RankAnatomy:
         self.clocks: list[StepClock] = []
         self.replicas: list[ReplicaCheck] = []
 
-    def add_to(self, extras: dict[str, Any], round_index: int, checkpointed: bool) -> None:
+    def add_to(self, extras: ReportExtras, round_index: int, checkpointed: bool) -> None:
         """The report's anatomy items: ``collective_s``, ``steps``, ``replica`` (each only when
         there is something to say; a report without a prepared model pays one take)."""
         waited = collective_wait.take()
