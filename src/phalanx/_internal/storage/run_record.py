@@ -33,7 +33,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx._foundation.fs.access import storage_errors
 from phalanx._internal.storage.commit_record import has_commit_records
@@ -47,6 +47,9 @@ from phalanx._internal.storage.run_storage import (
 from phalanx._internal.storage.snapshot_journal import JOURNAL_FILE, read_state
 from phalanx._internal.storage.store import RunStore
 from phalanx.errors import ConfigError, StorageError
+
+if TYPE_CHECKING:
+    from phalanx.config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +92,7 @@ def _short_repr(value: object, limit: int = 500) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def describe_run(spec: Any, trainer: Any = None) -> dict[str, Any]:
+def describe_run(spec: Any, trainer: object = None) -> dict[str, Any]:
     """The configuration part of the record, from the controller's ``RunSpec`` and the trainer
     (its class and its own constructor arguments: see :func:`trainer_arguments`)."""
     record = {
@@ -143,7 +146,7 @@ def _plain(value: object) -> bool:
     return False
 
 
-def _run_config(run_config: Any) -> dict[str, Any]:
+def _run_config(run_config: RunConfig) -> dict[str, Any]:
     """RunConfig with its failure and checkpoint configs; of a storage_filesystem only the type,
     since its repr may hold credentials."""
     rendered = {}
