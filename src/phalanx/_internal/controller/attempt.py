@@ -6,7 +6,6 @@ import logging
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
 from phalanx._internal.controller.rounds import ReportRounds
 from phalanx._internal.controller.watchdog import ProgressWatchdog
@@ -35,7 +34,7 @@ class Attempt:
     group: WorkerGroup
     rounds: ReportRounds
     watchdog: ProgressWatchdog
-    train_futures: list[Future[Any]] = field(default_factory=list)
+    train_futures: list[Future[object]] = field(default_factory=list)
     failures: dict[int, WorkerFailure] = field(default_factory=dict)
     exited: dict[int, tuple[float, int]] = field(default_factory=dict)
     preempted_ranks: set[int] = field(default_factory=set)

@@ -99,7 +99,7 @@ class Controller:
         self.attempts = 0
         self.error: TrainingFailedError | None = None  # the error the run ends with (ERRORED)
         self._warned_silent = False
-        self.return_value: Any = None
+        self.return_value: object = None
         self.validations = Validations(spec.validation_config)
         self.watcher = RunWatcher(
             spec.run_name,

@@ -123,7 +123,7 @@ def prepare_workers(engine: Engine, group: WorkerGroup, spec: RunSpec, backend: 
     backend.on_training_start(group, spec.backend_config)
 
 
-def start_training(engine: Engine, group: WorkerGroup, spec: RunSpec) -> list[Future[Any]]:
+def start_training(engine: Engine, group: WorkerGroup, spec: RunSpec) -> list[Future[object]]:
     """The training call on every rank; each wakes the controller's poll as it resolves."""
     in_process = engine.in_process
     futures = group.execute_async(
@@ -137,6 +137,6 @@ def start_training(engine: Engine, group: WorkerGroup, spec: RunSpec) -> list[Fu
     return futures
 
 
-def _wake_on_done(events: Events, index: int) -> Callable[[Future[Any]], None]:
+def _wake_on_done(events: Events, index: int) -> Callable[[Future[object]], None]:
     """Wake the poll loop as soon as a rank's training call resolves."""
     return lambda _future: events.put((index, CallDone()))

@@ -14,6 +14,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -387,7 +388,11 @@ def require_session(api: str) -> Session:
     return session
 
 
-def run_train_fn(payload: Any, config: dict[str, Any] | None, context_factory: Any) -> Any:
+def run_train_fn(
+    payload: bytes | Callable[..., object],
+    config: dict[str, Any] | None,
+    context_factory: Callable[[], AbstractContextManager[object]],
+) -> object:
     """Run the user's training function; only rank 0's return value is sent back."""
     fn = load_function(payload) if isinstance(payload, bytes) else payload
     session = get_session()
@@ -402,7 +407,7 @@ def run_train_fn(payload: Any, config: dict[str, Any] | None, context_factory: A
     return value if session is not None and session.context.world_rank == 0 else None
 
 
-def _takes_config(fn: Any) -> bool:
+def _takes_config(fn: Callable[..., object]) -> bool:
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
