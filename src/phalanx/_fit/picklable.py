@@ -22,11 +22,11 @@ from phalanx.errors import ConfigError
 class _Sink:
     """A file that forgets what is written to it."""
 
-    def write(self, data: Any) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         return len(memoryview(data))
 
 
-def check_picklable(field: str, value: Any) -> None:
+def check_picklable(field: str, value: object) -> None:
     """Raise ConfigError naming the innermost dict key of ``value`` that cannot be pickled."""
     try:
         _dump(value)
@@ -41,16 +41,16 @@ def check_picklable(field: str, value: Any) -> None:
         ) from exc
 
 
-def _dump(value: Any) -> None:
+def _dump(value: object) -> None:
     # buffer_callback returning False: protocol-5 buffers are left out, not copied
     cloudpickle.CloudPickler(
         _Sink(), protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=lambda _buf: False
     ).dump(value)
 
 
-def _culprit(value: Any, error: Exception) -> tuple[tuple[Any, ...], Exception]:
+def _culprit(value: object, error: Exception) -> tuple[tuple[object, ...], Exception]:
     """The path of keys to the innermost dict entry that fails to pickle, and its error."""
-    path: tuple[Any, ...] = ()
+    path: tuple[object, ...] = ()
     while isinstance(value, dict):
         for key, item in value.items():
             try:
@@ -63,7 +63,7 @@ def _culprit(value: Any, error: Exception) -> tuple[tuple[Any, ...], Exception]:
     return path, error
 
 
-def _lookup(value: Any, path: tuple[Any, ...]) -> Any:
+def _lookup(value: Any, path: tuple[object, ...]) -> object:
     for key in path:
         value = value[key]
     return value
