@@ -6,9 +6,12 @@ import argparse
 import difflib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from phalanx.cli._runs import CLIError
+
+if TYPE_CHECKING:
+    from phalanx.migrate import Attention
 
 __all__ = ["EXIT_ATTENTION", "EXIT_WOULD_CHANGE", "add_parser", "migrate"]
 
@@ -87,7 +90,7 @@ def migrate(args: argparse.Namespace, out: Out, err: Out) -> int:
     return EXIT_WOULD_CHANGE if args.check and changed else 0
 
 
-def _attention(path: Path, items: tuple[Any, ...], err: Out, first: bool) -> int:
+def _attention(path: Path, items: tuple[Attention, ...], err: Out, first: bool) -> int:
     if items and first:
         err("needs your attention (left as it was):")
     for item in items:
