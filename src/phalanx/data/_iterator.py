@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -16,6 +16,9 @@ from phalanx.data._pass import BatchArgs, Passes, read, read_rows, start_pass
 from phalanx.data._plan import Assignment, Piece, ranges_len
 from phalanx.data._position import DataPosition, PassPosition
 from phalanx.data._source import Source, TableSource
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Assignment", "DataIterator", "Passes"]
 
@@ -281,7 +284,7 @@ class DataIterator:
         batches = list(read(self._source, pieces, read_rows(self._source, None)))
         return pa.Table.from_batches(batches, schema=self._source.schema)
 
-    def to_pandas(self) -> Any:
+    def to_pandas(self) -> pd.DataFrame:
         """The whole shard as one ``pandas.DataFrame`` (must fit in memory)."""
         return self.to_arrow().to_pandas()
 
@@ -295,7 +298,7 @@ class DataIterator:
     def __repr__(self) -> str:
         return f"DataIterator(rows={self.count()}, columns={self.columns()})"
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {
             "source": self._source,
             "assignment": self._assignment,
@@ -323,5 +326,5 @@ def _check_args(batch_size: object, prefetch: object, buffer_size: object) -> No
         )
 
 
-def _to_pandas(table: pa.Table) -> Any:
+def _to_pandas(table: pa.Table) -> pd.DataFrame:
     return table.to_pandas()
