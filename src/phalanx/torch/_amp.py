@@ -32,7 +32,7 @@ class _AmpState:
     def __init__(self, owner: object = None) -> None:
         self.owner = owner  # the session of the run that set this state
         self.enabled = False
-        self.scaler: Any = None
+        self.scaler: torch.amp.GradScaler | None = None
         self.prepared = False
 
 
@@ -78,7 +78,7 @@ def mark_prepared() -> None:
     _run_state().prepared = True
 
 
-def _scaler(device: torch.device) -> Any:
+def _scaler(device: torch.device) -> torch.amp.GradScaler | None:
     state = _run_state()
     # Loss scaling guards float16 gradients on GPU; CPU autocast uses bfloat16, which needs none.
     if state.scaler is None and state.enabled and device.type == "cuda":
@@ -139,7 +139,7 @@ def backward(tensor: torch.Tensor) -> None:
 class _ScaledOptimizer(torch.optim.Optimizer):
     """Delegates to the wrapped optimizer; ``step`` goes through the GradScaler."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
         # Deliberately not calling Optimizer.__init__: all state lives in the wrapped optimizer.
         self.optimizer = optimizer
         self.scaler = scaler
@@ -180,7 +180,7 @@ class _ScaledOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         if closure is None:
             result = self.scaler.step(self.optimizer)
         else:
