@@ -41,7 +41,8 @@ class Report:
     metrics: dict[str, Any]
     checkpoint_dir_name: str | None
     time: float
-    validation: object = None  # report(validation=...): what to validate this round's checkpoint with
+    # report(validation=...): what to validate this round's checkpoint with
+    validation: object = None
     checkpoint_class: str | None = None  # "module:QualName" of a Checkpoint subclass reported
     # For the goodput breakdown: seconds report() was blocked saving the checkpoint, seconds the
     # rank waited for batches since its last report, when its training function started (first
