@@ -5,8 +5,10 @@ rank's metrics reach the trial, and trials too big to run side by side run one a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 
 import phalanx
 from phalanx import tune
+from phalanx.backend import BackendConfig
 from phalanx.checkpoint import Checkpoint
 from phalanx.config import RunConfig, ScalingConfig
 from phalanx.trainer import DataParallelTrainer
@@ -123,3 +126,48 @@ def test_two_worker_trials_on_two_cores_run_one_after_another(tmp_path):
         ranks = result.metrics["all_ranks"]
         assert [m["rank"] for m in ranks] == list(range(os.cpu_count() or 1))
         assert result.metrics["rank"] == 0
+
+
+def report_imported(config):
+    # at the first line: did this worker start with the backend's module already imported?
+    phalanx.report({"loss": 0.0, "had": config["module"] in sys.modules, "pid": os.getpid()})
+
+
+@dataclasses.dataclass
+class _PreloadingConfig(BackendConfig):
+    module: str = ""
+
+    @property
+    def preload_modules(self) -> tuple[str, ...]:
+        return (self.module,)
+
+
+def preloading_driver(config):
+    DataParallelTrainer(
+        report_imported,
+        train_loop_config=config,
+        backend_config=_PreloadingConfig(module=config["module"]),
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(verbose=0),
+    ).fit()
+
+
+@pytest.mark.slow
+def test_the_trials_workers_start_with_the_backends_modules_imported_once(tmp_path, monkeypatch):
+    # TorchTrainer's preload module, torch._dynamo, is over a second of CPU in each new worker
+    # (the first optimizer imports it): the sweep's driver imports it once for every trial
+    module = f"phalanx_test_preload_{os.getpid()}"
+    log = tmp_path / "imported_in.txt"
+    (tmp_path / f"{module}.py").write_text(
+        f"import os\nwith open({str(log)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    grid = tune.Tuner(
+        preloading_driver,
+        param_space={"module": module, "x": tune.grid_search([1, 2, 3])},
+        run_config=tune.RunConfig(name="sweep", storage_path=str(tmp_path / "runs")),
+    ).fit()
+    assert not grid.errors and len(grid) == 3
+    assert [r.metrics["had"] for r in grid] == [True, True, True]
+    assert log.read_text().split() == [str(os.getpid())]  # in the driver, once

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib
 import json
 import logging
 import os
@@ -429,6 +430,7 @@ class Sweep:
             if trial.segment and trial.checkpoint_path and trainer.resume_from_checkpoint is None:
                 trainer.resume_from_checkpoint = Checkpoint(trial.checkpoint_path)
             logger.debug("Trial %s runs %s", trial.trial_id, run_path)
+        import_worker_modules(trainer)  # before the run forks its workers
         with self._hold_for_fit(trial, trainer_demand(trainer)):
             yield
 
@@ -454,6 +456,43 @@ class Sweep:
         with open(staging, "w") as f:
             json.dump(state, f, default=_json_default)
         os.replace(staging, path)
+
+
+_imports_lock = threading.Lock()
+_imported: set[str] = set()
+
+
+def import_worker_modules(trainer: Any) -> None:
+    """Import in the sweep's driver what the trial's workers would each import again: the
+    backend's ``preload_modules`` (``torch._dynamo`` for a TorchTrainer: over a second of CPU
+    in every new worker, as the first optimizer or DDP() imports it). The local engine forks
+    its workers from a copy of the driver, so every trial's workers start with them: a sweep
+    pays the import once instead of once per worker of every trial. Nothing for the Ray engine
+    (its workers are actors) or a run in the driver (``num_workers=0``).
+
+    Every local trial's ``fit()`` passes the lock, also once the import is done: a fork while
+    another thread is inside an import would leave that module's import lock held for good in
+    the copy (its workers hang at their first use of it)."""
+    from phalanx._internal.engines.choose import engine_name
+
+    if trainer.scaling_config.num_workers == 0:
+        return
+    try:
+        if engine_name(trainer.scaling_config) != "local":
+            return
+    except ConfigError:  # fit() says so itself
+        return
+    backend = getattr(trainer, "backend_config", None)
+    modules = tuple(getattr(backend, "preload_modules", ()) or ())
+    with _imports_lock:  # one thread imports; no trial forks meanwhile (they wait here)
+        for module in modules:
+            if module in _imported:
+                continue
+            _imported.add(module)
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # the workers would import it themselves, and say why
+                logger.debug("Could not import %s for the trials' workers: %s", module, exc)
 
 
 def air_trainer(trainer: Any, config: dict[str, Any]) -> Any:
