@@ -22,6 +22,7 @@ from phalanx.errors import ConfigError
 __all__ = ["ResourcePool", "trainer_demand", "with_parameters", "with_resources"]
 
 RESOURCES_ATTR = "_phalanx_tune_resources"
+_RAY_BOOKKEEPING = ("memory", "object_store_memory")
 
 
 class ResourcePool:
@@ -40,6 +41,22 @@ class ResourcePool:
         from phalanx._internal.engines.local.resources import visible_gpu_ids
 
         return cls({"CPU": float(os.cpu_count() or 1), "GPU": float(len(visible_gpu_ids()))})
+
+    @classmethod
+    def ray_cluster(cls) -> ResourcePool:
+        """The Ray cluster's resources (its live nodes' CPUs, GPUs and custom resources, summed),
+        for trials whose runs use the Ray engine; connects to Ray (or starts it) as the engine
+        would. Sized once, when the first such trial starts."""
+        from phalanx._internal.engines.ray.engine import alive_node_resources, ensure_ray
+
+        ensure_ray()
+        total: dict[str, float] = {}
+        for node in alive_node_resources():
+            for key, value in node.items():
+                if key in _RAY_BOOKKEEPING or key.startswith("node:"):
+                    continue
+                total[key] = total.get(key, 0.0) + float(value)
+        return cls(total)
 
     def _fits(self, demand: dict[str, float]) -> bool:
         return all(
@@ -96,12 +113,14 @@ class ResourcePool:
         demand: dict[str, float],
         on_placed: Callable[[], None],
         priority: int = 0,
+        into: ResourcePool | None = None,
     ) -> Iterator[None]:
         """``held`` given back for the block and ``demand`` taken instead (a trial's driver
-        share while its Train run's workers hold theirs); ``held`` taken again after."""
+        share while its Train run's workers hold theirs), from the pool ``into`` when given (the
+        Ray cluster's, for a run on the Ray engine); ``held`` taken again after."""
         self.release(held)
         try:
-            with self.hold(demand, on_placed, priority):
+            with (into or self).hold(demand, on_placed, priority):
                 yield
         finally:
             with self._cond:  # at once, not behind the queue: the trial is about to end

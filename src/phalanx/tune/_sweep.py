@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import importlib
 import json
 import logging
@@ -84,6 +85,8 @@ class Sweep:
             metric, mode, param_space, num_samples=tune_config.num_samples
         )
         self.pool = ResourcePool.local()
+        self._ray_pool: ResourcePool | None = None  # the Ray cluster's, once a run uses Ray
+        self._ray_pool_lock = threading.Lock()
         self._cond = threading.Condition(threading.RLock())
         self._live: dict[str, threading.Thread] = {}
         self._placed: set[str] = set()
@@ -144,9 +147,10 @@ class Sweep:
         limit = self.tune_config.max_concurrent_trials
         if limit is not None and len(self._live) >= limit:
             return False
-        if self.pool.waiting or any(t not in self._placed for t in self._live):
+        pools = [self.pool] if self._ray_pool is None else [self.pool, self._ray_pool]
+        if any(p.waiting for p in pools) or any(t not in self._placed for t in self._live):
             return False  # a trial still waits for its share: no more room
-        return not self._live or self.pool.free().get("CPU", 0.0) > 0
+        return not self._live or any(p.free().get("CPU", 0.0) > 0 for p in pools)
 
     def _launch(self) -> None:
         while not self._failure and self._room():
@@ -261,13 +265,24 @@ class Sweep:
                 self._body_held.pop(trial.trial_id, None)
 
     @contextlib.contextmanager
-    def _hold_for_fit(self, trial: Trial, demand: dict[str, float]) -> Iterator[None]:
-        """The Train run's workers' share, in place of the trial's own while it runs."""
+    def _hold_for_fit(self, trial: Trial, trainer: Any) -> Iterator[None]:
+        """The Train run's workers' share, in place of the trial's own while it runs: of this
+        machine, or of the Ray cluster for a run on the Ray engine."""
+        into = self._ray_cluster_pool() if _uses_ray(trainer) else None
         with self._cond:
             self._placed.discard(trial.trial_id)
         held = self._body_held.get(trial.trial_id, {})
-        with self.pool.swap(held, demand, lambda: self._mark_placed(trial), _index(trial)):
+        placed = functools.partial(self._mark_placed, trial)
+        with self.pool.swap(held, trainer_demand(trainer), placed, _index(trial), into=into):
             yield
+
+    def _ray_cluster_pool(self) -> ResourcePool:
+        with self._ray_pool_lock:  # not under the sweep's lock: starting Ray takes seconds
+            if self._ray_pool is None:
+                pool = ResourcePool.ray_cluster()
+                with self._cond:
+                    self._ray_pool = pool
+            return self._ray_pool
 
     def _mark_placed(self, trial: Trial) -> None:
         with self._cond:
@@ -431,7 +446,7 @@ class Sweep:
                 trainer.resume_from_checkpoint = Checkpoint(trial.checkpoint_path)
             logger.debug("Trial %s runs %s", trial.trial_id, run_path)
         import_worker_modules(trainer)  # before the run forks its workers
-        with self._hold_for_fit(trial, trainer_demand(trainer)):
+        with self._hold_for_fit(trial, trainer):
             yield
 
     # -- the state ------------------------------------------------------------------------------
@@ -519,6 +534,18 @@ def trainable_name(trainable: Any) -> str:
         return trainable.__name__
     name = getattr(trainable, "__name__", None) or type(trainable).__name__
     return "".join(c if c.isalnum() or c in "_-" else "_" for c in name)
+
+
+def _uses_ray(trainer: Any) -> bool:
+    """The trainer's run has workers on the Ray engine."""
+    from phalanx._internal.engines.choose import engine_name
+
+    if trainer.scaling_config.num_workers == 0:
+        return False
+    try:
+        return engine_name(trainer.scaling_config) == "ray"
+    except ConfigError:  # fit() says so itself
+        return False
 
 
 def _index(trial: Trial) -> int:
