@@ -13,9 +13,11 @@ authentication on for a head where ``~/.ray/auth_token`` exists, and the joining
 fail with ``InvalidAuthToken``). ``ray stop`` is never used: it stops every Ray of the machine.
 
 Everything is named with one prefix (``phx41``) and one private subnet (``10.213.41.0/24``); one
-set of hosts exists at a time on the machine (an ``flock``), so whatever carries the prefix when
-the lock is taken is a leftover of a run that crashed, and is removed first. ``close`` removes
-everything the hosts made, by pid and by name, whatever the test did.
+set of hosts of a prefix exists at a time on the machine (an ``flock`` per prefix), so whatever
+carries the prefix when the lock is taken is a leftover of a run that crashed, and is removed
+first. ``close`` removes everything the hosts made, by pid and by name, whatever the test did;
+``restore`` heals every link and ends what was started on the hosts, so that one cluster can
+serve many tests (tests/hosts/conftest.py).
 
 Example::
 
@@ -36,7 +38,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any
@@ -141,11 +143,12 @@ class Hosts:
             Host(i, f"{prefix}-h{i}", f"{subnet}.{10 + i}", f"{prefix}v{i}") for i in range(count)
         ]
         self.temp_dir = f"/tmp/{prefix}"
+        self.lock_path = LOCK_PATH if prefix == PREFIX else f"/tmp/phalanx_hosts_{prefix}.lock"
         self._lock: IO[str] | None = None
         self._started: list[subprocess.Popen[Any]] = []
 
     def __enter__(self) -> Hosts:
-        self._lock = open(LOCK_PATH, "w")
+        self._lock = open(self.lock_path, "w")
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         try:
             remove_leftovers(self.prefix)
@@ -223,6 +226,27 @@ class Hosts:
         """pid -> command line of each process on host ``index``."""
         return {pid: command_line(pid) for pid in self.pids(index)}
 
+    def restore(self) -> None:
+        """Every link up again, every process ``popen`` started ended (killed if it still runs),
+        and any phalanx or Ray Train worker left on a host killed: the hosts (and a Ray cluster
+        on them, whose daemons ``run`` started) as a test found them."""
+        for host in self.hosts:
+            _ip("link", "set", host.veth, "up")
+        for process in self._started:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        for process in self._started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+        self._started.clear()
+        left = [
+            pid
+            for host in self.hosts
+            for pid, line in self.processes(host.index).items()
+            if "PhalanxWorker" in line or "RayTrainWorker" in line
+        ]
+        kill_pids(left)
+
     def kill(self, index: int) -> None:
         """SIGKILL every process of host ``index`` (a machine that lost its power)."""
         kill_pids(self.pids(index))
@@ -291,10 +315,12 @@ class RayHosts:
         head: int = 0,
         head_cpus: int = 0,
         system_config: str | None = None,
+        resources: dict[int, dict[str, float]] | None = None,
     ) -> None:
         self.hosts = hosts
         self.head = head
         self.cpus = dict(cpus)
+        self.resources = dict(resources or {})  # host -> its node's custom resources
         self.head_cpus = head_cpus
         self.system_config = system_config
         self.address = f"{hosts[head].address}:{RAY_PORT}"
@@ -324,6 +350,8 @@ class RayHosts:
             # a Python process per node less to start: phalanx sends the workers' output itself
             "--include-log-monitor=false",
         ]
+        if index in self.resources:
+            common += ["--resources", json.dumps(self.resources[index])]
         if index == self.head:
             extra = ["--system-config", self.system_config] if self.system_config else []
             return [
@@ -386,6 +414,21 @@ class RayHosts:
         )
         self.hosts.run(self.head, [sys.executable, "-c", script], timeout_s=timeout_s + 30)
 
+    def revive(self) -> None:
+        """Start again the raylet of every host that has none (Ray's GCS declared a host dead
+        that was cut for longer than its health checks allow: its raylet then exits), so that
+        the cluster has every node again."""
+        lost = [
+            i
+            for i in sorted(self.cpus)
+            if not any("/raylet" in line for line in self.hosts.processes(i).values())
+        ]
+        for index in lost:
+            self.hosts.kill(index)
+            self._start_node(index)
+        if lost:
+            self.wait_for_nodes(1 + len(self.cpus))
+
     def stop(self) -> None:
         """Kill every Ray process of every host (by pid: never ``ray stop``)."""
         for host in self.hosts.hosts:
@@ -399,3 +442,32 @@ def last_json_line(out: str) -> dict:
         if line.startswith("{"):
             return json.loads(line)
     raise AssertionError(f"the driver printed no result:\n{out[-3000:]}")
+
+
+# The cluster tests/hosts shares (tests/hosts/conftest.py): host 0 the Ray head (no CPUs), where
+# drivers, the S3 server and the tools run; a 1-CPU raylet on each worker host, where the
+# workers go (2 ranks, and room to place the lost ones of two cuts elsewhere). The last worker
+# host is also the driver host, for a driver whose link is cut while its workers are elsewhere
+# (a Ray driver needs a raylet on its own host): its workers ask for AWAY, a resource every
+# other worker host has and it has not.
+WORKER_HOSTS = (1, 2, 3, 4)
+DRIVER_HOST = 4
+AWAY = "away_from_driver_host"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    hosts: Hosts
+    ray: RayHosts
+
+    @classmethod
+    @contextlib.contextmanager
+    def started(cls) -> Iterator[Cluster]:
+        """The shared layout above, started; everything removed after."""
+        cpus = dict.fromkeys(WORKER_HOSTS, 1)
+        away = {i: {AWAY: 1.0} for i in WORKER_HOSTS if i != DRIVER_HOST}
+        with (
+            Hosts(len(WORKER_HOSTS) + 1) as hosts,
+            RayHosts(hosts, cpus=cpus, resources=away) as ray_hosts,
+        ):
+            yield cls(hosts, ray_hosts)

@@ -4,10 +4,10 @@ their defaults, would keep them for about a minute), its child processes too; an
 takes the run over with the lease and resumes it from the last commit; the old driver, back on
 the network, writes nothing into the run.
 
-Hosts: 0 the Ray head with the workers' CPUs, the S3 server (moto) and the new driver; 1 the old
-driver (a raylet without CPUs: a Ray driver needs a local raylet). Two hosts are enough: what
-is cut is the driver's link to all of the others, and each host started costs the suite
-seconds. The old driver's lease is made stale by hand (as 60 s without a heartbeat would), so the
+The package's cluster (conftest.py): host 0 the Ray head, the S3 server (moto) and the new
+driver; the old driver on the driver host (a Ray driver needs a raylet on its host), its workers
+on the other 1-CPU hosts. What is cut is the driver's link to all of the others.
+The old driver's lease is made stale by hand (as 60 s without a heartbeat would), so the
 takeover does not wait a minute.
 """
 
@@ -24,7 +24,14 @@ from typing import Any
 
 import pytest
 
-from tests._helpers.hosts import Hosts, RayHosts, last_json_line, namespaces_unavailable
+from tests._helpers.hosts import (
+    AWAY,
+    DRIVER_HOST,
+    WORKER_HOSTS,
+    Cluster,
+    last_json_line,
+    namespaces_unavailable,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -84,12 +91,28 @@ def train(config):
         child.kill()
 
 address, s3_host, marks, who, steps = sys.argv[1:6]
+# Every worker stays off the driver host: the old driver's are cut off from it, and the new
+# driver's must not be placed on a node that is cut (Ray would wait for the node until its GCS
+# declares it dead, a minute). Half a CPU each: the old placement group keeps what it holds
+# until then, and the new driver's 2 workers fit beside it
+resources = {"CPU": 0.5, "__AWAY__": 0.5}
+def bucket():
+    try:
+        fs = filesystem(s3_host)
+        fs.invalidate_cache()
+        return fs.exists("fencing")
+    except Exception:  # the server not up yet
+        return False
+deadline = time.monotonic() + 60
+while not bucket():  # the S3 server and its bucket are made meanwhile
+    assert time.monotonic() < deadline, "no bucket within 60 s"
+    time.sleep(0.1)
 ray.init(address=address, logging_level="ERROR")
 try:
     result = DataParallelTrainer(
         train,
         train_loop_config={"marks": marks, "who": who, "steps": int(steps)},
-        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker=resources),
         run_config=RunConfig(name="fenced", storage_path="s3://fencing/runs",
                              storage_filesystem=filesystem(s3_host),
                              failure_config=FailureConfig(max_failures=1)),
@@ -98,7 +121,7 @@ try:
                       "metrics": result.metrics}), flush=True)
 except BaseException as exc:
     print(json.dumps({"error": repr(exc), "metrics": None}), flush=True)
-"""
+""".replace("__AWAY__", AWAY)
 )
 
 # Run on host 0: the bucket made, the run's objects listed (key -> ETag), a lease made stale.
@@ -147,15 +170,16 @@ def _wait(condition: Callable[[], object], timeout_s: float, what: str) -> float
 
 
 @needs_namespaces
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)  # the package's cluster starts in the first test's time (40-110 s here)
 def test_the_drivers_host_cut_off_its_workers_stop_and_a_new_driver_takes_over(
-    tmp_path: Path,
+    cluster: Cluster, tmp_path: Path
 ) -> None:
+    hosts, address = cluster.hosts, cluster.ray.address
     driver_py, tool_py, marks = tmp_path / "driver.py", tmp_path / "s3tool.py", tmp_path / "marks"
     driver_py.write_text(DRIVER)
     tool_py.write_text(S3_TOOL)
     marks.mkdir()
-    with contextlib.ExitStack() as files, Hosts(2) as hosts:
+    with contextlib.ExitStack() as files:
 
         def log(name: str) -> Any:
             return files.enter_context(open(tmp_path / name, "w"))
@@ -178,46 +202,47 @@ def test_the_drivers_host_cut_off_its_workers_stop_and_a_new_driver_takes_over(
                 return False
             return True
 
+        # the old driver starts (its imports, ray.init) while the S3 server does: it waits for
+        # the bucket. Its workers go to a 1-CPU host other than its own
+        run = [sys.executable, str(driver_py), address, s3_host, str(marks)]
+        old = hosts.popen(
+            DRIVER_HOST, [*run, "old", "400"], stdout=log("old"), stderr=log("old.err")
+        )
         _wait(made, 30, "the S3 server")
-        # 4 CPUs: the old driver's placement group keeps 2 until Ray declares its host dead (a
-        # minute), the new driver's workers take the others
-        with RayHosts(hosts, cpus={1: 0}, head_cpus=4) as cluster:
-            run = [sys.executable, str(driver_py), cluster.address, s3_host, str(marks)]
-            old = hosts.popen(1, [*run, "old", "400"], stdout=log("old"), stderr=log("old.err"))
-            _wait(
-                lambda: len(list(marks.glob("old-*"))) == 2 or old.poll() is not None, 120, "start"
-            )
-            tool("committed")  # what a takeover resumes from
-            _wait(lambda: len(list(marks.glob("busy-*"))) == 2, 30, "the workers busy")
-            # Cut once the driver has no write in flight (its last commit and history flush
-            # landed): one sent just before a cut can land after the heal (TCP retransmits it),
-            # which no store check can stop (docs/guides/networks.md)
-            tool("settled")
-            workers = [int(p) for m in marks.glob("old-*") for p in m.name.split("-")[2:4]]
-            on_hosts = set(hosts.pids(0))
-            assert set(workers) <= on_hosts, (workers, on_hosts)
+        _wait(lambda: len(list(marks.glob("old-*"))) == 2 or old.poll() is not None, 120, "start")
+        tool("committed")  # what a takeover resumes from
+        _wait(lambda: len(list(marks.glob("busy-*"))) == 2, 30, "the workers busy")
+        # Cut once the driver has no write in flight (its last commit and history flush
+        # landed): one sent just before a cut can land after the heal (TCP retransmits it),
+        # which no store check can stop (docs/guides/networks.md)
+        tool("settled")
+        workers = [int(p) for m in marks.glob("old-*") for p in m.name.split("-")[2:4]]
+        away = [i for i in WORKER_HOSTS if i != DRIVER_HOST]
 
-            hosts.cut(1)  # the driver's host: its drains stop arriving
-            took = _wait(
-                lambda: not (set(workers) & set(hosts.pids(0))),
-                BOUND_S + MARGIN_S + 5,
-                "the fenced workers' exit",
-            )
-            assert took <= BOUND_S + MARGIN_S, took
-            print(f"the driver's host cut: its workers gone after {took:.2f} s")
-            assert not list(marks.glob("except-*"))  # no user code ran after the fence
+        def running() -> set[int]:
+            return set(workers) & {p for i in away for p in hosts.pids(i)}
 
-            tool("stale")  # as a minute without the old driver's heartbeat would
-            new = hosts.popen(0, [*run, "new", "16"], stdout=log("new"), stderr=log("new.err"))
-            assert new.wait(timeout=180) == 0
-            found = last_json_line((tmp_path / "new").read_text())
-            assert found["error"] is None and found["metrics"]["step"] == 15, found
-            resumed = sorted(int(m.name.rsplit("-", 1)[1]) for m in marks.glob("new-*"))
-            assert resumed and resumed[0] > 0, resumed  # from the old driver's last commit
-            listed = json.loads(tool("list"))
+        assert running() == set(workers), (workers, {i: hosts.pids(i) for i in WORKER_HOSTS})
 
-            hosts.heal(1)  # the old driver is back: its workers are gone, its lease is not its
-            with contextlib.suppress(subprocess.TimeoutExpired):  # it fails, or is killed
-                old.wait(timeout=60)
-            assert json.loads(tool("list")) == listed  # it wrote nothing into the run
-            assert not list(marks.glob("except-*"))
+        hosts.cut(DRIVER_HOST)  # the driver's host: its drains stop arriving
+        took = _wait(lambda: not running(), BOUND_S + MARGIN_S + 5, "the fenced workers' exit")
+        assert took <= BOUND_S + MARGIN_S, took
+        print(f"the driver's host cut: its workers gone after {took:.2f} s")
+        assert not list(marks.glob("except-*"))  # no user code ran after the fence
+
+        tool("stale")  # as a minute without the old driver's heartbeat would
+        new = hosts.popen(0, [*run, "new", "8"], stdout=log("new"), stderr=log("new.err"))
+        assert new.wait(timeout=180) == 0
+        found = last_json_line((tmp_path / "new").read_text())
+        assert found["error"] is None and found["metrics"]["step"] == 7, found
+        resumed = sorted(int(m.name.rsplit("-", 1)[1]) for m in marks.glob("new-*"))
+        assert resumed and resumed[0] > 0, resumed  # from the old driver's last commit
+        listed = json.loads(tool("list"))
+
+        hosts.heal(DRIVER_HOST)  # the old driver is back: its workers are gone, its lease not its
+        healed = time.monotonic()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # it fails, or is killed
+            old.wait(timeout=60)
+        print(f"the old driver ended {time.monotonic() - healed:.2f} s after the heal")
+        assert json.loads(tool("list")) == listed  # it wrote nothing into the run
+        assert not list(marks.glob("except-*"))

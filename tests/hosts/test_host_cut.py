@@ -3,12 +3,13 @@ their defaults (the GCS would need ~60 s): phalanx's own per-host liveness notic
 the survivors stuck in their allreduce are freed by the process-group abort and kept, the lost
 ranks are placed on other hosts, and the run resumes from its last commit. A 1 s blip costs
 nothing; a host that comes back after being declared lost does not break the run; no worker is
-left on any host after fit(). And, first, DDP across the hosts starts with no interface variable
-set by hand.
+left on any host after fit(); the final weights are bitwise those of a failover from the same
+checkpoint without a cut. And DDP across the hosts starts with no interface variable set by hand.
 
-One cluster (a head and the driver on host 0, 1-CPU raylets on hosts 1-4) serves the module; the
-cut test's run goes through blip, cut of rank 1's host, its rejoin, then the cut of rank 0's host (the
-rendezvous master), each checked on its own.
+The package's cluster (conftest.py: the driver on host 0, 1-CPU raylets on hosts 1-4) serves
+it; one run goes through a blip, the cut of rank 1's host, its rejoin, then the cut of rank 0's
+host (the rendezvous master), each checked on its own; the same driver then runs the failover
+from the first cut's checkpoint (one driver, one start of its imports and of ray.init).
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from tests._helpers.hosts import Hosts, RayHosts, last_json_line, namespaces_unavailable
+from tests._helpers.hosts import Cluster, Hosts, last_json_line, namespaces_unavailable
 from tests._helpers.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -35,6 +36,8 @@ needs_namespaces = pytest.mark.skipif(_unavailable is not None, reason=_unavaila
 # (a poller pass or a log record may come late), not for the rule.
 NOTICE_LIMIT_S = 3.0 + 1.5
 EVERY = 5  # rank 0 commits a checkpoint every EVERY steps (steps EVERY-1, 2*EVERY-1, ...)
+# The reference run's long step: past the liveness bound (3 s) and the fence's floor (5 s)
+BUSY_S = 5.5
 
 DRIVER = """
 import json, logging, os, sys, time
@@ -43,6 +46,7 @@ from phalanx import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from phalanx.torch import TorchConfig, TorchTrainer
 
 EVERY = __EVERY__
+BUSY_S = __BUSY_S__
 
 def train(config):
     import tempfile
@@ -50,26 +54,49 @@ def train(config):
     import torch.distributed as dist
     import phalanx
     from ray.util import get_node_ip_address
-    marks = config["dir"]
+    marks, until = config["dir"], config.get("until")
     rank, start = dist.get_rank(), 0
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)  # a tiny model: its final weights are compared bitwise
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if (ckpt := phalanx.get_checkpoint()) is not None:
         with ckpt.as_directory() as d:
             start = int(open(os.path.join(d, "step")).read()) + 1
+            state = torch.load(os.path.join(d, "state.pt"))
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
     with open(os.path.join(marks, f"start-{rank}-{os.getpid()}-{start}-{time.time_ns()}"), "w") as f:
         f.write(get_node_ip_address())
     log = open(os.path.join(marks, f"steps-{rank}"), "a")
     step = start
     while True:
-        stop = torch.tensor([float(os.path.exists(os.path.join(marks, "stop")))])
+        done = os.path.exists(os.path.join(marks, "stop")) or (until is not None and step > until)
+        stop = torch.tensor([float(done)])
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item() and step % EVERY == 0:
+            if rank == 0:
+                torch.save(model.state_dict(), os.path.join(marks, "final.pt"))
             return
+        if config.get("busy") and rank == 0 and step == start + 1:
+            end = time.monotonic() + BUSY_S  # a step longer than both bounds, busy in Python
+            while time.monotonic() < end:    # (rank 1 waits in the allreduce): not silent, the
+                pass                         # drains answer from their thread
+        g = torch.Generator().manual_seed(2 * step + rank)  # each rank's batch of this step
+        x = torch.randn(8, 4, generator=g)
+        loss = torch.nn.functional.mse_loss(ddp(x), x.sum(1, keepdim=True))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        metrics = {"step": step, "ifname": os.environ.get("GLOO_SOCKET_IFNAME", "")}
         if rank == 0 and step % EVERY == EVERY - 1:
             with tempfile.TemporaryDirectory() as d:
                 open(os.path.join(d, "step"), "w").write(str(step))
-                phalanx.report({"step": step}, checkpoint=Checkpoint.from_directory(d))
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict()},
+                           os.path.join(d, "state.pt"))
+                phalanx.report(metrics, checkpoint=Checkpoint.from_directory(d))
         else:
-            phalanx.report({"step": step})
+            phalanx.report(metrics)
         # written once report() returned: the driver has this rank's report of this step
         log.write(f"{step} {time.time():.3f} {os.getpid()}\\n")
         log.flush()
@@ -83,60 +110,39 @@ class Noticed(logging.Handler):
         if "declared lost" in record.getMessage():
             noticed.append([record.created, record.getMessage()])
 
+def fit(name, config, failures, resume=None):
+    return TorchTrainer(
+        train,
+        train_loop_config=config,
+        torch_config=TorchConfig(backend="gloo", timeout_s=120),
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=name, storage_path=sys.argv[2],
+                             failure_config=FailureConfig(max_failures=failures)),
+        resume_from_checkpoint=resume,
+    ).fit()
+
 logging.getLogger("phalanx").addHandler(Noticed())
 ray.init(address=sys.argv[1], logging_level="ERROR")
-result = TorchTrainer(
-    train,
-    train_loop_config={"dir": sys.argv[3]},
-    torch_config=TorchConfig(backend="gloo", timeout_s=120),
-    scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-    run_config=RunConfig(name="cut", storage_path=sys.argv[2],
-                         failure_config=FailureConfig(max_failures=3)),
-).fit()
-print(json.dumps({"error": repr(result.error) if result.error else None,
-                  "metrics": result.metrics, "noticed": noticed, "ended": time.time()}))
-""".replace("__EVERY__", str(EVERY))
-
-
-DDP_DRIVER = """
-import json, os, socket, sys
-import ray
-from phalanx import RunConfig, ScalingConfig
-from phalanx.torch import TorchConfig, TorchTrainer
-
-def train(config):
-    import torch
-    import torch.distributed as dist
-    import phalanx
-    import time
-    for step in range(3):
-        if step == 1 and dist.get_rank() == 0:  # a long step, past the liveness bound: busy
-            end = time.monotonic() + 3.5        # in Python (rank 1 waits in the allreduce),
-            while time.monotonic() < end:       # not silent: the drain answers from its thread
-                pass
-        t = torch.ones(1) * (dist.get_rank() + 1)
-        dist.all_reduce(t)
-        phalanx.report({"step": step, "sum": float(t.item()),
-                        "ifname": os.environ.get("GLOO_SOCKET_IFNAME", "")})
-
-ray.init(address=sys.argv[1], logging_level="ERROR")
-result = TorchTrainer(
-    train,
-    torch_config=TorchConfig(backend="gloo", timeout_s=60),
-    scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-    run_config=RunConfig(name="ddp", storage_path=sys.argv[2]),
-).fit()
-print(json.dumps({"error": repr(result.error) if result.error else None,
-                  "metrics": result.metrics}))
-"""
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[tuple[Hosts, RayHosts]]:
-    if _unavailable is not None:
-        pytest.skip(_unavailable)
-    with Hosts(5) as hosts, RayHosts(hosts, cpus={1: 1, 2: 1, 3: 1, 4: 1}) as ray_hosts:
-        yield hosts, ray_hosts
+marks = sys.argv[3]
+result = fit("cut", {"dir": marks}, failures=3)
+found = {"error": repr(result.error) if result.error else None, "metrics": result.metrics,
+         "noticed": list(noticed), "ended": time.time()}
+print(json.dumps(found), flush=True)
+# The same run failed over from the checkpoint the first cut's attempt restored, without a cut
+# (and no failure allowed): a step longer than both bounds on the way, to the same last step
+started = sorted((int(n.split("-")[4]), int(n.split("-")[3])) for n in os.listdir(marks)
+                 if n.startswith("start-"))
+restored = started[2][1] - 1  # the second attempt's start: the step after its checkpoint
+checkpoint = next(c for c, m in result.best_checkpoints if m["step"] == restored)
+reference, began = os.path.join(marks, "reference"), time.time()
+os.mkdir(reference)
+again = fit("reference", {"dir": reference, "until": result.metrics["step"], "busy": True},
+            failures=0, resume=checkpoint)
+found["reference"] = {"error": repr(again.error) if again.error else None,
+                      "metrics": again.metrics, "restored": restored,
+                      "noticed": noticed[len(found["noticed"]):], "took_s": time.time() - began}
+print(json.dumps(found), flush=True)
+""".replace("__EVERY__", str(EVERY)).replace("__BUSY_S__", str(BUSY_S))
 
 
 def steps(marks: Path, rank: int) -> list[tuple[int, float, int]]:
@@ -187,47 +193,35 @@ def cut_and_recover(hosts: Hosts, marks: Path, rank: int) -> dict[str, Any]:
 
 
 @needs_namespaces
-@pytest.mark.timeout(480)  # the module's cluster starts in the first test's time (~40-110 s here)
-def test_ddp_across_hosts_trains_without_interface_variables(
-    cluster: tuple[Hosts, RayHosts], tmp_path: Path
+@pytest.mark.timeout(480)  # the package's cluster starts in this test's time when it runs alone
+def test_cut_blip_rejoin_master_cut_then_bitwise_equal_to_a_failover_from_the_checkpoint(
+    cluster: Cluster, tmp_path: Path
 ) -> None:
-    """The first finding of issue 41 (gloo picked loopback): with no interface variable set by
-    hand, each rank's collectives are bound to its host's interface and DDP trains. A step
-    longer than the liveness bound (max_failures=0) is busy, not silent: no failure."""
-    hosts, ray_hosts = cluster
-    script = tmp_path / "driver.py"
-    script.write_text(DDP_DRIVER)
-    out = hosts.run(
-        0, [sys.executable, str(script), ray_hosts.address, str(tmp_path / "runs")], 240
-    )
-    found = last_json_line(out)
-    assert found["error"] is None, found
-    assert found["metrics"]["step"] == 2 and found["metrics"]["sum"] == 3.0
-    assert found["metrics"]["ifname"] == "eth0"  # the host's own interface, not loopback
-
-
-@needs_namespaces
-@pytest.mark.timeout(480)  # the cluster starts in this test's time when it runs alone
-def test_cut_blip_rejoin_and_master_cut_with_default_health_checks(
-    cluster: tuple[Hosts, RayHosts], tmp_path: Path
-) -> None:
-    hosts, ray_hosts = cluster
+    """One DDP run (no interface variable set by hand) goes through a 1 s blip, the cut of rank
+    1's host, its rejoin and the cut of rank 0's host; then the same driver fails the run over
+    from the checkpoint the first cut restored, without a cut and with no failure allowed,
+    through a step longer than both bounds, to the same last step: the weights are equal."""
+    hosts = cluster.hosts
     script, marks = tmp_path / "driver.py", tmp_path / "marks"
     script.write_text(DRIVER)
     marks.mkdir()
-    argv = [sys.executable, str(script), ray_hosts.address, str(tmp_path / "runs"), str(marks)]
+    argv = [sys.executable, str(script), cluster.ray.address, str(tmp_path / "runs"), str(marks)]
     with open(tmp_path / "out", "w") as out:
         driver = hosts.popen(0, argv, stdout=out)
         try:
             blip_end, first_cut, second_cut = drive(hosts, marks, driver)
-            driver.wait(timeout=120)
+            driver.wait(timeout=240)
         finally:
             if driver.poll() is None:
                 driver.kill()
                 driver.wait()
     found = last_json_line((tmp_path / "out").read_text())
     assert found["error"] is None, found
+    # the first finding of issue 41 (gloo picked loopback): each rank's collectives are bound
+    # to its host's interface, chosen by phalanx
+    assert found["metrics"]["ifname"] == "eth0", found["metrics"]
     print(f"\nhost cuts: {json.dumps([first_cut, second_cut])}; noticed: {found['noticed']}")
+    print(f"the failover from the first cut's checkpoint: {found.get('reference')}")
 
     # noticed: one warning per cut, naming the host and its rank, within the bound of the cut
     assert len(found["noticed"]) == 2, found["noticed"]
@@ -257,6 +251,19 @@ def test_cut_blip_rejoin_and_master_cut_with_default_health_checks(
         }
 
     wait_until(lambda: not any(leftovers().values()), 10, "no PhalanxWorker left on any host")
+
+    # the failover from the first cut's checkpoint, without a cut: a step past both bounds is
+    # busy, not silent (no failure allowed, nothing declared), and the weights are bitwise equal
+    assert "reference" in found, found  # the failover's fit() returned
+    reference = found["reference"]
+    assert reference["error"] is None and not reference["noticed"], reference
+    assert reference["restored"] == first_cut["restart"] - 1, (reference, first_cut)
+    assert reference["metrics"]["step"] == found["metrics"]["step"], reference
+    cut_weights = torch.load(marks / "final.pt")
+    failover_weights = torch.load(marks / "reference" / "final.pt")
+    assert cut_weights.keys() == failover_weights.keys()
+    for name, tensor in cut_weights.items():
+        assert torch.equal(tensor, failover_weights[name]), name
 
 
 def drive(

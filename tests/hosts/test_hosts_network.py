@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from phalanx.torch._environment import collective_interface, interface_addresses
-from tests._helpers.hosts import Hosts, namespaces_unavailable
+from tests._helpers.hosts import Cluster, Hosts, namespaces_unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -31,36 +31,37 @@ LISTEN = (
     "while True:\n"
     "    s.accept()\n"
 )
-INTERFACE = (
-    "import sys\n"
-    "from phalanx.torch._environment import collective_interface\n"
-    "print(collective_interface(sys.argv[1], sys.argv[2]).interface)\n"
-)
 
 
 @needs_namespaces
-def test_hosts_reach_each_other_until_cut_and_are_removed_after() -> None:
-    with Hosts(2) as hosts:
-        a, b = hosts[0], hosts[1]
-        server = hosts.popen(
-            0, [sys.executable, "-c", LISTEN, a.address, "29511"], stdout=subprocess.PIPE, text=True
-        )
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        assert server.pid in hosts.pids(0)
-        reach = [sys.executable, "-c", CONNECT, a.address, "29511", "1.0"]
-        assert hosts.run(1, reach).strip() == "connected"
-        hosts.cut(1)  # no RST, no FIN: the connect just gets no answer
-        assert hosts.run(1, reach).strip() in {"TimeoutError", "timeout"}
-        hosts.heal(1)
-        assert hosts.run(1, reach).strip() == "connected"
-        # the interface a torch rank on host 1 binds its collectives to: the namespace's eth0
-        chosen = hosts.run(1, [sys.executable, "-c", INTERFACE, b.address, a.address])
-        assert chosen.strip() == "eth0"
-        netns = [a.netns, b.netns]
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert not any(name in listed for name in netns)
-    assert server.poll() is not None
+def test_hosts_reach_each_other_until_cut(cluster: Cluster) -> None:
+    hosts = cluster.hosts
+    a = hosts[0]
+    server = hosts.popen(
+        0, [sys.executable, "-c", LISTEN, a.address, "29511"], stdout=subprocess.PIPE, text=True
+    )
+    assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    assert server.pid in hosts.pids(0)
+    reach = [sys.executable, "-c", CONNECT, a.address, "29511", "0.5"]
+    assert hosts.run(1, reach).strip() == "connected"
+    hosts.cut(1)  # no RST, no FIN: the connect just gets no answer
+    assert hosts.run(1, reach).strip() in {"TimeoutError", "timeout"}
+    hosts.heal(1)
+    assert hosts.run(1, reach).strip() == "connected"
     server.stdout.close()
+    # (the interface a torch rank on a host binds its collectives to, its eth0: test_host_cut.py)
+
+
+@needs_namespaces
+def test_hosts_are_removed_after() -> None:
+    """Hosts of a prefix of their own (the package's cluster holds the default one's lock)."""
+    with Hosts(1, prefix="phxrm", subnet="10.213.42") as hosts:
+        sleeper = hosts.popen(0, [sys.executable, "-c", "import time; time.sleep(60)"])
+        assert sleeper.pid in hosts.pids(0)
+        netns = hosts[0].netns
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert netns not in listed
+    assert sleeper.poll() is not None
 
 
 def test_interface_choice_never_loopback_and_prefers_the_nodes_address() -> None:
