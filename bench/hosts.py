@@ -56,7 +56,7 @@ EVERY = __EVERY__
 
 if system == "phalanx":
     import phalanx as api
-    from phalanx import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+    from phalanx import Checkpoint, FailureConfig, RunConfig, ScalingConfig, UserCallback
     from phalanx.torch import TorchConfig, TorchTrainer
 else:
     import ray.train as api
@@ -65,14 +65,16 @@ else:
 
 def train(config):
     import tempfile
+    import uuid
     import torch
     import torch.distributed as dist
     marks = config["dir"]
-    rank, start = dist.get_rank(), 0
+    rank, start, call = dist.get_rank(), 0, uuid.uuid4().hex[:8]  # call: this training call
     if (ckpt := api.get_checkpoint()) is not None:
         with ckpt.as_directory() as d:
             start = int(open(os.path.join(d, "step")).read()) + 1
     log = open(os.path.join(marks, f"steps-{rank}"), "a")
+    ip = ray.util.get_node_ip_address()
     step = start
     while True:
         stop = torch.tensor([float(os.path.exists(os.path.join(marks, "stop")))])
@@ -85,26 +87,29 @@ def train(config):
                 api.report({"step": step}, checkpoint=Checkpoint.from_directory(d))
         else:
             api.report({"step": step})
-        log.write(f"{step} {time.time():.3f} {os.getpid()} {ray.util.get_node_ip_address()}\n")
+        log.write(f"{step} {time.time():.3f} {os.getpid()} {ip} {call}\n")
         log.flush()
         step += 1
         time.sleep(0.03)
 
-noticed = []
-kwargs = {}
+noticed, failed = [], []
+
+# The driver's side: every round of reports it handled (the cut waits for one from every rank:
+# the ranks are then in their step loop, and the driver follows them), every failure
+class Seen(UserCallback):
+    def after_report(self, run_context, metrics, checkpoint):
+        with open(os.path.join(marks, "reports"), "a") as f:
+            f.write(json.dumps([time.time(), [m.get("step") for m in metrics]]) + chr(10))
+    def after_exception(self, run_context, worker_exceptions):
+        failed.append([time.time(), {str(k): repr(v)[:300] for k, v in worker_exceptions.items()}])
+
+torch_config = TorchConfig(backend="gloo", timeout_s=600)
 if system == "phalanx":
     class Noticed(logging.Handler):
         def emit(self, record):
             if "no answer from" in record.getMessage():
                 noticed.append(record.created)
     logging.getLogger("phalanx").addHandler(Noticed())
-    torch_config = TorchConfig(backend="gloo", timeout_s=600)
-else:
-    class Noticed(UserCallback):
-        def after_exception(self, run_context, worker_exceptions):
-            noticed.append(time.time())
-    kwargs = {"callbacks": [Noticed()]}
-    torch_config = TorchConfig(backend="gloo", timeout_s=600)
 
 # Ray Train sets no gloo interface: on these hosts gloo then picks loopback (issue 41's first
 # finding) and the group never forms; its runs get the hosts' interface by hand
@@ -117,17 +122,25 @@ result = TorchTrainer(
     torch_config=torch_config,
     scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
     run_config=RunConfig(name="cut", storage_path=storage,
-                         failure_config=FailureConfig(max_failures=1), **kwargs),
+                         failure_config=FailureConfig(max_failures=1), callbacks=[Seen()]),
 ).fit()
-print(json.dumps({"error": repr(result.error) if result.error else None,
-                  "noticed": noticed, "started": started, "ended": time.time()}))
+print(json.dumps({"error": repr(result.error) if result.error else None, "noticed": noticed,
+                  "failed": failed, "started": started, "ended": time.time()}))
 """.replace("__EVERY__", str(EVERY))
 
 
-def steps(marks: Path, rank: int) -> list[tuple[int, float, int, str]]:
+def steps(marks: Path, rank: int) -> list[tuple[int, float, int, str, str]]:
+    """(step, when, pid, node address, training call) of each step rank ``rank`` finished."""
     path = marks / f"steps-{rank}"
     lines = path.read_text().splitlines() if path.exists() else []
-    return [(int(a), float(b), int(c), d) for a, b, c, d in (ln.split() for ln in lines if ln.count(" ") == 3)]  # fmt: skip
+    return [(int(a), float(b), int(c), d, e) for a, b, c, d, e in (ln.split() for ln in lines if ln.count(" ") == 4)]  # fmt: skip
+
+
+def reported(marks: Path) -> list[tuple[float, list[int | None]]]:
+    """(when, each rank's step) of every round of reports the driver handled."""
+    path = marks / "reports"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [tuple(json.loads(ln)) for ln in lines if ln.endswith("]")]  # type: ignore[misc]
 
 
 def wait(condition: Any, timeout_s: float, what: str) -> Any:
@@ -138,6 +151,11 @@ def wait(condition: Any, timeout_s: float, what: str) -> Any:
             return found
         time.sleep(0.05)
     raise TimeoutError(f"{what}: not within {timeout_s:g} s")
+
+
+def in_loop(marks: Path, cut_step: int) -> bool:
+    """The driver handled a round in which every rank reported a step past ``cut_step``."""
+    return any(all(s is not None and s > cut_step for s in r) for _, r in reported(marks))
 
 
 def run_one(args: argparse.Namespace) -> Record:
@@ -158,28 +176,45 @@ def run_one(args: argparse.Namespace) -> Record:
         with open(out_path, "w") as out:
             driver = hosts.popen(0, [*argv, str(marks)], stdout=out, stderr=out)
             try:
-                wait(lambda: len(steps(marks, 1)) > args.cut_step, 300, "the cut step")
-                before = steps(marks, 0)[-1]
-                rec["ranks_before"] = [steps(marks, r)[-1][2:] for r in (0, 1)]
-                victim = next(h.index for h in hosts.hosts if h.address == steps(marks, 1)[-1][3])
+                # Cut once the driver has handled a round with every rank past the cut step:
+                # the ranks are in their step loop, in one collective group the driver follows
+                wait(lambda: in_loop(marks, args.cut_step), 300, "a round past the cut step")
+                before = [steps(marks, r)[-1] for r in (0, 1)]
+                rec["ranks_before"] = [list(b[2:]) for b in before]
+                victim = next(h.index for h in hosts.hosts if h.address == before[1][3])
+                rec["cut_host"] = hosts[victim].address
                 cut_at = time.time()
                 hosts.cut(victim)
+                # the first step of rank 0 in a training call started after the cut
                 first = wait(
-                    # no step completes between the cut and its notice (>= 2.5 s)
-                    lambda: next((s for s in steps(marks, 0) if s[1] > cut_at + 1.0), None),
+                    lambda: next((s for s in steps(marks, 0) if s[4] != before[0][4]), None),
                     args.timeout_after_cut,
                     "the first step after the cut",
                 )
+                # steps the old call of rank 0 made after the cut: a collective the cut host
+                # was not in (the cut did not reach the job: no measurement)
+                rec["old_call_steps_after_cut"] = sum(
+                    1 for s in steps(marks, 0) if s[4] == before[0][4] and s[1] > cut_at + 0.5
+                )
                 hosts.heal(victim)
-                wait(lambda: steps(marks, 0)[-1][0] >= first[0] + 5, 120, "5 steps after")
-                rec["ranks_after"] = [steps(marks, r)[-1][2:] for r in (0, 1)]
+                wait(
+                    lambda: sum(1 for s in steps(marks, 0) if s[4] == first[4]) >= 5,
+                    120,
+                    "5 steps after",
+                )
+                rec["ranks_after"] = [list(steps(marks, r)[-1][2:]) for r in (0, 1)]
                 (marks / "stop").touch()
                 driver.wait(timeout=300)
             finally:
                 if driver.poll() is None:
                     driver.kill()
                     driver.wait()
-        found = json.loads(out_path.read_text().strip().splitlines()[-1])
+        # the driver's last JSON line (Ray's raylet may print lines of its own after it)
+        found = next(
+            json.loads(ln)
+            for ln in reversed(out_path.read_text().splitlines())
+            if ln.startswith("{")
+        )
         ended = time.time()
 
         def left() -> list[str]:
@@ -196,12 +231,14 @@ def run_one(args: argparse.Namespace) -> Record:
         except TimeoutError:
             rec["left"] = len(left())
         rec["left_after_s"] = time.time() - ended
-    if found["noticed"]:
-        rec["noticed_s"] = found["noticed"][0] - cut_at
+    noticed = found["noticed"] if args.one == "phalanx" else [f[0] for f in found["failed"]]
+    if noticed:
+        rec["noticed_s"] = noticed[0] - cut_at
     rec.update(
         error=found["error"],
+        failed=found["failed"],
         first_step_s=first[1] - cut_at,
-        retrained=before[0] + 1 - first[0],
+        retrained=before[0][0] + 1 - first[0],
         moved_to=first[3],
     )
     return rec
@@ -254,7 +291,11 @@ def report(runs: list[Record], meta: Record) -> list[str]:
 
 
 def ok(rec: Record) -> bool:
-    return rec.get("error") is None and rec.get("first_step_s") is not None
+    return (
+        rec.get("error") is None
+        and rec.get("first_step_s") is not None
+        and not rec.get("old_call_steps_after_cut")
+    )
 
 
 BENCH = harness.Bench.of(
