@@ -23,6 +23,9 @@ Measured (wall clock ``time.time()``, every process on one machine):
   rank 1 for ...`` (its own per-host liveness); Ray Train: ``UserCallback.after_exception``
   (its controller's poll found the error; for a cut host that is when Ray's GCS declares the
   node dead, ~60 s with the default health checks).
+- ``new_call_s``: cut -> rank 0's training function called again (the restart under way: an
+  upper bound of the notice for a system that names no time of its own; Ray Train's
+  ``after_exception`` did not fire for the failure it retried, in the runs measured here).
 - ``first_step_s``: cut -> the first step (its report handled) of the new attempt's rank 0.
 - ``retrained``: steps trained again (first step of the new attempt vs the last one before).
 - ``left``: the job's actor processes still running on any host 10 s after fit() returned.
@@ -73,6 +76,8 @@ def train(config):
     if (ckpt := api.get_checkpoint()) is not None:
         with ckpt.as_directory() as d:
             start = int(open(os.path.join(d, "step")).read()) + 1
+    with open(os.path.join(marks, f"call-{rank}-{call}"), "w") as f:  # when this call began
+        f.write(f"{time.time():.3f}")
     log = open(os.path.join(marks, f"steps-{rank}"), "a")
     ip = ray.util.get_node_ip_address()
     step = start
@@ -191,11 +196,12 @@ def run_one(args: argparse.Namespace) -> Record:
                     args.timeout_after_cut,
                     "the first step after the cut",
                 )
-                # steps the old call of rank 0 made after the cut: a collective the cut host
-                # was not in (the cut did not reach the job: no measurement)
+                # steps the old call of rank 0 made after the cut, past the one in flight: a
+                # collective the cut host was not in (the cut did not reach the job)
                 rec["old_call_steps_after_cut"] = sum(
                     1 for s in steps(marks, 0) if s[4] == before[0][4] and s[1] > cut_at + 0.5
                 )
+                rec["new_call_s"] = float((marks / f"call-0-{first[4]}").read_text()) - cut_at
                 hosts.heal(victim)
                 wait(
                     lambda: sum(1 for s in steps(marks, 0) if s[4] == first[4]) >= 5,
@@ -262,6 +268,7 @@ def workload(meta: Record) -> list[str]:
 
 COLUMNS = [
     ("noticed_s", "cut → noticed (s)"),
+    ("new_call_s", "cut → training function called again (s)"),
     ("first_step_s", "cut → first step (s)"),
     ("retrained", "steps retrained"),
     ("left", "workers left 10 s after fit()"),
@@ -274,7 +281,7 @@ def report(runs: list[Record], meta: Record) -> list[str]:
     lines = harness.table(runs, systems, COLUMNS, digits=2)
     lines += [""]
     lines += harness.ratio_table(
-        runs, harness.pairs_of(systems, [("phalanx", "raytrain")]), COLUMNS[:2]
+        runs, harness.pairs_of(systems, [("phalanx", "raytrain")]), COLUMNS[:3]
     )
     lines += [
         "",
@@ -294,7 +301,7 @@ def ok(rec: Record) -> bool:
     return (
         rec.get("error") is None
         and rec.get("first_step_s") is not None
-        and not rec.get("old_call_steps_after_cut")
+        and rec.get("old_call_steps_after_cut", 0) <= 1  # the step in flight at the cut
     )
 
 
@@ -303,7 +310,7 @@ BENCH = harness.Bench.of(
     name="hosts",
     title="B13 real hosts: a host cut off mid-run, phalanx vs Ray Train (namespace cluster)",
     systems=SYSTEMS,
-    summary_keys=("noticed_s", "first_step_s", "retrained", "left"),
+    summary_keys=("noticed_s", "new_call_s", "first_step_s", "retrained", "left"),
     ok=ok,
     reps=3,
     timeout_s=900.0,
