@@ -10,6 +10,7 @@ import pytest
 
 from phalanx.torch._environment import collective_interface, interface_addresses
 from tests._helpers.hosts import Cluster, Hosts, namespaces_unavailable
+from tests._helpers.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +58,8 @@ def test_hosts_are_removed_after() -> None:
     """Hosts of a prefix of their own (the package's cluster holds the default one's lock)."""
     with Hosts(1, prefix="phxrm", subnet="10.213.42") as hosts:
         sleeper = hosts.popen(0, [sys.executable, "-c", "import time; time.sleep(60)"])
-        assert sleeper.pid in hosts.pids(0)
+        # (ip(8) enters the namespace after it started: not at once)
+        wait_until(lambda: sleeper.pid in hosts.pids(0), 30, "the process on the host")
         netns = hosts[0].netns
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert netns not in listed
