@@ -1,18 +1,23 @@
 """A mixed shard's blocks of many steps: batches sliced from them hold the plan's rows in order,
 each source's position counts every batch given out (across blocks, mid-block), torch and numpy
-batches agree, and the plan's shortcut for whole-row steps gives the exact plan's steps."""
+batches agree, a block's columns are written in the plan's order from pieces cut anywhere (every
+layout: columns, row-major groups, n-dimensional), and the plan's shortcut for whole-row steps
+gives the exact plan's steps."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
 import phalanx.data as pdata
 from phalanx.data import _mix_plan as mp
-from phalanx.data._batching import interleaved
+from phalanx.data._mix_blocks import MixedRows
+from phalanx.data._torch_batches import TensorOps
 
 
 def wide_sources(sizes: list[int]) -> list[pdata.Dataset]:
@@ -49,37 +54,61 @@ def test_each_source_position_counts_every_batch_across_blocks(weights, sizes):
     assert torch_ids == ids
 
 
-def gathered(parts: list[np.ndarray], counts: np.ndarray, dim: int) -> np.ndarray:
-    """What ``interleaved`` gives, by a gather: each step's rows of each part in turn."""
+def gathered(parts: list[np.ndarray], counts: np.ndarray) -> np.ndarray:
+    """A mixed block's rows, by a gather: each step's rows of each part in turn."""
     pos = [0] * len(parts)
     pieces = []
     for step in counts.tolist():
         for s, c in enumerate(step):
-            pieces.append(np.take(parts[s], np.arange(pos[s], pos[s] + c), axis=dim))
+            pieces.append(parts[s][pos[s] : pos[s] + c])
             pos[s] += c
-    return np.concatenate(pieces, axis=dim)
+    return np.concatenate(pieces)
+
+
+def cut(table: pa.Table, rng: np.random.Generator) -> list[pa.RecordBatch]:
+    """The table as record batches cut at random rows (as reads and takes cut a stream)."""
+    n = table.num_rows
+    edges = [0, *sorted(rng.choice(np.arange(1, n), size=min(4, n - 1), replace=False)), n]
+    edges = [(lo, hi - lo) for lo, hi in itertools.pairwise(edges)]
+    return [b for lo, n in edges for b in table.slice(lo, n).to_batches()]
 
 
 @pytest.mark.parametrize("uniform", [True, False])
-@pytest.mark.parametrize("kind", ["numpy", "torch", "torch_bf16"])
-@pytest.mark.parametrize(("dim", "shape"), [(0, ()), (0, (3,)), (1, ())])
-def test_interleaved_puts_each_steps_rows_together(uniform, kind, dim, shape):
+def test_a_mixed_block_puts_each_steps_rows_together_in_every_layout(uniform):
     rng = np.random.default_rng(7)
     steps = 9
     counts = np.tile([5, 0, 3], (steps, 1)) if uniform else rng.integers(0, 4, size=(steps, 3))
-    parts = []
+    counts[0, 1] = 0 if uniform else 2  # a source with rows in some steps only, or none
+    tables, ids = [], []
     for s, total in enumerate(counts.sum(axis=0).tolist()):
         rows = np.arange(total, dtype=np.float32) + 64 * s  # exact in bfloat16 too
-        part = rows.reshape(total, *([1] * len(shape))) * np.ones(shape or (), np.float32)
-        parts.append(np.stack([part, -part]) if dim == 1 else part)
-    want = gathered(parts, counts, dim)
-    if kind == "numpy":
-        got = interleaved(parts, counts, dim)
-    else:
-        dtype = torch.bfloat16 if kind == "torch_bf16" else torch.float32
-        got = interleaved([torch.from_numpy(p).to(dtype) for p in parts], counts, dim)
-        got = got.float().numpy()
-    assert np.array_equal(got, want)
+        ids.append(rows)
+        pairs = pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(rows, 2)), 2)
+        tables.append(pa.table({"x": rows, "n": rows.astype(np.int64), "v": pairs}))
+    want = gathered(ids, counts)
+    rows = MixedRows([cut(t, rng) if t.num_rows > 1 else t.to_batches() for t in tables], counts)
+    assert np.array_equal(rows.column("x"), want) and rows.column("n").dtype == np.int64
+    assert np.array_equal(rows.column("v"), np.repeat(want[:, None], 2, axis=1))
+    strided = np.zeros((len(want), 3), dtype=np.float32)
+    rows.fill("x", strided[:, 1])  # a column of a row-major block
+    assert np.array_equal(strided[:, 1], want) and not strided[:, [0, 2]].any()
+    for stack, dtypes in [(None, {"x": torch.bfloat16}), ({"xn": ["x", "n"]}, None)]:
+        ops = TensorOps(dtypes, False, stack_columns=stack)
+        batch = ops.finish(ops.from_mixed(rows))
+        assert list(batch) == (["v", "xn"] if stack else ["x", "n", "v"])
+        got = batch["xn"][:, 0] if stack else batch["x"].float()
+        assert torch.equal(got.float(), torch.from_numpy(want))
+        assert torch.equal(batch["v"][:, 1], torch.from_numpy(want))
+
+
+def test_a_mixed_block_takes_the_common_dtype_when_pieces_differ():
+    with_nulls = pa.record_batch({"n": pa.array([1, None], pa.int64())})  # numpy: float64
+    rows = MixedRows([[with_nulls], [pa.record_batch({"n": pa.array([7], pa.int64())})]],
+                     np.array([[1, 1], [1, 0]]))  # fmt: skip
+    assert not rows.uniform
+    assert rows.column("n").dtype == np.float64
+    batch = TensorOps(None, False).from_mixed(rows).as_dict()
+    assert batch["n"].tolist()[:2] == [1.0, 7.0] and np.isnan(batch["n"][2].item())
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

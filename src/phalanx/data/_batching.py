@@ -8,11 +8,14 @@ then zero-copy slices of it, so small batches cost little more than slicing arra
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from phalanx.data._mix_blocks import MixedRows
 
 __all__ = [
     "ARROW",
@@ -21,7 +24,6 @@ __all__ = [
     "ShuffleKeys",
     "arrow_to_numpy",
     "as_numpy",
-    "interleaved",
     "key_order",
     "rebatch",
     "shuffle_blocks",
@@ -89,56 +91,14 @@ class NumpyOps(BlockOps[Columns]):
     def take(self, block: Columns, indices: np.ndarray) -> Columns:
         return {k: v[indices] for k, v in block.items()}
 
-    def interleave(self, blocks: list[Columns], counts: np.ndarray) -> Columns:
-        """A mixed block's rows, step by step (``interleaved``), one copy per column."""
-        return {k: interleaved([b[k] for b in blocks], counts, 0) for k in blocks[0]}
+    def from_mixed(self, rows: MixedRows) -> Columns:
+        """A mixed dataset's block of steps (``_mix_blocks``): one copy per column."""
+        return {name: rows.column(name) for name in rows.names}
 
 
 ARROW = ArrowOps()
 NUMPY = NumpyOps()
 NUMPY_WRITABLE = NumpyOps(writable=True)
-
-
-def interleaved(parts: list[Any], counts: np.ndarray, dim: int) -> Any:
-    """Numpy arrays or torch tensors ``parts[s]`` of ``counts[:, s].sum()`` rows along ``dim``,
-    put together step by step: step ``i`` is ``counts[i, s]`` rows of each part in turn (a
-    mixed dataset's block of steps). When every step has the same counts (a ratio of whole
-    rows per batch) each part is viewed as ``(steps, rows per step)`` and copied once into its
-    place; else each part is split into its steps at once (no Python per row) and the pieces
-    concatenated in step order."""
-    steps = len(counts)
-    numpy = isinstance(parts[0], np.ndarray)
-    if not numpy and parts[0].device.type == "cpu":
-        # tensors on the CPU: numpy's single-threaded copy (torch's intra-op threads cost
-        # 10x on a busy machine), into memory the tensor then shares
-        arrays = as_numpy(parts)
-        if arrays is not None:
-            import torch
-
-            return torch.from_numpy(interleaved(arrays, counts, dim))
-    if steps == 1 or (counts == counts[0]).all():
-        each = counts[0].tolist()
-        views = [
-            p.reshape(*p.shape[:dim], steps, c, *p.shape[dim + 1 :]) for p, c in zip(parts, each)
-        ]
-        if numpy:
-            out = np.concatenate(views, axis=dim + 1)
-        else:  # torch.cat of strided views is slow on the CPU: copy each into its place
-            first = parts[0]
-            out = first.new_empty((*first.shape[:dim], steps, sum(each), *first.shape[dim + 1 :]))
-            lo = 0
-            for view, c in zip(views, each):
-                out.narrow(dim + 1, lo, c).copy_(view)
-                lo += c
-        return out.reshape(*out.shape[:dim], -1, *out.shape[dim + 2 :])
-    if numpy:
-        cuts = np.cumsum(counts, axis=0)[:-1].T.tolist()
-        pieces = [np.split(p, c, axis=dim) for p, c in zip(parts, cuts)]
-        return np.concatenate([t for step in zip(*pieces) for t in step], axis=dim)
-    import torch  # only torch batches hold tensors
-
-    pieces = [p.split(c, dim) for p, c in zip(parts, counts.T.tolist())]
-    return torch.cat([t for step in zip(*pieces) for t in step], dim)
 
 
 def as_numpy(tensors: list[Any]) -> list[np.ndarray] | None:

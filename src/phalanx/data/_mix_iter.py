@@ -17,6 +17,7 @@ import pyarrow as pa
 from phalanx._internal.worker import data_wait
 from phalanx.data._batching import BlockOps
 from phalanx.data._iterator import DataIterator
+from phalanx.data._mix_blocks import MixedRows
 from phalanx.data._mix_plan import MixRule, PassPlan, pass_rows
 from phalanx.data._pass import _size_of, read, read_rows
 from phalanx.data._plan import ranges_len
@@ -164,7 +165,7 @@ class MixedIterator(DataIterator):
 
         def produce() -> Iterator[_Block]:
             streams = [
-                _Stream(ops, read(p._source, pc, read_rows(p._source, batch_size)), schema)
+                _Stream(read(p._source, pc, read_rows(p._source, batch_size)), schema)
                 for p, pc in zip(parts, pieces)
             ]
             per = max(1, block_rows // batch_size)
@@ -252,33 +253,29 @@ class MixedIterator(DataIterator):
 
 
 class _Stream:
-    """A source's blocks, taken from ``c`` rows at a time."""
+    """A source's record batches, taken from ``count`` rows at a time (zero-copy slices)."""
 
-    def __init__(
-        self, ops: BlockOps[Any], batches: Iterator[pa.RecordBatch], schema: pa.Schema
-    ) -> None:
-        self._ops = ops
+    def __init__(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> None:
         # the first source's schema (types are checked equal; nullability, metadata may differ)
         self._batches = (b if b.schema.equals(schema) else b.cast(schema) for b in batches)
-        self._block: Any = None
+        self._batch: pa.RecordBatch | None = None
         self._pos = 0
         self._len = 0
 
-    def take(self, count: int) -> Any:
-        ops, out = self._ops, []
+    def take(self, count: int) -> list[pa.RecordBatch]:
+        out = []
         while count:
             if self._pos >= self._len:
-                batch = next(self._batches)
-                self._block, self._pos, self._len = ops.from_arrow(batch), 0, batch.num_rows
+                self._batch = next(self._batches)
+                self._pos, self._len = 0, self._batch.num_rows
                 continue
+            assert self._batch is not None
             n = min(count, self._len - self._pos)
-            if n == self._len and self._pos == 0:
-                out.append(self._block)
-            else:
-                out.append(ops.slice(self._block, self._pos, self._pos + n))
+            whole = n == self._len and self._pos == 0
+            out.append(self._batch if whole else self._batch.slice(self._pos, n))
             self._pos += n
             count -= n
-        return out[0] if len(out) == 1 else ops.concat(out)
+        return out
 
 
 class _Block:
@@ -336,19 +333,20 @@ class _SourcePosition(PassPosition):
 
 def _mixed_block(ops: BlockOps[Any], streams: list[_Stream], counts: np.ndarray) -> Any:
     """The rows of steps ``counts`` (steps x sources), step by step, each step's rows source
-    by source: each source's rows of all the steps taken at once, then put together."""
-    totals = counts.sum(axis=0)
-    used = [s for s in range(counts.shape[1]) if totals[s]]
-    taken = [streams[s].take(int(totals[s])) for s in used]
+    by source: each source's rows of all the steps taken at once, then put in place."""
+    totals = counts.sum(axis=0).tolist()
+    taken = [streams[s].take(int(n)) if n else [] for s, n in enumerate(totals)]
+    from_mixed = getattr(ops, "from_mixed", None)
+    if from_mixed is not None:  # torch and numpy batches: each column written once, in place
+        return from_mixed(MixedRows(taken, counts))
+    used = [s for s, n in enumerate(totals) if n]
+    blocks = [ops.concat([ops.from_arrow(b) for b in taken[s]]) for s in used]
     if len(used) == 1:
-        return taken[0]
-    sub = counts[:, used]
-    interleave = getattr(ops, "interleave", None)
-    if interleave is not None:  # torch and numpy batches: by views and one copy, no gather
-        return interleave(taken, sub)
-    whole = ops.concat(taken)
+        return blocks[0]
+    whole = ops.concat(blocks)
     # row j of source s in step i sits at start[s] + (rows of s in steps before i) + j
-    start = np.concatenate(([0], np.cumsum(totals[used])[:-1]))
+    sub = counts[:, used]
+    start = np.concatenate(([0], np.cumsum(sub.sum(axis=0))[:-1]))
     before = np.cumsum(sub, axis=0) - sub
     flat = sub.ravel()
     base = (start + before).ravel()

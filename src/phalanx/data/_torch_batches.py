@@ -23,8 +23,9 @@ import pyarrow as pa
 import torch
 
 from phalanx._devices import torch_devices
-from phalanx.data._batching import BlockOps, arrow_to_numpy, as_numpy, interleaved
+from phalanx.data._batching import BlockOps, arrow_to_numpy, as_numpy
 from phalanx.data._describe import describe_value, shorten
+from phalanx.data._mix_blocks import MixedRows
 from phalanx.data._staging import CudaFeed, Part
 
 __all__ = ["TensorBlock", "TensorOps", "collate_format", "resolve_device", "to_device"]
@@ -67,6 +68,9 @@ class TensorBlock:
     """On a GPU: the event after which the tensors hold their rows (None: they do now)."""
 
     def as_dict(self) -> dict[str, torch.Tensor]:
+        if len(self.groups) == 1 and not self.others and self.groups[0][0] == self.names:
+            # the common case (every column a number of one dtype): one call, no reordering
+            return dict(zip(self.names, self.groups[0][1].unbind(0)))
         out: dict[str, torch.Tensor] = dict(self.others)
         for names, stacked in self.groups:
             out.update(zip(names, stacked.unbind(0)))
@@ -110,9 +114,25 @@ class TensorOps(BlockOps[TensorBlock]):
             self.feed = CudaFeed(device)
 
     def from_arrow(self, batch: pa.RecordBatch) -> TensorBlock:
-        arrays = arrow_to_numpy(batch)
+        return self._block(arrow_to_numpy(batch), batch.num_rows, None)
+
+    def from_mixed(self, rows: MixedRows) -> TensorBlock:
+        """A mixed dataset's block of steps (``_mix_blocks``): each column's rows written
+        straight into its group's block (one copy, as for a block read from one source)."""
+        if self.feed is not None or not rows.uniform:
+            # a GPU stages host columns; pieces of differing dtypes take their common one
+            return self._block({n: rows.column(n) for n in rows.names}, rows.rows, None)
+        return self._block(rows.sample, rows.rows, rows)
+
+    def _block(
+        self, arrays: dict[str, np.ndarray], rows: int, mixed: MixedRows | None
+    ) -> TensorBlock:
+        """The block of ``arrays`` (``mixed``: only their dtypes and shapes; the rows come
+        from ``mixed``)."""
+        filled: set[str] = set()
         if self.stack_columns:
-            arrays = self._stacked(arrays, batch.num_rows)
+            arrays = self._stacked(arrays, rows, mixed)
+            filled = set(self.stack_columns)
         stacks: dict[tuple[str, Any], list[str]] = {}
         others: list[tuple[str, np.ndarray]] = []
         for name, array in arrays.items():
@@ -122,19 +142,34 @@ class TensorOps(BlockOps[TensorBlock]):
             else:
                 others.append((name, array))
         if self.feed is not None:
-            return self._staged(arrays, stacks, others, batch.num_rows)
-        groups = []
-        for (_, dtype), names in stacks.items():
-            stacked = torch.from_numpy(_stack([arrays[n] for n in names]))  # one copy
-            groups.append((tuple(names), stacked if dtype is None else stacked.to(dtype)))
+            return self._staged(arrays, stacks, others, rows)
+        groups = [self._group(arrays, names, dtype, mixed) for (_, dtype), names in stacks.items()]
         tensors = []
         for name, array in others:
-            if not (self.private or array.flags.writeable):
+            if mixed is not None and name not in filled:
+                array = mixed.column(name)
+            elif not (self.private or array.flags.writeable):
                 array = array.copy()
             tensors.append((name, _tensor(name, array, self._dtype(name))))
-        return TensorBlock(tuple(arrays), tuple(groups), tuple(tensors), batch.num_rows)
+        return TensorBlock(tuple(arrays), tuple(groups), tuple(tensors), rows)
 
-    def _stacked(self, arrays: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    @staticmethod
+    def _group(
+        arrays: dict[str, np.ndarray], names: list[str], dtype: Any, mixed: MixedRows | None
+    ) -> tuple[tuple[str, ...], torch.Tensor]:
+        """Same-dtype 1-D columns as one ``(columns, rows)`` tensor: one copy."""
+        if mixed is None:
+            block = _stack([arrays[n] for n in names])
+        else:
+            block = np.empty((len(names), mixed.rows), dtype=arrays[names[0]].dtype)
+            for j, n in enumerate(names):
+                mixed.fill(n, block[j])
+        stacked = torch.from_numpy(block)
+        return tuple(names), stacked if dtype is None else stacked.to(dtype)
+
+    def _stacked(
+        self, arrays: dict[str, np.ndarray], rows: int, mixed: MixedRows | None
+    ) -> dict[str, np.ndarray]:
         """The columns of each ``stack_columns`` group as one row-major ``(rows, columns)``
         array (one copy per block), so a batch of it is a slice: one tensor, no per-column
         work when it is handed out, one transfer to a GPU."""
@@ -145,8 +180,11 @@ class TensorOps(BlockOps[TensorBlock]):
             # one strided write per column straight into the row-major block: about 2-3x
             # faster than stacking the columns (a memcpy each) and then transposing that copy
             block = np.empty((rows, len(parts)), dtype=kind)
-            for j, part in enumerate(parts):
-                block[:, j] = part
+            for j, (column, part) in enumerate(zip(columns, parts)):
+                if mixed is None:
+                    block[:, j] = part
+                else:
+                    mixed.fill(column, block[:, j])
             out[name] = block
         return out
 
@@ -203,26 +241,6 @@ class TensorOps(BlockOps[TensorBlock]):
         if len(blocks) == 1:
             return blocks[0]
         return self._on_device(blocks, lambda: _concat(blocks))
-
-    def interleave(self, blocks: list[TensorBlock], counts: np.ndarray) -> TensorBlock:
-        """Rows ``counts[i, s]`` of ``blocks[s]`` for each step ``i`` in turn, each step's rows
-        block by block (a mixed dataset's block of steps): one ``torch.cat`` per tensor of
-        views made without Python per step (``interleaved``), no gather."""
-        rows = int(counts.sum())
-
-        def work() -> TensorBlock:
-            first = blocks[0]
-            groups = tuple(
-                (names, interleaved([b.groups[g][1] for b in blocks], counts, 1))
-                for g, (names, _) in enumerate(first.groups)
-            )
-            others = tuple(
-                (name, interleaved([b.others[o][1] for b in blocks], counts, 0))
-                for o, (name, _) in enumerate(first.others)
-            )
-            return TensorBlock(first.names, groups, others, rows)
-
-        return self._on_device(blocks, work)
 
     def take(self, block: TensorBlock, indices: np.ndarray) -> TensorBlock:
         def take() -> TensorBlock:
