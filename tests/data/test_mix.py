@@ -214,6 +214,49 @@ def test_a_resume_at_the_same_size_continues_the_same_mix(world):
     assert [[int((s == k).sum()) for k in range(3)] for s in steps] == whole[7:]
 
 
+def read_steps(shards, batch: int, steps: int | None):
+    """``steps`` global steps (None: to the end) of ``shards``: the ids, each step's sources,
+    and the record of a checkpoint there."""
+    passes = [iter(s.iter_batches(batch_size=batch, prefetch_batches=0)) for s in shards]
+    ids, srcs = [], []
+    for _ in range(steps if steps is not None else 1 << 30):
+        got = [b for b in (next(p, None) for p in passes) if b is not None]
+        if not got:
+            break
+        ids += [i for b in got for i in b["id"].tolist()]
+        srcs.append(np.concatenate([b["src"] for b in got]))
+    record = combine(shards, [s.position_state() for s in shards])
+    for p in passes:
+        p.close()  # type: ignore[attr-defined]
+    return ids, srcs, json.loads(json.dumps(record))
+
+
+@pytest.mark.parametrize(
+    ("weights", "sizes", "worlds"),
+    [((0.75, 0.25), [300, 100], (4, 2, 4)), ((0.5, 0.3, 0.2), [200, 120, 80], (3, 1, 2))],
+)
+def test_an_elastic_shrink_and_grow_trains_every_row_once_and_keeps_the_ratio(
+    weights, sizes, worlds
+):
+    # what an elastic group does: a checkpoint, the group restarted smaller from it, another
+    # checkpoint (of a resumed pass), the group restarted larger
+    batch = 4
+    ds = mixed(sizes, list(weights))
+    ids, srcs, record = read_steps(ds.streaming_split(worlds[0]), batch, 5)
+    for world, steps in zip(worlds[1:], (6, None)):
+        shards = resume_split(ds._parts, ds._rule, world, True, record, "train")
+        more, more_srcs, record = read_steps(shards, batch, steps)
+        ids, srcs = ids + more, srcs + more_srcs
+        # every full global step holds each source within one row of its weight
+        for step in more_srcs[: 6 if steps else 10]:
+            counts = np.bincount(step, minlength=len(sizes))
+            assert (np.abs(counts - np.array(weights) * len(step)) < 1 + 1e-9).all(), counts
+    assert len(ids) == len(set(ids)), "a row trained twice"
+    # only the equal split's remainders are left out (of each source, at each size)
+    assert 0 <= sum(sizes) - len(ids) <= len(sizes) * sum(w - 1 for w in worlds)
+    assert record["epoch"] == 1  # the epoch ended once
+
+
 def test_a_source_used_up_before_the_checkpoint_stays_used_up():
     ds = mixed([40, 400], [0.5, 0.5])
     seen, record = read_some(ds, 2, 10, 6)  # source 0 is used up at step 4
