@@ -227,37 +227,58 @@ class PassPlan:
         weights = [0.0 if u else w for w, u in zip(self.weights.tolist(), used_up)]
         wsum = sum(weights)
         v = [w / wsum for w in weights]
-        consumed = self._consumed.tolist()
-        taken = self._taken.tolist()
         rows = batch * world
-        sources = range(len(v))
-        fixed = [math.floor(x * rows) for x in v]
-        if sum(fixed) == rows and all(c % world == 0 for c in fixed):
+        floors = [math.floor(x * rows) for x in v]
+        if sum(floors) == rows and all(c % world == 0 for c in floors):
             # whole rows of every source per step, as many for every rank: all k steps alike
-            return self._same_steps(k, fixed)
-        out = []
-        for _ in range(k):
-            counts = [math.floor(x * rows) for x in v]
-            extra = rows - sum(counts)
-            if extra:
-                total = float(sum(consumed[i] for i in free)) + rows
-                behind = {i: v[i] * total - consumed[i] - counts[i] for i in free}
-                for i in sorted(free, key=lambda i: (-behind[i], -v[i], i))[:extra]:
-                    counts[i] += 1
-            step = [counts] if world == 1 else _deal_lists(counts, world, taken)
-            for r in range(world):
-                row = step[r]
-                for s in sources:
-                    taken[r][s] += row[s]
-            for s in sources:
-                consumed[s] += counts[s]
-            out.append(step)
-        dealt = np.array(out, dtype=np.int64).reshape(k, world, len(v))
-        self._left_in_shard -= dealt.sum(axis=0)
-        self._taken = np.array(taken, dtype=np.int64).reshape(world, len(v))
-        self._consumed = np.array(consumed, dtype=np.int64)
+            return self._same_steps(k, floors)
+        steps = self._extra_rows(k, v, floors, free)
+        if world == 1:
+            dealt = np.array(steps, dtype=np.int64).reshape(k, 1, len(v))
+        else:
+            taken = self._taken.tolist()
+            dealt_lists = []
+            for counts in steps:
+                step = _deal_lists(counts, world, taken)
+                for r in range(world):
+                    mine, row = taken[r], step[r]
+                    for s in free:
+                        mine[s] += row[s]
+                dealt_lists.append(step)
+            dealt = np.array(dealt_lists, dtype=np.int64).reshape(k, world, len(v))
+        per_source = dealt.sum(axis=0)
+        self._left_in_shard -= per_source
+        self._taken += per_source
+        self._consumed += per_source.sum(axis=0)
         self._left -= k * batch
         return dealt
+
+    def _extra_rows(
+        self, k: int, v: list[float], floors: list[int], free: list[int]
+    ) -> list[list[int]]:
+        """Each of ``k`` steps' rows per source: ``floors``, and the rows left over (fewer than
+        the sources) to the sources furthest behind their share of the epoch's rows so far
+        (ties: the larger weight, then the lower index), as ``apportion`` gives them."""
+        rows = self.batch * self.world
+        extra = rows - sum(floors)
+        consumed = self._consumed.tolist()
+        done = sum(consumed[i] for i in free)  # an int: the float below is exactly _step's
+        order_ties = {i: (-v[i], i) for i in free}
+        out = []
+        for _ in range(k):
+            total = float(done) + rows
+            counts = list(floors)
+            behind = {i: v[i] * total - consumed[i] - counts[i] for i in free}
+            if extra == 1:  # (two sources at most batch sizes): the one furthest behind
+                counts[min(free, key=lambda i: (-behind[i], *order_ties[i]))] += 1
+            else:
+                for i in sorted(free, key=lambda i: (-behind[i], *order_ties[i]))[:extra]:
+                    counts[i] += 1
+            for i in free:
+                consumed[i] += counts[i]
+            done += rows
+            out.append(counts)
+        return out
 
     def _same_steps(self, k: int, counts: list[int]) -> np.ndarray:
         """``k`` steps of ``counts`` rows of each source, dealt evenly over the ranks (what
