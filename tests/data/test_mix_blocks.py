@@ -86,7 +86,9 @@ def test_a_mixed_block_puts_each_steps_rows_together_in_every_layout(uniform):
         pairs = pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(rows, 2)), 2)
         tables.append(pa.table({"x": rows, "n": rows.astype(np.int64), "v": pairs}))
     want = gathered(ids, counts)
-    rows = MixedRows([cut(t, rng) if t.num_rows > 1 else t.to_batches() for t in tables], counts)
+    rows = MixedRows.of_batches(
+        [cut(t, rng) if t.num_rows > 1 else t.to_batches() for t in tables], counts
+    )
     assert np.array_equal(rows.column("x"), want) and rows.column("n").dtype == np.int64
     assert np.array_equal(rows.column("v"), np.repeat(want[:, None], 2, axis=1))
     strided = np.zeros((len(want), 3), dtype=np.float32)
@@ -103,7 +105,7 @@ def test_a_mixed_block_puts_each_steps_rows_together_in_every_layout(uniform):
 
 def test_a_mixed_block_takes_the_common_dtype_when_pieces_differ():
     with_nulls = pa.record_batch({"n": pa.array([1, None], pa.int64())})  # numpy: float64
-    rows = MixedRows([[with_nulls], [pa.record_batch({"n": pa.array([7], pa.int64())})]],
+    rows = MixedRows.of_batches([[with_nulls], [pa.record_batch({"n": pa.array([7], pa.int64())})]],
                      np.array([[1, 1], [1, 0]]))  # fmt: skip
     assert not rows.uniform
     assert rows.column("n").dtype == np.float64

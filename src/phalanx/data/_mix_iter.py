@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from phalanx._internal.worker import data_wait
-from phalanx.data._batching import BlockOps
+from phalanx.data._batching import BlockOps, arrow_to_numpy
 from phalanx.data._iterator import DataIterator
 from phalanx.data._mix_blocks import MixedRows
 from phalanx.data._mix_plan import MixRule, PassPlan, pass_rows
@@ -162,10 +162,11 @@ class MixedIterator(DataIterator):
         # the cuts and running counts of the block's batches; the caller's thread only slices
         # batches from them, as for one dataset.
         schema = parts[0]._source.schema
+        numpy = hasattr(ops, "from_mixed")  # its blocks are built from numpy columns
 
         def produce() -> Iterator[_Block]:
             streams = [
-                _Stream(read(p._source, pc, read_rows(p._source, batch_size)), schema)
+                _Stream(read(p._source, pc, read_rows(p._source, batch_size)), schema, numpy)
                 for p, pc in zip(parts, pieces)
             ]
             per = max(1, block_rows // batch_size)
@@ -253,26 +254,29 @@ class MixedIterator(DataIterator):
 
 
 class _Stream:
-    """A source's record batches, taken from ``count`` rows at a time (zero-copy slices)."""
+    """A source's record batches, taken from ``count`` rows at a time: pieces of the batches
+    read (``(batch, columns, start, stop)``; ``columns``: the batch's numpy columns, converted
+    once per batch read when ``numpy``, else None)."""
 
-    def __init__(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> None:
+    def __init__(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema, numpy: bool) -> None:
         # the first source's schema (types are checked equal; nullability, metadata may differ)
         self._batches = (b if b.schema.equals(schema) else b.cast(schema) for b in batches)
+        self._numpy = numpy
         self._batch: pa.RecordBatch | None = None
+        self._columns: dict[str, np.ndarray] | None = None
         self._pos = 0
         self._len = 0
 
-    def take(self, count: int) -> list[pa.RecordBatch]:
+    def take(self, count: int) -> list[tuple[pa.RecordBatch, Any, int, int]]:
         out = []
         while count:
             if self._pos >= self._len:
-                self._batch = next(self._batches)
-                self._pos, self._len = 0, self._batch.num_rows
+                batch = self._batch = next(self._batches)
+                self._columns = arrow_to_numpy(batch) if self._numpy else None
+                self._pos, self._len = 0, batch.num_rows
                 continue
-            assert self._batch is not None
             n = min(count, self._len - self._pos)
-            whole = n == self._len and self._pos == 0
-            out.append(self._batch if whole else self._batch.slice(self._pos, n))
+            out.append((self._batch, self._columns, self._pos, self._pos + n))
             self._pos += n
             count -= n
         return out
@@ -338,9 +342,13 @@ def _mixed_block(ops: BlockOps[Any], streams: list[_Stream], counts: np.ndarray)
     taken = [streams[s].take(int(n)) if n else [] for s, n in enumerate(totals)]
     from_mixed = getattr(ops, "from_mixed", None)
     if from_mixed is not None:  # torch and numpy batches: each column written once, in place
-        return from_mixed(MixedRows(taken, counts))
+        pieces = [[(cols, lo, hi) for _, cols, lo, hi in t] for t in taken]
+        return from_mixed(MixedRows(pieces, counts))
     used = [s for s, n in enumerate(totals) if n]
-    blocks = [ops.concat([ops.from_arrow(b) for b in taken[s]]) for s in used]
+    blocks = [
+        ops.concat([ops.from_arrow(b.slice(lo, hi - lo)) for b, _, lo, hi in taken[s]])
+        for s in used
+    ]
     if len(used) == 1:
         return blocks[0]
     whole = ops.concat(blocks)

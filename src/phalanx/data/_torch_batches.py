@@ -162,8 +162,7 @@ class TensorOps(BlockOps[TensorBlock]):
             block = _stack([arrays[n] for n in names])
         else:
             block = np.empty((len(names), mixed.rows), dtype=arrays[names[0]].dtype)
-            for j, n in enumerate(names):
-                mixed.fill(n, block[j])
+            mixed.fill_group(names, block)
         stacked = torch.from_numpy(block)
         return tuple(names), stacked if dtype is None else stacked.to(dtype)
 
