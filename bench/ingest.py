@@ -16,7 +16,7 @@ then ``torch.from_numpy(column[i:i + b])`` per column) vs plain Ray Data 2.60
         phalanx_mix_before --batch-sizes 32,4096            # before/after of the mix
 
 ``phalanx_mix`` / ``raydata_mix`` read a mix (weights 0.5, 0.5) of two Parquet sources (the
-file read as two datasets); ``phalanx_before`` (``phalanx_mix_before``, ``phalanx_stack_before``)
+file read as two datasets), ``phalanx_mix_uneven`` the same with weights (0.7, 0.3); ``phalanx_before`` (``phalanx_mix_before``, ``phalanx_stack_before``)
 is ``phalanx`` (``phalanx_mix``, ``phalanx_stack``) run with ``PYTHONPATH`` at ``--before-src``
 (a ``git worktree add /tmp/before <sha>`` of an older commit), interleaved with the others, for
 before/after figures. Besides rows/s, each run gives the process's CPU time per batch (all its
@@ -49,6 +49,7 @@ SYSTEMS = (
     "phalanx",
     "phalanx_stack",
     "phalanx_mix",
+    "phalanx_mix_uneven",
     "phalanx_mem",
     "inmem",
     "raydata",
@@ -58,6 +59,7 @@ BEFORE = "phalanx_before"
 BEFORES = {
     BEFORE: "phalanx",
     "phalanx_mix_before": "phalanx_mix",
+    "phalanx_mix_uneven_before": "phalanx_mix_uneven",
     "phalanx_stack_before": "phalanx_stack",
 }
 COLUMNS = 100
@@ -119,11 +121,12 @@ def open_batches(system: str, path: str, batch_size: int) -> Any:
         (shard,) = phalanx.data.read_parquet(path).streaming_split(1)
         columns = {"x": shard.columns()}
         return shard.iter_torch_batches(batch_size=batch_size, stack_columns=columns)
-    if system == "phalanx_mix":
+    if system in ("phalanx_mix", "phalanx_mix_uneven"):
         import phalanx.data
 
+        weights = [0.5, 0.5] if system == "phalanx_mix" else [0.7, 0.3]
         mixed = phalanx.data.read_parquet(path).mix(
-            phalanx.data.read_parquet(path), weights=[0.5, 0.5]
+            phalanx.data.read_parquet(path), weights=weights
         )
         (shard,) = mixed.streaming_split(1)
         return shard.iter_torch_batches(batch_size=batch_size)
@@ -191,7 +194,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=655_360)
     p.add_argument("--batch-sizes", default=SIZES, help="each --systems entry runs at each size")
-    p.add_argument("--small-rows", type=int, default=131_072)
+    p.add_argument("--small-rows", type=int, default=262_144)
     p.add_argument("--data", help="an existing Parquet file to read")
     p.add_argument("--before-src", help="adds phalanx_before: phalanx imported from this src")
 
@@ -215,7 +218,9 @@ def workload(meta: dict[str, Any]) -> list[str]:
         "`(rows, columns)` tensor per batch, a slice of a block stacked once).",
         "- phalanx_mix / raydata_mix: the same file read as two datasets mixed with weights "
         "(0.5, 0.5): `a.mix(b, weights=[0.5, 0.5])`, phalanx's split for one worker, Ray's "
-        "`iter_torch_batches` on the mixed dataset (an epoch is twice the file's rows).",
+        "`iter_torch_batches` on the mixed dataset (an epoch is twice the file's rows); "
+        "phalanx_mix_uneven: weights (0.7, 0.3), so the counts of a batch differ from batch to "
+        "batch (22 or 23 rows of the first source at batch size 32).",
         "- phalanx_before, phalanx_mix_before, phalanx_stack_before (when run with --before-src): "
         "`phalanx`, `phalanx_mix`, `phalanx_stack` with PYTHONPATH at that older checkout's src, "
         "interleaved with the others.",
@@ -269,11 +274,13 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
         ("rows_per_s", "phalanx_stack", "inmem"),
         ("rows_per_s", "phalanx_stack", "phalanx"),
         ("rows_per_s", "phalanx_mix", "phalanx"),
+        ("rows_per_s", "phalanx_mix_uneven", "phalanx"),
         ("rows_per_s", "phalanx_mix", "raydata_mix"),
         ("cpu_us_per_batch", "phalanx_mix", "phalanx"),
         ("rows_per_s", "phalanx", BEFORE),
         ("rows_per_s", "phalanx_mix", "phalanx_mix_before"),
         ("cpu_us_per_batch", "phalanx_mix", "phalanx_mix_before"),
+        ("rows_per_s", "phalanx_mix_uneven", "phalanx_mix_uneven_before"),
         ("rows_per_s", "phalanx_stack", "phalanx_stack_before"),
     ]
     pairs = [(m, a, b) for m, a, b in pairs if a in systems and b in systems]
