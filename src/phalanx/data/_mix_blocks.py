@@ -127,7 +127,7 @@ class MixedRows:
             source = self._pieces[s]
             for p, into, take, shape in moves:
                 cols = source[p][0]
-                target = grid[(slice(None), *into)]
+                target = grid[(slice(None), into[0], into[1])]
                 if shape is None:
                     np.stack([cols[n][take] for n in names], out=target)
                 else:
