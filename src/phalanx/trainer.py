@@ -31,8 +31,8 @@ __all__ = ["BaseTrainer", "DataParallelTrainer"]
 
 logger = logging.getLogger(__name__)
 
-# A training function that pickles larger than this captured something big (issue: a 300 MB
-# array made fit() 6.6 s instead of 0.24 s, silently).
+# A training function that pickles larger than this captured something big (an array, a
+# dataset): every worker then unpickles it at start, which makes fit() slow without a word.
 LARGE_TRAIN_FN_BYTES = 50_000_000
 
 _Trainer = TypeVar("_Trainer", bound="BaseTrainer")

@@ -23,8 +23,8 @@ def group_addresses(worker_group: WorkerGroup) -> list[str]:
 
 # Below Linux's ephemeral range (32768-60999 by default): the port is released just before the
 # library binds it, and a port from the ephemeral range can be taken in that moment as the source
-# port of any outgoing connection (another rank's, connecting to its peers). Seen in CI:
-# LightGBMError "Binding port 43691 failed".
+# port of any outgoing connection (another rank's, connecting to its peers), and the library
+# then fails with LightGBMError "Binding port N failed".
 _PORTS = range(20000, 32768)
 _TRIES = 50
 _RANDOM = random.SystemRandom()  # never the user's seeded global generator

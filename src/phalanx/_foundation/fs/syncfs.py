@@ -3,9 +3,9 @@
 One ``syncfs(2)`` for a commit instead of one fsync per file, where it can be relied on.
 
 A checkpoint with a part from every rank had to flush each part's files and directories before
-the rename that makes it visible: O(parts) disk round trips (here, 4 KB parts: 64 parts 18 ms,
-128 parts 31 ms, even with the fsyncs in threads). ``syncfs`` flushes the filesystem that holds
-the checkpoint in one call (128 parts: 3 ms). It reports a write-back error only since Linux 5.8;
+the rename that makes it visible: O(parts) disk round trips, even with the fsyncs in threads.
+``syncfs`` flushes the filesystem that holds the checkpoint in one call, whatever the number of
+parts. It reports a write-back error only since Linux 5.8;
 before that, and off Linux, phalanx keeps the per-file fsyncs.
 """
 

@@ -133,7 +133,7 @@ def decode(wire: tuple[Any, ...]) -> Message:
     """The typed message for a tuple from a worker (see the module docstring).
 
     Runs once per message in the engine's reader thread, so it dispatches on the kind and the
-    length with plain comparisons (a ``match`` with class patterns costs ~5x as much).
+    length with plain comparisons (a ``match`` with class patterns costs several times as much).
     """
     kind = wire[0] if type(wire) is tuple and wire else None
     size = len(wire) if kind is not None else 0

@@ -105,8 +105,8 @@ class MessageBuffer:
 
 def _freeze_what_lives() -> None:
     """Keep the objects alive now (Ray's and phalanx's, the modules a training call imported)
-    out of later collections: a full collection over them costs ~50-110 ms of CPU (torch
-    imported), paid at each in-place reset, by every survivor at once. What the next call makes
+    out of later collections: with torch imported a full collection over them is a long pause of
+    CPU, paid at each in-place reset, by every survivor at once. What the next call makes
     is still collected; a program that manages the collector itself is left alone."""
     if gc.isenabled():
         gc.freeze()

@@ -263,9 +263,8 @@ class RayEngine(Engine):
         release kills it. A failure to start them is left to the relaunch.
 
         Only where the group spans machines: on one machine (a fake multi-node cluster) both
-        compete for the same cores, and starting them first made the restart slower (32 workers,
-        2 cores: loss -> first step 4.55 s vs 4.30 s, median of 3). PHALANX_RESTORE_PRESTART=on|off
-        overrides it."""
+        compete for the same cores, and starting them first makes the restart slower.
+        PHALANX_RESTORE_PRESTART=on|off overrides it."""
         wanted = env.restore_prestart()
         one_machine = len({h.metadata.host for h in attempt.handles}) < 2
         if wanted == "off" or (wanted == "auto" and one_machine):

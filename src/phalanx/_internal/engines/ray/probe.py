@@ -1,9 +1,9 @@
 """Notice a node whose raylet is gone within milliseconds.
 
 When a node's raylet dies (the node was shut down, preempted with notice, or its raylet crashed or
-was OOM-killed), a call to an actor there fails only after Ray has retried the connection (~2.4 s
-measured here, as ``ActorUnavailableError``), and the GCS declares the node dead after its health
-checks (~15 s with Ray's defaults). Yet the raylet's sockets close at once.
+was OOM-killed), a call to an actor there fails only after Ray has retried the connection
+(seconds later, as ``ActorUnavailableError``), and the GCS declares the node dead after its
+health checks (~15 s with Ray's defaults). Yet the raylet's sockets close at once.
 
 :class:`RayletProbe` holds one idle TCP connection to the raylet of every node that hosts a
 followed worker (the raylet's gRPC server sends its settings and waits; nothing else is said) and
