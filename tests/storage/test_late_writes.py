@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _helpers import HeldLink, moto_s3, wait_until
+from _helpers import HeldLink, wait_until
 
 from phalanx._internal.storage.lease import LeaseChangedError
 from phalanx._internal.storage.run_lock import LEASE_FILE, Owner, RunLock
@@ -21,14 +19,6 @@ from phalanx._internal.storage.run_storage import (
     RunStorage,
     StaleAttemptError,
 )
-
-BUCKET = "late-writes"
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[Any]:
-    with moto_s3(BUCKET) as fs:
-        yield fs
 
 
 def _through(link: HeldLink) -> Any:
@@ -61,12 +51,14 @@ def _objects(fs: Any, root: str) -> dict[str, str]:
     return {path: fs.info(path)["ETag"] for path in fs.find(root)}
 
 
-def test_the_old_drivers_late_snapshot_and_lease_renewal_replace_nothing(s3: Any) -> None:
-    fs = s3
+def test_the_old_drivers_late_snapshot_and_lease_renewal_replace_nothing(
+    moto_fs: Any, s3_root: str
+) -> None:
+    fs = moto_fs
     endpoint = fs.client_kwargs["endpoint_url"].removeprefix("http://")
     host, port = endpoint.split(":")
     with HeldLink((host, int(port))) as link:
-        old = RunStorage.create(f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}", "run", _through(link))
+        old = RunStorage.create(s3_root, "run", _through(link))
         old.prepare()
         old_lock = RunLock.acquire(old, stale_s=60, settle_s=0.01)
         try:
@@ -110,12 +102,12 @@ def test_the_old_drivers_late_snapshot_and_lease_renewal_replace_nothing(s3: Any
 
 
 def test_a_late_write_that_lands_before_the_new_drivers_is_replaced_by_it(
-    s3: Any, caplog: pytest.LogCaptureFixture
+    moto_fs: Any, s3_root: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The other order: the old driver's late write lands before the new driver wrote that
     file. The new driver's write replaces it (it holds the run) and says so."""
-    fs = s3
-    run = RunStorage.create(f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}", "run", fs)
+    fs = moto_fs
+    run = RunStorage.create(s3_root, "run", fs)
     run.prepare()
     run.write_atomic(SNAPSHOT_FILE, b"this driver")
     fs.pipe_file(run.path(SNAPSHOT_FILE), b"a given-up driver's late write")

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import pickle
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import moto_s3
 
 from phalanx import Checkpoint, CheckpointConfig
 from phalanx._internal.storage.checkpoint_manager import CheckpointManager
@@ -26,18 +23,9 @@ from phalanx._internal.storage.run_storage import (
     StaleAttemptError,
 )
 
-BUCKET = "fencing"
 
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[Any]:
-    """One moto server for the module; each test its own prefix."""
-    with moto_s3(BUCKET) as fs:
-        yield fs
-
-
-def _s3_run(fs: Any) -> RunStorage:
-    storage = RunStorage.create(f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}", "run", fs)
+def _s3_run(fs: Any, root: str) -> RunStorage:
+    storage = RunStorage.create(root, "run", fs)
     storage.prepare()
     return storage
 
@@ -46,7 +34,7 @@ def _s3_run(fs: Any) -> RunStorage:
 def driver(request: pytest.FixtureRequest, tmp_path: Path) -> RunStorage:
     """A driver's store of a fresh run, on the local filesystem or on S3."""
     if request.param == "s3":
-        return _s3_run(request.getfixturevalue("s3"))
+        return _s3_run(request.getfixturevalue("moto_fs"), request.getfixturevalue("s3_root"))
     storage = RunStorage.create(str(tmp_path / "runs"), "run")
     storage.prepare()
     return storage
@@ -113,9 +101,11 @@ def test_another_drivers_attempt_is_not_this_ones_even_with_the_same_index(
     assert not [p for p in _listing(driver) if p.startswith(f"/{STAGING_DIR}")]
 
 
-def test_a_driver_whose_lease_was_taken_over_writes_nothing_more(tmp_path: Path, s3: Any) -> None:
-    fs = s3
-    old = _s3_run(fs)
+def test_a_driver_whose_lease_was_taken_over_writes_nothing_more(
+    tmp_path: Path, moto_fs: Any, s3_root: str
+) -> None:
+    fs = moto_fs
+    old = _s3_run(fs, s3_root)
     old_lock = RunLock.acquire(old, stale_s=60, settle_s=0.01)
     try:
         old.begin_attempt(0)

@@ -86,6 +86,11 @@ def _not_that_version(exc: OSError) -> bool:
     return code == "PreconditionFailed" or "pre-conditions you specified" in str(exc)
 
 
+class _NotThatVersion(StorageError):
+    """The store refused a conditional PUT (``_put_if``): the object is not at the version the
+    condition named. A StorageError, so ``storage_errors`` passes it on unchanged."""
+
+
 def _etag(filesystem: Any, path: str) -> str | None:
     try:
         return str(filesystem.info(path, refresh=True)["ETag"])
@@ -203,21 +208,14 @@ class ObjectStore(RunStorage, register=True):
         etags = self.fencing.setdefault("etags", {})
         for _ in range(_CONDITIONAL_TRIES):
             known = etags.get(relative)
-            condition = {"IfMatch": known} if known else {"IfNoneMatch": "*"}
             try:
-                with storage_errors("write", self.uri(final)):
-                    try:
-                        answer = self.filesystem.pipe_file(final, data, **condition)
-                    except OSError as exc:
-                        if not _not_that_version(exc):
-                            raise
-                        answer = None
+                etags[relative] = self._put_if(final, data, known)
+                return
+            except _NotThatVersion:
+                pass
             except StorageError:
                 etags.pop(relative, None)  # not known to have landed: ask its version next time
                 raise
-            if answer is not None:
-                etags[relative] = answer.get("ETag") if isinstance(answer, dict) else None
-                return
             self.check_owner(action)  # another driver holds the run: deposed, refused
             if known:
                 logger.warning(
@@ -240,6 +238,19 @@ class ObjectStore(RunStorage, register=True):
         drivers taking a stale lease over at once can replace another's lease."""
         etags = self.fencing.setdefault("etags", {})
         known = etags.pop(LEASE_FILE, None)
+        try:
+            etags[LEASE_FILE] = self._put_if(final, data, known)
+        except _NotThatVersion:
+            raise LeaseChangedError(
+                f"Refused to write the lease {self.uri(final)!r}: it is not the version "
+                "this driver wrote or read last (another fit() took the run over)."
+            ) from None
+
+    def _put_if(self, final: str, data: bytes, known: str | None) -> str | None:
+        """One PUT of ``data`` that lands only on the version ``known`` of the object
+        (``If-Match``), or, with none known, only where there is no object (``If-None-Match:
+        *``); returns the version written (its ETag; None when the store does not say). A
+        refusal raises :class:`_NotThatVersion`, any other failure a StorageError."""
         condition = {"IfMatch": known} if known else {"IfNoneMatch": "*"}
         with storage_errors("write", self.uri(final)):
             try:
@@ -247,11 +258,8 @@ class ObjectStore(RunStorage, register=True):
             except OSError as exc:
                 if not _not_that_version(exc):
                     raise
-                raise LeaseChangedError(
-                    f"Refused to write the lease {self.uri(final)!r}: it is not the version "
-                    "this driver wrote or read last (another fit() took the run over)."
-                ) from None
-        etags[LEASE_FILE] = answer.get("ETag") if isinstance(answer, dict) else None
+                raise _NotThatVersion(self.uri(final)) from None
+        return answer.get("ETag") if isinstance(answer, dict) else None
 
     @property
     def writes_lease_conditionally(self) -> bool:
