@@ -8,6 +8,8 @@ Run from the repository root:
     python bench/startup.py --systems phalanx_ray,raytrain   # phalanx's Ray engine vs Ray Train
     python bench/startup.py --systems phalanx,phalanx_spawn  # fork server vs spawn start path
     python bench/startup.py --workloads noop,ddp --reps 5
+    python bench/startup.py --before-src /tmp/before/src --systems phalanx,phalanx_before \
+        --workloads noop,report                              # this tree vs that src's phalanx
 
 Workloads (2 workers each):
   noop    the training fn records the time of its first line and returns.
@@ -15,6 +17,9 @@ Workloads (2 workers each):
   report  (B3) 2,000 steps of 1 ms busy work, report() every step, latency of each call
           measured in rank 0. Ray Train gets fewer steps (--ray-report-steps), because its
           report() blocks for seconds. Raw: a plain loop appending the dict to a list.
+
+``phalanx_before`` (only with ``--before-src``) is ``phalanx`` with ``PYTHONPATH`` at that src:
+the same workloads on an earlier tree's phalanx (e.g. a worktree of the commit before a change).
 
 Every measurement runs in a fresh Python subprocess (bench/harness.py: this script with ``--one
 WORKLOAD-SYSTEM``, every process it starts marked and any left over killed), interleaved A B C
@@ -43,6 +48,7 @@ from common import free_port, median, spin
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("phalanx", "phalanx_spawn", "phalanx_ray", "raytrain", "raw")
+BEFORE = "phalanx_before"  # phalanx imported from --before-src
 WORKLOADS = ("noop", "ddp", "report")
 WORLD_SIZE = 2
 DDP_STEPS = 200
@@ -198,7 +204,7 @@ def _import_system(system: str, phalanx_trainer: str, extra: list[str]) -> None:
         import ray
 
         del ray
-    if system in ("phalanx", "phalanx_spawn", "phalanx_ray"):
+    if system in ("phalanx", "phalanx_spawn", "phalanx_ray", BEFORE):
         import phalanx
 
         if phalanx_trainer == "torch":
@@ -350,6 +356,7 @@ DRIVERS: dict[str, Callable[[str, dict[str, Any], Path, Any], Record]] = {
     "phalanx_ray": _drive_phalanx_ray,
     "raytrain": _drive_raytrain,
     "raw": _drive_raw,
+    BEFORE: _drive_phalanx,  # the same driver; run_env points PYTHONPATH at --before-src
 }
 
 
@@ -390,6 +397,7 @@ def run_one(args: argparse.Namespace) -> Record:
     rec.update(
         sut=system,
         workload=workload,
+        phalanx_src=_phalanx_src(system),
         steps=cfg["steps"],
         import_s=import_s,
         fit_total_s=rec["t_end"] - rec["t_fit"],
@@ -400,6 +408,16 @@ def run_one(args: argparse.Namespace) -> Record:
     if launched_at is not None:
         rec["launch_to_ready_s"] = ready - float(launched_at)
     return rec
+
+
+def _phalanx_src(system: str) -> str | None:
+    """The src directory this run's phalanx came from (the check that ``phalanx_before`` ran
+    the --before-src tree)."""
+    if not system.startswith("phalanx"):
+        return None
+    import phalanx
+
+    return str(Path(phalanx.__file__).resolve().parent.parent)
 
 
 def _collect_worker_files(out: Path, t_fit: float) -> Record:
@@ -496,6 +514,7 @@ RATIO_PAIRS = (
     ("phalanx_ray", "raytrain"),
     ("phalanx", "raw"),
     ("raytrain", "raw"),
+    ("phalanx", BEFORE),
 )
 
 
@@ -607,6 +626,11 @@ def workload(meta: Record) -> list[str]:
             "- **warning: load average above the CPU count during the run (other jobs on "
             "the machine); absolute seconds are inflated, trust the pairwise ratios more.**"
         )
+    if BEFORE in systems:
+        lines.append(
+            f"- {BEFORE}: phalanx (local engine, same trainer) imported from "
+            f"`{meta.get('before_src')}`; phalanx: from this tree's src."
+        )
     if "report" in workloads and "raytrain" in systems:
         lines.append(
             f"- B3: Ray Train runs {meta['ray_report_steps']} steps, not "
@@ -669,6 +693,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="dp",
         help="ddp workload: DataParallelTrainer + own init_process_group (dp) or TorchTrainer",
     )
+    p.add_argument("--before-src", help=f"adds {BEFORE}: phalanx imported from this src")
     p.add_argument(
         "--driver-imports",
         default="",
@@ -677,10 +702,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _run_env(name: str, args: argparse.Namespace) -> dict[str, str]:
+    """``phalanx_before`` runs import phalanx from ``--before-src``."""
+    if name.split("-", 1)[1] == BEFORE:
+        if not args.before_src:
+            raise SystemExit(f"{BEFORE} needs --before-src (the src directory of that tree)")
+        return {"PYTHONPATH": os.pathsep.join([str(REPO / "bench"), args.before_src])}
+    return {}
+
+
 BENCH = harness.Bench(
     name="startup",
     title="phalanx benchmarks B1 (startup) and B3 (report cost)",
-    systems=tuple(f"{w}-{s}" for w in WORKLOADS for s in SYSTEMS),
+    systems=tuple(f"{w}-{s}" for w in WORKLOADS for s in (*SYSTEMS, BEFORE)),
+    run_env=_run_env,
     run_one=run_one,
     add_arguments=add_arguments,
     workload=workload,
@@ -697,8 +732,9 @@ def main() -> None:
     args = harness.parse_args(BENCH)
     if not args.one and not args.render:
         # --systems names systems under test, each run on every one of --workloads.
-        given = SYSTEMS if args.systems == ",".join(BENCH.systems) else args.systems.split(",")
-        chosen = _csv(",".join(given), SYSTEMS)
+        default = (*SYSTEMS, BEFORE) if args.before_src else SYSTEMS
+        given = default if args.systems == ",".join(BENCH.systems) else args.systems.split(",")
+        chosen = _csv(",".join(given), (*SYSTEMS, BEFORE))
         args.systems = ",".join(f"{w}-{s}" for w in _csv(args.workloads, WORKLOADS) for s in chosen)
     harness.main(BENCH, args)
 
