@@ -19,11 +19,19 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+
+if TYPE_CHECKING:
+    from phalanx.checkpoint import Checkpoint
 
 __all__ = [
     "CHECKPOINT_FILE",
     "DataPositions",
+    "DatasetRecord",
+    "RanksRecord",
+    "Record",
+    "Snapshot",
+    "StreamState",
     "Tracked",
     "build_record",
     "dataset_key",
@@ -41,8 +49,32 @@ CHECKPOINT_FILE = ".phalanx_data_position.json"
 """The records of every stream at the checkpoint's round, in the checkpoint directory."""
 
 
+StreamState = dict[str, object]
+"""One stream's ``position_state()``: a small JSON-able dict (a few integers)."""
+
+Snapshot = dict[str, StreamState]
+"""A rank's streams after a round, by key: what ``report()`` sends (``DataPositions.snapshot``)."""
+
+Record = dict[str, object]
+"""The record of every stream at a checkpoint's round, by key (a dataset's as its package
+combined it, any other stream's a :class:`RanksRecord`): what ``CHECKPOINT_FILE`` holds."""
+
+
+DatasetRecord = dict[str, Any]
+"""A dataset's record as the data package combines and reads it (``phalanx.data._position``):
+read back from JSON, its fields are checked where they are used."""
+
+
+class RanksRecord(TypedDict):
+    """The record of a stream the driver does not combine: every rank's state, re-split by the
+    stream itself on the worker."""
+
+    world_size: int
+    ranks: list[StreamState | None]
+
+
 class Tracked(Protocol):
-    def position_state(self) -> dict[str, Any] | None: ...
+    def position_state(self) -> StreamState | None: ...
 
 
 def dataset_key(name: str) -> str:
@@ -56,7 +88,7 @@ def loader_key(index: int) -> str:
 class DataPositions:
     """One rank's streams (a Session has one)."""
 
-    def __init__(self, resume: dict[str, Any] | None = None) -> None:
+    def __init__(self, resume: Record | None = None) -> None:
         self._streams: dict[str, Tracked] = {}
         self._resume = resume or {}
         self._loaders = 0
@@ -71,18 +103,18 @@ class DataPositions:
         self._loaders += 1
         return key
 
-    def snapshot(self) -> dict[str, dict[str, Any]] | None:
+    def snapshot(self) -> Snapshot | None:
         """Every stream's state now (None when no stream has one): what ``report()`` sends."""
         if not self._streams:
             return None
-        states = {}
+        states: Snapshot = {}
         for key, stream in self._streams.items():
             state = stream.position_state()
             if state is not None:
                 states[key] = state
         return states or None
 
-    def resume_record(self, key: str) -> dict[str, Any] | None:
+    def resume_record(self, key: str) -> StreamState | None:
         """The record stored for ``key`` with the checkpoint this function started from (None:
         a fresh start, or the stream was not there)."""
         record = self._resume.get(key)
@@ -91,24 +123,24 @@ class DataPositions:
 
 # -- the driver's side: one record per stream, stored with each checkpoint -----------------------
 
-RankStates = Sequence[dict[str, dict[str, Any]] | None]
+RankStates = Sequence[Snapshot | None]
 """Each rank's last ``snapshot()`` (None: the rank reported no position yet)."""
 
 
 def build_record(
-    snapshots: RankStates, combine_dataset: Callable[[str, list[Any]], dict[str, Any]]
-) -> dict[str, Any]:
+    snapshots: RankStates, combine_dataset: Callable[[str, list[StreamState | None]], StreamState]
+) -> Record:
     """The record of every stream any rank reported: a dataset's from
     ``combine_dataset(name, [state of rank 0, ...])`` (the driver knows its shards), any
     other stream's as ``{"world_size": W, "ranks": [...]}``. Empty when no rank has a stream."""
     keys = sorted({key for snapshot in snapshots if snapshot for key in snapshot})
-    record: dict[str, Any] = {}
+    record: Record = {}
     for key in keys:
         states = [snapshot.get(key) if snapshot else None for snapshot in snapshots]
         if key.startswith(DATASET_PREFIX):
             record[key] = combine_dataset(key[len(DATASET_PREFIX) :], states)
         else:
-            record[key] = {"world_size": len(snapshots), "ranks": states}
+            record[key] = RanksRecord(world_size=len(snapshots), ranks=states)
     return record
 
 
@@ -116,7 +148,7 @@ def encode_record(record: Mapping[str, object]) -> bytes:
     return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
 
 
-def dataset_records(record: Mapping[str, object] | None) -> dict[str, dict[str, Any]]:
+def dataset_records(record: Mapping[str, object] | None) -> dict[str, DatasetRecord]:
     """The records of the datasets in ``record``, by dataset name."""
     return {
         key[len(DATASET_PREFIX) :]: value
@@ -125,8 +157,8 @@ def dataset_records(record: Mapping[str, object] | None) -> dict[str, dict[str, 
     }
 
 
-def read_record(checkpoint: Any) -> dict[str, Any] | None:
-    """The records stored with ``checkpoint`` (a ``phalanx.Checkpoint``); None when it has none
+def read_record(checkpoint: Checkpoint | None) -> Record | None:
+    """The records stored with ``checkpoint``; None when it has none
     (taken before any stream was read, by another tool, or by a phalanx without positions):
     the data then starts afresh, as in Ray."""
     if checkpoint is None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-__all__ = ["ReportExtras"]
+__all__ = ["ReportExtras", "Wire", "plus_checkpoint_s"]
+
+Wire = tuple[object, ...]
+"""A message as a worker sends it to the driver: a plain tuple (``engines.messages.decode``)."""
 
 
 class ReportExtras(TypedDict, total=False):
@@ -21,3 +24,9 @@ class ReportExtras(TypedDict, total=False):
     collective_s: float  # seconds in collectives since the last report
     steps: int  # optimizer steps since the last report
     replica: tuple[str, int, int]  # (replica group, checksum, optimizer steps) to compare
+
+
+def plus_checkpoint_s(extras: ReportExtras, seconds: float) -> ReportExtras:
+    """``extras`` with ``seconds`` more of ``checkpoint_s`` (saving the checkpoint, or waiting
+    for the previous upload: the goodput's checkpoint part)."""
+    return {**extras, "checkpoint_s": extras.get("checkpoint_s", 0.0) + seconds}

@@ -17,11 +17,13 @@ from typing import Any, Protocol
 
 import cloudpickle
 
+from phalanx._internal.worker.report_extras import Wire
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Outbox(Protocol):
-    def send(self, message: tuple[Any, ...]) -> None: ...
+    def send(self, message: Wire) -> None: ...
 
 
 _process_outbox: Outbox | None = None

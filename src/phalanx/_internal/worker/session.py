@@ -31,7 +31,7 @@ from phalanx._internal.worker.checkpoint_plan import (
     plan_checkpoint,
 )
 from phalanx._internal.worker.code_origins import load_function
-from phalanx._internal.worker.data_position import DataPositions, dataset_key
+from phalanx._internal.worker.data_position import DataPositions, Record, dataset_key
 from phalanx._internal.worker.metrics import checked_metrics
 from phalanx._internal.worker.profiling import ProfileWatch
 from phalanx._internal.worker.report_checks import (
@@ -40,7 +40,7 @@ from phalanx._internal.worker.report_checks import (
     check_validation,
     upload_mode,
 )
-from phalanx._internal.worker.report_extras import ReportExtras
+from phalanx._internal.worker.report_extras import ReportExtras, Wire, plus_checkpoint_s
 from phalanx._internal.worker.runtime import Outbox, current_outbox, outbox_is_thread_local
 from phalanx._internal.worker.state_writer import StateWriter
 from phalanx._internal.worker.step_anatomy import RankAnatomy
@@ -81,7 +81,7 @@ class SessionSpec:
     dataset_shards: dict[str, Any] = field(default_factory=dict)
     has_validation: bool = False  # the trainer has a validation_config
     # The data positions stored with ``checkpoint`` (``data_position.read_record``), if any
-    data_record: dict[str, Any] | None = None
+    data_record: Record | None = None
 
 
 # Recovery to the failed step (issue 44, ``phalanx.torch._peer``): ``checkpoint_providers`` are
@@ -215,7 +215,7 @@ class Session:
         index: int,
         metrics: Mapping[str, object],
         started: float,
-        extras: Mapping[str, object],
+        extras: ReportExtras,
     ) -> str:
         """Save this rank's part of the round as ``plan`` says, then send its report (once the
         part is durable); returns the name the round commits.
@@ -237,18 +237,21 @@ class Session:
                 if self._uploader is not None:
                     self._uploader.wait()  # the documented promise: the previous upload is done
                 self.storage.stage_part(checkpoint, dir_name, self.attempt, move=move)
-                message = _report_message(index, metrics, dir_name, started, extras)
-                self._send(_with_checkpoint_time(message))
+                saved = plus_checkpoint_s(extras, time.time() - started)
+                self._send(_report_message(index, metrics, dir_name, started, saved))
             case Background(move_aside=aside):
                 source = Checkpoint(move_aside(checkpoint)) if aside else checkpoint
+                uploader = self._background()
+                if waited := uploader.reserve():  # the previous upload was not done yet
+                    extras = plus_checkpoint_s(extras, waited)
                 message = _report_message(index, metrics, dir_name, started, extras)
-                self._background().upload(source, dir_name, message, scratch=aside)
+                uploader.upload(source, dir_name, message, scratch=aside)
             case UserUpload():
                 if self._uploader is not None:
                     self._uploader.wait()
                 dir_name = self._upload_with(plan, checkpoint)
-                message = _report_message(index, metrics, dir_name, started, extras)
-                self._send(_with_checkpoint_time(message))
+                saved = plus_checkpoint_s(extras, time.time() - started)
+                self._send(_report_message(index, metrics, dir_name, started, saved))
         return dir_name
 
     def _upload_with(self, plan: UserUpload, checkpoint: Checkpoint) -> str:
@@ -288,7 +291,7 @@ class Session:
         if self._uploader is not None:
             self._uploader.wait()
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: Wire) -> None:
         if self._uploader is not None and self._uploader.busy:
             self._uploader.send(message)  # keep the order behind pending uploads
         else:
@@ -341,18 +344,11 @@ def _report_message(
     metrics: Mapping[str, object],
     dir_name: str | None,
     started: float,
-    extras: Mapping[str, object],
-) -> tuple[Any, ...]:
+    extras: ReportExtras,
+) -> Wire:
     """The report as the driver's ``messages.decode`` reads it (``extras`` only if any)."""
-    message: tuple[Any, ...] = ("report", index, metrics, dir_name, started)
+    message: Wire = ("report", index, metrics, dir_name, started)
     return (*message, extras) if extras else message
-
-
-def _with_checkpoint_time(message: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``message`` with the seconds since its report() started (saving the checkpoint)."""
-    extras = dict(message[5]) if len(message) > 5 else {}
-    extras["checkpoint_s"] = extras.get("checkpoint_s", 0.0) + time.time() - message[4]
-    return (*message[:5], extras)
 
 
 def init_session(spec: SessionSpec) -> None:

@@ -22,11 +22,11 @@ import time
 import uuid
 from collections.abc import Callable
 from queue import SimpleQueue
-from typing import Any
 
 from phalanx._foundation.fs.access import move_tree_contents
 from phalanx._foundation.fs.paths import checkpoint_name_problem
 from phalanx._internal.storage.run_storage import RunStorage
+from phalanx._internal.worker.report_extras import Wire
 from phalanx._internal.worker.runtime import Outbox
 from phalanx.checkpoint import Checkpoint
 from phalanx.errors import StorageError
@@ -120,16 +120,6 @@ def move_aside(checkpoint: Checkpoint) -> str:
     return private
 
 
-def _plus_checkpoint_s(message: tuple[Any, ...], seconds: float) -> tuple[Any, ...]:
-    """The report ``message`` with ``seconds`` more of ``checkpoint_s``: the training thread
-    waited that long for the previous upload (the goodput's checkpoint part)."""
-    if seconds < 1e-4:  # nothing to wait for: the message as it was
-        return message
-    extras = dict(message[5]) if len(message) > 5 else {}
-    extras["checkpoint_s"] = extras.get("checkpoint_s", 0.0) + seconds
-    return (*message[:5], extras)
-
-
 class BackgroundUploader:
     """One thread per worker that uploads parts and sends reports, strictly in order."""
 
@@ -149,15 +139,29 @@ class BackgroundUploader:
     def busy(self) -> bool:
         return self._pending > 0
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: Wire) -> None:
         """Queue a report behind pending uploads."""
         self._submit(lambda: self._outbox.send(message))
+
+    def reserve(self) -> float:
+        """Wait until the previous upload of a user's directory is done (at most one is
+        outstanding), then hold the slot for the next one, which ``upload(..., prepare=None)``
+        must follow at once; returns the seconds waited (0.0: too short to tell, nothing to
+        wait for). save_state's private directories take
+        no slot: its own max_pending bounds them."""
+        waiting = time.perf_counter()
+        self._upload_done.wait()
+        waited = time.perf_counter() - waiting
+        waited = waited if waited >= 1e-4 else 0.0
+        self.raise_error()
+        self._upload_done.clear()
+        return waited
 
     def upload(
         self,
         source: Checkpoint,
         dir_name: str,
-        message: tuple[Any, ...],
+        message: Wire,
         scratch: bool,
         prepare: Callable[[], None] | None = None,
     ) -> None:
@@ -166,18 +170,12 @@ class BackgroundUploader:
         ``scratch``: ``source`` is phalanx's private directory (moved aside): its files are
         moved when possible and it is removed afterwards. Otherwise it is the user's and is
         only read. ``prepare`` runs first on the upload thread (``save_state``: wait until the
-        files are written; its error fails the upload, so the round never commits).
+        files are written; its error fails the upload, so the round never commits). Without
+        ``prepare`` the slot was taken by ``reserve()``, and the upload frees it.
         """
-        # at most one outstanding upload of a user's directory; save_state's private
-        # directories are bounded by its own max_pending
         tracked = prepare is None
-        if tracked:
-            waiting = time.perf_counter()
-            self._upload_done.wait()
-            message = _plus_checkpoint_s(message, time.perf_counter() - waiting)
-        self.raise_error()
-        if tracked:
-            self._upload_done.clear()
+        if not tracked:
+            self.raise_error()
 
         def task() -> None:
             try:
