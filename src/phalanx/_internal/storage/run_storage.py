@@ -60,7 +60,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from phalanx._foundation.fs.access import resolve_filesystem, storage_errors
 from phalanx._foundation.fs.paths import check_checkpoint_dir_name, component_problem
@@ -84,6 +84,14 @@ ATTEMPT_FILE = ".phalanx_attempt.json"
 _STORES: list[type[RunStorage]] = []  # chosen in order: the first that serves the filesystem
 
 
+class Fencing(TypedDict, total=False):
+    """One driver's fencing state (its store's, shared by the copies it makes)."""
+
+    began: bool  # it began an attempt
+    deposed: str  # why it lost the run (another driver took it over): every write is refused
+    etags: dict[str, str | None]  # S3: the version of each run file it wrote or read last
+
+
 @dataclass(frozen=True)
 class RunStorage(RunStore):
     """Where one run lives. Picklable: workers get a copy to stage their checkpoint parts.
@@ -98,9 +106,8 @@ class RunStorage(RunStore):
     name: str = ""
     # This driver's token (see the module docstring); copies sent to workers keep it
     owner: str = field(default_factory=lambda: uuid.uuid4().hex, compare=False)
-    # This driver's fencing state: "began" once it began an attempt; "deposed": why it lost the
-    # run (another driver took it over), after which every write is refused
-    fencing: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # This driver's fencing state (see Fencing)
+    fencing: Fencing = field(default_factory=lambda: Fencing(), compare=False, repr=False)
 
     appends: ClassVar[bool] = False
     """Files grow in place (history lines, the snapshot's journal), readable at once."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from phalanx._internal.storage.run_storage import RunStorage
 from phalanx._internal.storage.snapshot_journal import read_state
 from phalanx.checkpoint import Checkpoint
 from phalanx.reported_checkpoint import (
@@ -23,6 +24,9 @@ from phalanx.reported_checkpoint import (
     ReportedCheckpointStatus,
 )
 
+if TYPE_CHECKING:
+    from phalanx._internal.worker.session import Session
+
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.02
@@ -30,7 +34,7 @@ PENDING = ReportedCheckpointStatus.PENDING_VALIDATION.value
 
 
 def reported_checkpoints(
-    session: Any, mode: CheckpointConsistencyMode, timeout_s: float | None
+    session: Session, mode: CheckpointConsistencyMode, timeout_s: float | None
 ) -> list[ReportedCheckpoint]:
     """Wait until the snapshot has processed every round this rank reported; then list them."""
     session.finish_uploads()  # ASYNC parts are reported only once they are stored
@@ -64,7 +68,7 @@ def reported_checkpoints(
         time.sleep(POLL_S)
 
 
-def _read_snapshot(storage: Any) -> dict[str, Any]:
+def _read_snapshot(storage: RunStorage) -> dict[str, Any]:
     try:
         state = read_state(storage)  # the snapshot with the journal of recent commits
     except (ValueError, KeyError, TypeError):  # mid-write on a store without atomic replace
@@ -72,7 +76,9 @@ def _read_snapshot(storage: Any) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-def _reported(storage: Any, entry: dict[str, Any], statuses: dict[str, str]) -> ReportedCheckpoint:
+def _reported(
+    storage: RunStorage, entry: dict[str, Any], statuses: dict[str, str]
+) -> ReportedCheckpoint:
     name = entry["dir_name"]
     status = ReportedCheckpointStatus(statuses.get(name, ReportedCheckpointStatus.COMMITTED.value))
     checkpoint = Checkpoint(storage.checkpoint_path(name), storage.filesystem)
