@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 44: where the time of a peer hand-over goes (``phalanx.torch._peer``), by part.
+"""Issue 44: what a peer hand-over (``phalanx.torch._handover``) costs, by transport.
 
 Run from the repository root:
 
@@ -8,11 +8,20 @@ Run from the repository root:
 
 Two processes on one host join a gloo group over 127.0.0.1 (as the survivors and a replacement
 do); rank 0 (the survivor that sends) holds a snapshot of ``--mb`` MB in ``--parts`` float32
-tensors. Per rep, timed on each rank: the hand-over's own gloo group (``new_group``), the
-skeleton (``broadcast_object_list``), the tensors (``_peer._send``'s broadcasts, the receiver's
-``torch.empty`` buffers), and, for comparison: what the survivor's clone of its snapshot took
-before it kept the modules' and tensors' entries as they are (``clone``), and a shared-memory
-hand-over (the sender copies into a ``/dev/shm`` file, the receiver maps it and copies out).
+tensors, taken by ``take_snapshot`` into its report-time pool (``SharedPool``: shared-memory
+files). Rank 1 (the replacement) has built the same state: its tensors are the destination.
+Per rep, interleaved, timed on each rank (the replacement waits for the slower of the two):
+
+- ``before``: the hand-over as it was (one ``broadcast`` per tensor into a fresh ``torch.empty``
+  buffer, then copied into the live tensors);
+- ``shm_live``: ``_handover.send``/``receive``: the receiver maps the sender's shared files and
+  copies once into its live tensors;
+- ``shm_fresh``: the same with no live destination (a fresh optimizer's state: one prefaulted
+  buffer);
+- ``gloo_live``: the fallback (another host): broadcasts straight into the live tensors;
+- ``restore_own``: a survivor's restore from its own snapshot (copies into its live tensors);
+  ``clone``: what that cost before (a clone of the snapshot).
+
 Results: bench/results/peer_handover.{md,json}.
 """
 
@@ -33,71 +42,107 @@ from typing import Any
 from common import machine, versions
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PARTS = ("new_group", "skeleton", "tensors", "clone", "shm_write", "shm_read")
+PARTS = ("new_group", "before", "shm_live", "shm_fresh", "gloo_live", "restore_own", "clone")
+
+
+class _Bench:
+    """One rank's state: its live tensors, its snapshots (shared-memory and plain pools)."""
+
+    def __init__(self, rank: int, args: argparse.Namespace) -> None:
+        import torch
+
+        from phalanx.torch import _handover
+        from phalanx.torch._snapshot import BufferPool, take_snapshot
+
+        self.rank, self.parts, self.group = rank, args.parts, None
+        n = args.mb * (1 << 20) // 4 // args.parts
+        self.live = {"extra": [torch.full((n,), float(i)) for i in range(args.parts)], "step": 3}
+        self.pools = {"shm": _handover.SharedPool(), "plain": BufferPool()}
+        self.snapshots = {name: take_snapshot(self.live, p) for name, p in self.pools.items()}
+        if rank == 1:
+            self.wipe()
+
+    def wipe(self) -> None:
+        for tensor in self.live["extra"]:
+            tensor.zero_()  # warm, and wrong until received
+
+    def timed(self, marks: dict[str, float], part: str, run: Any) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+        t = time.perf_counter()
+        run()
+        marks[part] = time.perf_counter() - t
+        if self.rank == 1:
+            assert float(self.live["extra"][-1][0]) == self.parts - 1, part
+            self.wipe()
+
+    def before(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from phalanx.torch import _handover
+
+        tensors: list[Any] = []
+        box: list[Any] = [_handover._skeleton(self.snapshots["plain"], tensors)]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        if self.rank == 0:
+            for tensor in tensors:
+                dist.broadcast(tensor, src=0, group=self.group)
+            return
+        refs: list[Any] = []
+        _handover._collect_refs(box[0], refs)
+        fresh = [torch.empty(r.shape, dtype=r.dtype) for r in sorted(refs, key=lambda r: r.index)]
+        for tensor in fresh:
+            dist.broadcast(tensor, src=0, group=self.group)
+        for own, got in zip(self.live["extra"], fresh, strict=True):
+            own.copy_(got)
+
+    def hand_over(self, pool: str, destination: dict[str, Any]) -> Any:
+        from phalanx.torch import _handover
+
+        def run() -> None:
+            if self.rank == 0:
+                _handover.send(self.snapshots[pool], self.pools[pool], 0, self.group)
+                return
+            got, moved = _handover.receive(0, self.group, destination)
+            assert moved.transport == ("shared memory" if pool == "shm" else "gloo")
+            if destination is not self.live:  # for the check only (a warm copy, timed too)
+                for own, tensor in zip(self.live["extra"], got["extra"], strict=True):
+                    own.copy_(tensor)
+
+        return run
 
 
 def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from phalanx.torch import _peer
+    from phalanx.torch import _handover
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    n = args.mb * (1 << 20) // 4 // args.parts
-    snapshot = {"extra": [torch.full((n,), float(i)) for i in range(args.parts)], "step": 3}
+    bench = _Bench(rank, args)
     reps: list[dict[str, float]] = []
-    for rep in range(args.reps):
+    for _ in range(args.reps):
         marks: dict[str, float] = {}
         dist.barrier()
         t = time.perf_counter()
-        group = dist.new_group(ranks=[0, 1], backend="gloo")
+        bench.group = dist.new_group(ranks=[0, 1], backend="gloo")
         marks["new_group"] = time.perf_counter() - t
-        dist.barrier()
-        t = time.perf_counter()
-        if rank == 0:
-            tensors: list[Any] = []
-            skeleton = _peer._skeleton(snapshot, tensors)
-            dist.broadcast_object_list([skeleton], src=0, group=group)
-            marks["skeleton"] = time.perf_counter() - t
-            t = time.perf_counter()
-            for tensor in tensors:
-                dist.broadcast(tensor, src=0, group=group)
-        else:
-            box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0, group=group)
-            marks["skeleton"] = time.perf_counter() - t
-            t = time.perf_counter()
-            refs: list[Any] = []
-            _peer._collect_refs(box[0], refs)
-            for ref in sorted(refs, key=lambda r: r.index):
-                dist.broadcast(torch.empty(ref.shape, dtype=ref.dtype), src=0, group=group)
-        marks["tensors"] = time.perf_counter() - t
-        t = time.perf_counter()
-        clone = [tensor.clone() for tensor in snapshot["extra"]]
-        marks["clone"] = time.perf_counter() - t
-        del clone
-        path = f"/dev/shm/phalanx-bench-handover-{port}-{rep}"
-        dist.barrier(group=group)
+        bench.timed(marks, "before", bench.before)
+        bench.timed(marks, "shm_live", bench.hand_over("shm", bench.live))
+        bench.timed(marks, "shm_fresh", bench.hand_over("shm", {}))
+        bench.timed(marks, "gloo_live", bench.hand_over("plain", bench.live))
+        dist.destroy_process_group(bench.group)
         if rank == 0:
             t = time.perf_counter()
-            mapped = torch.from_file(path, shared=True, size=n * args.parts, dtype=torch.float32)
-            for i, tensor in enumerate(snapshot["extra"]):
-                mapped[i * n : (i + 1) * n].copy_(tensor)
-            marks["shm_write"] = time.perf_counter() - t
-        dist.barrier(group=group)
-        if rank == 1:
+            _handover.restore_own(bench.snapshots["shm"], bench.live)
+            marks["restore_own"] = time.perf_counter() - t
             t = time.perf_counter()
-            mapped = torch.from_file(path, shared=True, size=n * args.parts, dtype=torch.float32)
-            got = [mapped[i * n : (i + 1) * n].clone() for i in range(args.parts)]
-            marks["shm_read"] = time.perf_counter() - t
-            assert float(got[-1][0]) == args.parts - 1
-            del got
-        dist.barrier(group=group)
-        del mapped
-        if rank == 0:
-            os.unlink(path)
-        dist.destroy_process_group(group)
+            clone = [tensor.clone() for tensor in bench.snapshots["shm"]["extra"]]
+            marks["clone"] = time.perf_counter() - t
+            del clone
         reps.append(marks)
     Path(f"{out}.{rank}").write_text(json.dumps(reps))
     dist.destroy_process_group()
@@ -133,7 +178,7 @@ def main() -> None:
     meta["machine"]["load_end"] = os.getloadavg()[0]
     gb = args.mb * (1 << 20) / 1e9
     lines = [
-        "# Issue 44: a peer hand-over by part (2 processes, gloo over 127.0.0.1)",
+        "# Issue 44: a peer hand-over by transport (2 processes on one host)",
         "",
         f"- date: {meta['date']}; command: `{meta['command']}`",
         f"- machine: {meta['machine']['nproc']} CPUs, {meta['machine']['memory_gib']} GiB; load "
@@ -155,13 +200,17 @@ def main() -> None:
             median = statistics.median(values)
             slowest = max(slowest, median)
             cells.append(f"{median:.3f} ({min(values):.3f}..{max(values):.3f})")
-        rate = f"{gb / slowest:.2f}" if slowest and part not in ("new_group", "skeleton") else "-"
+        rate = f"{gb / slowest:.2f}" if slowest and part != "new_group" else "-"
         lines.append(f"| {part} | {cells[0]} | {cells[1]} | {rate} |")
     lines += [
         "",
-        "- tensors: the hand-over itself (the replacement waits for it); clone: what a survivor "
-        "paid on top before it kept its snapshot's module and tensor entries (an optimizer's "
-        "state is still cloned); shm_write + shm_read: the shared-memory path's two copies.",
+        "- before: one gloo broadcast per tensor into fresh buffers, then into the live tensors "
+        "(the hand-over until this change); shm_live: the receiver maps the sender's "
+        "shared-memory snapshot and copies once into its live tensors (the path on one host); "
+        "shm_fresh: the same with no live tensor to receive into (one prefaulted buffer); "
+        "gloo_live: the fallback between hosts, straight into the live tensors; restore_own: a "
+        "survivor's restore from its own snapshot, into its live tensors; clone: what a "
+        "survivor paid before for its optimizer's state (a clone of the snapshot).",
     ]
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)

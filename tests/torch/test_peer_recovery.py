@@ -78,11 +78,50 @@ def _loop(config: dict[str, Any]) -> list[float]:
     return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 
 
-def _fit(tmp_path: Any, name: str, workers: int, **config: Any) -> tuple[train.Result, Any]:
+def _dataset_loop(config: dict[str, Any]) -> None:
+    """``_loop`` reading a phalanx dataset of sample ids (its rows index a fixed table) instead
+    of a DataLoader; each step's line also holds its epoch and the ids it trained."""
+    ctx = train.get_context()
+    rank, attempt = ctx.get_world_rank(), ctx.get_attempt()
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    state: dict[str, Any] = {"model": model, "opt": opt, "step": 0}
+    checkpoint = train.get_checkpoint()
+    if checkpoint is not None:
+        load_state(checkpoint, state)
+    kind = type(checkpoint).__name__ if checkpoint is not None else "none"
+    g = torch.Generator().manual_seed(1)
+    table_x, table_y = torch.randn(SIZE, 8, generator=g), torch.randn(SIZE, 1, generator=g)
+    shard = train.get_dataset_shard("train")
+    log = open(os.path.join(config["log"], str(rank)), "a", buffering=1)
+    for epoch in range(ctx.get_data_position("train").epoch, EPOCHS):
+        for batch in shard.iter_batches(batch_size=BATCH):
+            ids = [int(i) for i in batch["id"]]
+            if [rank, attempt, state["step"] + 1] == list(config.get("kill", ())):
+                os.kill(os.getpid(), signal.SIGKILL)
+            loss = torch.nn.functional.mse_loss(model(table_x[ids]), table_y[ids])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            state["step"] += 1
+            log.write(f"{attempt} {state['step']} {os.getpid()} {kind} {epoch} {ids}\n")
+            save = state["step"] % EVERY == 0
+            train.report(
+                {"step": state["step"]},
+                checkpoint=save_state(state, blocking=True) if save else None,
+            )
+    with open(os.path.join(config["log"], f"load-{rank}"), "a") as f:
+        f.write(f"{attempt} - - {kind}\n")
+
+
+def _fit(
+    tmp_path: Any, name: str, workers: int, loop: Any = _loop, **config: Any
+) -> tuple[train.Result, Any]:
     log = tmp_path / f"{name}-log"
     log.mkdir()
     result = TorchTrainer(
-        _loop,
+        loop,
         train_loop_config={"log": str(log), **config},
         scaling_config=train.ScalingConfig(num_workers=workers),
         run_config=train.RunConfig(
@@ -90,11 +129,12 @@ def _fit(tmp_path: Any, name: str, workers: int, **config: Any) -> tuple[train.R
             storage_path=str(tmp_path),
             failure_config=train.FailureConfig(max_failures=2),
         ),
+        datasets={"train": {"id": list(range(SIZE))}} if loop is _dataset_loop else None,
     ).fit()
     lines = {}
     for name in [str(r) for r in range(workers)] + [f"load-{r}" for r in range(workers)]:
         with open(log / name) as f:
-            lines[name] = [line.split() for line in f]
+            lines[name] = [line.split(maxsplit=5) for line in f]
     return result, lines
 
 
@@ -194,6 +234,27 @@ def test_three_ranks_resume_at_the_failed_step_as_a_restart_there_from_the_same_
     restarted, lines = _fit(tmp_path, "full3", 3, kill=[1, 0, 8], save_at=[5, 7, 10])
     assert int(_attempt(lines["0"], 1)[0][1]) == 8
     assert peer.return_value == restarted.return_value
+
+
+def test_a_phalanx_dataset_resumes_from_the_checkpoint_with_every_sample_once(tmp_path):
+    """A phalanx dataset's shards are planned by the driver from the committed checkpoint, so
+    its runs do not recover to the failed step: they go back to the checkpoint (issue 44 says
+    so), and the steps kept (attempt 0's up to it, then attempt 1's) train every sample once
+    per epoch."""
+    result, lines = _fit(tmp_path, "dataset", 2, loop=_dataset_loop, kill=[1, 0, 14])
+    assert result.attempts == 2
+    for rank in ("0", "1"):
+        after = _attempt(lines[rank], 1)
+        assert int(after[0][1]) == 11 and {line[3] for line in after} == {"Checkpoint"}
+    kept = [
+        (int(line[4]), int(i))
+        for rank in ("0", "1")
+        for line in lines[rank]
+        if (line[0], int(line[1]) <= EVERY) in {("0", True), ("1", False)}
+        for i in line[5].strip("[]\n").split(",")
+    ]
+    for epoch in range(EPOCHS):
+        assert sorted(i for e, i in kept if e == epoch) == list(range(SIZE))
 
 
 def test_the_offer_is_the_newest_round_every_survivor_holds_with_each_ranks_position():

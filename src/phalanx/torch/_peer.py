@@ -32,17 +32,19 @@ import json
 import logging
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from phalanx._foundation import env
 from phalanx._internal.worker import session as session_module
 from phalanx._internal.worker.session import Session
 from phalanx.checkpoint import Checkpoint
+from phalanx.torch import _handover
+from phalanx.torch._handover import HandOver, SharedPool, any_of, last_hand_over
 from phalanx.torch._snapshot import BufferPool, _dtensor_class, take_snapshot
 
 logger = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ SLOTS = 2  # survivors may be one report apart: the newer and the one before
 
 @dataclass
 class _Slot:
-    pool: BufferPool = field(default_factory=BufferPool)
+    pool: BufferPool = field(default_factory=SharedPool)  # a receiver on this host maps it
     tag: tuple[int, int] | None = None  # (attempt, round index); None while being written
     snapshot: dict[str, Any] | None = None
     positions: dict[str, dict[str, Any]] | None = None
@@ -136,19 +138,9 @@ def watch(state: dict[str, Any], state_dict: dict[str, Any], to_state_dict: Any)
 
 def _sharded(state_dict: dict[str, Any]) -> str | None:
     dtensor = _dtensor_class()
-    if dtensor is not None and _any(state_dict, lambda v: isinstance(v, dtensor)):
+    if dtensor is not None and any_of(state_dict, lambda v: isinstance(v, dtensor)):
         return "the state is sharded (FSDP DTensors): a lost rank's shard exists only on it"
     return None
-
-
-def _any(value: Any, test: Any) -> bool:
-    if test(value):
-        return True
-    if isinstance(value, dict):
-        return any(_any(v, test) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(_any(v, test) for v in value)
-    return False
 
 
 # -- every report(): the snapshot ------------------------------------------------------------------
@@ -319,140 +311,42 @@ def _agree(answers: list[dict[str, Any]], world: int) -> tuple[Offer | None, str
     return Offer((int(tag[0]), int(tag[1])), source, survivors, world, record), None
 
 
-# -- load_state(PeerCheckpoint): the hand-over ------------------------------------------------------
+# -- load_state(PeerCheckpoint): the hand-over (its transport: _handover) -------------------------
 
 
-@dataclass
-class HandOver:
-    """What one hand-over moved: its bytes and seconds (rank-local)."""
-
-    bytes: int = 0
-    seconds: float = 0.0
-
-
-last_hand_over = HandOver()
-
-
-def load_from_peers(offer: Offer, state: dict[str, Any]) -> dict[str, Any]:
-    """The state of round ``offer.tag`` as a state dict for ``_apply``: a copy of this rank's
-    own snapshot on a survivor, received from ``offer.source`` on the others."""
-    import time
-
+def load_from_peers(offer: Offer, live: dict[str, Any]) -> dict[str, Any]:
+    """The state of round ``offer.tag`` as a state dict for ``_apply``, its tensors written into
+    the live state dict ``live``'s where they match: from this rank's own snapshot on a
+    survivor, received from ``offer.source`` on the others."""
     started = time.perf_counter()
     rank = dist.get_rank()
     receivers = [r for r in range(offer.world_size) if r not in offer.survivors]
     # every rank makes the group (new_group is collective), only its members use it
     group = dist.new_group(ranks=[offer.source, *receivers], backend="gloo")
-    sent = 0
+    moved = HandOver()
     try:
         if rank in offer.survivors:
             slot = _keeper.slot_of(offer.tag)
             if slot is None or slot.snapshot is None:
                 raise RuntimeError(f"rank {rank} no longer holds round {offer.tag}")
             if rank == offer.source:
-                sent = _send(slot.snapshot, offer.source, group)
-            loaded = _own_copy(slot.snapshot, state)
+                moved = _handover.send(slot.snapshot, slot.pool, offer.source, group)
+            loaded = _handover.restore_own(slot.snapshot, live)
         else:
-            loaded, sent = _receive(offer.source, group)
+            loaded, moved = _handover.receive(offer.source, group, live)
     finally:
         dist.destroy_process_group(group)
-    last_hand_over.bytes = sent
+    last_hand_over.bytes, last_hand_over.transport = moved.bytes, moved.transport
     last_hand_over.seconds = time.perf_counter() - started
     if rank == offer.source and receivers:
         logger.info(
-            "Recovery to the failed step: sent %.1f MB to rank(s) %s in %.3f s",
-            sent / 1e6,
+            "Recovery to the failed step: sent %.1f MB to rank(s) %s in %.3f s (%s)",
+            moved.bytes / 1e6,
             receivers,
             last_hand_over.seconds,
+            moved.transport,
         )
     return loaded
-
-
-def _skeleton(value: Any, tensors: list[torch.Tensor]) -> Any:
-    """``value`` with each tensor replaced by its place in ``tensors`` (and appended there)."""
-    if isinstance(value, torch.Tensor):
-        tensors.append(value)
-        return _TensorRef(len(tensors) - 1, tuple(value.shape), value.dtype)
-    if isinstance(value, dict):
-        return {k: _skeleton(v, tensors) for k, v in value.items()}
-    if isinstance(value, list | tuple) and _any(value, lambda v: isinstance(v, torch.Tensor)):
-        items = [_skeleton(v, tensors) for v in value]
-        return items if isinstance(value, list) else type(value)(items)
-    return value
-
-
-@dataclass(frozen=True)
-class _TensorRef:
-    index: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
-def _fill(value: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(value, _TensorRef):
-        return tensors[value.index]
-    if isinstance(value, dict):
-        return {k: _fill(v, tensors) for k, v in value.items()}
-    if isinstance(value, list | tuple) and _any(value, lambda v: isinstance(v, _TensorRef)):
-        items = [_fill(v, tensors) for v in value]
-        return items if isinstance(value, list) else type(value)(items)
-    return value
-
-
-def _send(snapshot: dict[str, Any], source: int, group: Any) -> int:
-    tensors: list[torch.Tensor] = []
-    skeleton = _skeleton(snapshot, tensors)
-    dist.broadcast_object_list([skeleton], src=source, group=group)
-    for tensor in tensors:
-        dist.broadcast(tensor, src=source, group=group)
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _receive(source: int, group: Any) -> tuple[dict[str, Any], int]:
-    box: list[Any] = [None]
-    dist.broadcast_object_list(box, src=source, group=group)
-    refs: list[_TensorRef] = []
-    _collect_refs(box[0], refs)
-    tensors = [torch.empty(r.shape, dtype=r.dtype) for r in sorted(refs, key=lambda r: r.index)]
-    for tensor in tensors:
-        dist.broadcast(tensor, src=source, group=group)
-    return _fill(box[0], tensors), sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _collect_refs(value: Any, refs: list[_TensorRef]) -> None:
-    if isinstance(value, _TensorRef):
-        refs.append(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _collect_refs(v, refs)
-    elif isinstance(value, list | tuple):
-        for v in value:
-            _collect_refs(v, refs)
-
-
-def _own_copy(snapshot: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
-    """A survivor's state to load from its snapshot: the entries of modules and tensors as
-    they are (``load_state`` copies them into the live parameters and tensors at once, long
-    before a later report overwrites this slot), the others cloned (``_clone``). The clone of
-    the whole snapshot took longer than sending it (256 MB: 0.61 s vs 0.39 s under load)."""
-    copied = {}
-    for key, value in snapshot.items():
-        live = state.get(key)
-        copied[key] = value if isinstance(live, torch.nn.Module | torch.Tensor) else _clone(value)
-    return copied
-
-
-def _clone(value: Any) -> Any:
-    """A copy whose tensors are new (the snapshot's buffers are overwritten by later reports,
-    and an optimizer's ``load_state_dict`` may keep the tensors it is given)."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    if isinstance(value, list | tuple) and _any(value, lambda v: isinstance(v, torch.Tensor)):
-        items = [_clone(v) for v in value]
-        return items if isinstance(value, list) else type(value)(items)
-    return copy.deepcopy(value)
 
 
 session_module.checkpoint_providers.append(_provide)

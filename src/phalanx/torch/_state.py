@@ -171,9 +171,13 @@ def load_state(checkpoint: Checkpoint, state: dict[str, Any]) -> None:
 def _load_from_peers(offer: _peer.Offer, state: dict[str, Any]) -> None:
     """Recovery to the failed step (``_peer``): the state of the offer's round, from this
     rank's own snapshot or from a surviving rank."""
-    loaded = _peer.load_from_peers(offer, state)
+    for value in state.values():  # what set_optimizer_state_dict does first, done before the
+        if isinstance(value, torch.optim.Optimizer):  # hand-over: its state tensors receive too
+            _state_dict_api()._init_optim_state(value)
+    live = _live_state(state)  # its tensors are the destination (the parameters, in place)
+    loaded = _peer.load_from_peers(offer, live)
     for key, value in state.items():
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and loaded[key] is not live[key]:
             with torch.no_grad():
                 value.copy_(loaded[key])
     _apply(state, loaded)
