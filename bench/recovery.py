@@ -238,7 +238,8 @@ def _train_state(cfg: dict[str, Any], rank: int, first_attempt: bool) -> None:
     marks.update(t_loaded=time.time(), start_step=state["step"],
                  restored_from=type(checkpoint).__name__ if checkpoint else None,
                  hand_over_bytes=_peer.last_hand_over.bytes,
-                 hand_over_s=_peer.last_hand_over.seconds)  # fmt: skip
+                 hand_over_s=_peer.last_hand_over.seconds,
+                 hand_over_transport=_peer.last_hand_over.transport)  # fmt: skip
     loader = prepare_data_loader(
         DataLoader(TensorDataset(x, y), batch_size=cfg["batch_size"], shuffle=True)
     )

@@ -17,7 +17,14 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import phalanx as train
-from phalanx.torch import TorchTrainer, load_state, prepare_data_loader, prepare_model, save_state
+from phalanx.torch import (
+    TorchTrainer,
+    _handover,
+    load_state,
+    prepare_data_loader,
+    prepare_model,
+    save_state,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +37,8 @@ def _loop(config: dict[str, Any]) -> list[float]:
     ``<log>/<rank>`` as "attempt step pid restored-from"; ``kill``: (rank, attempt, step) SIGKILLs
     that rank as it starts that step, ``kill_after`` after that step's optimizer step, before its
     report; ``die_after_load``: (rank, attempt) SIGKILLs it right after
-    load_state, before its first step (a second failure during the hand-over)."""
+    load_state, before its first step (a second failure during the hand-over); ``elsewhere``:
+    that rank cannot map the others' shared memory (another host's boot id)."""
     ctx = train.get_context()
     rank, attempt = ctx.get_world_rank(), ctx.get_attempt()
     torch.manual_seed(0)
@@ -40,11 +48,16 @@ def _loop(config: dict[str, Any]) -> list[float]:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     state: dict[str, Any] = {"model": model, "opt": opt, "step": 0, "epoch": 0}
     checkpoint = train.get_checkpoint()  # before prepare_data_loader: the loader follows it
+    if rank == config.get("elsewhere"):  # as if on another host: the hand-over falls to gloo
+        _handover._boot_id = lambda: "another host"
     if checkpoint is not None:
         load_state(checkpoint, state)
     kind = type(checkpoint).__name__ if checkpoint is not None else "none"
     with open(os.path.join(config["log"], f"load-{rank}"), "a") as f:
         f.write(f"{attempt} {state['step']} {os.getpid()} {kind}\n")
+    if kind == "PeerCheckpoint":  # how the state came: shared memory on this host
+        with open(os.path.join(config["log"], f"transport-{rank}"), "a") as f:
+            f.write(f"{_handover.last_hand_over.transport}\n")
     if config.get("child") and (rank, attempt) == (0, 0):  # must not outlive the attempt
         child = subprocess.Popen(["sleep", "120"])
         with open(os.path.join(config["log"], "child"), "w") as f:
@@ -194,6 +207,8 @@ def test_two_ranks_resume_at_the_failed_step_with_the_weights_of_a_run_from_stor
     assert before[0][2] == after[0][2]  # rank 0 kept its process
     assert _attempt(lines["1"], 0)[0][2] != _attempt(lines["1"], 1)[0][2]  # rank 1 replaced
     assert result.return_value == twice[0].return_value  # bitwise
+    transport = (tmp_path / "killed-log" / "transport-1").read_text()
+    assert transport == "shared memory\n"  # into the replacement's live tensors, one copy
     child = int((tmp_path / "killed-log" / "child").read_text())
     assert not _alive(child)  # what the survivor's failed call started was killed at its reset
     names = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_0"))
@@ -222,8 +237,10 @@ def test_three_ranks_resume_at_the_failed_step_as_a_restart_there_from_the_same_
     """With 3 ranks a re-created DDP's buckets change the allreduce's rounding, also for a
     restart from storage: the reference is a full restart at the same step (checkpoint there).
     Rank 1 dies after its step 7, before reporting it: the survivors resume after step 7, and
-    its metrics row comes from their reports."""
-    peer, lines = _fit(tmp_path, "peer3", 3, kill_after=[1, 0, 7], save_at=[5, 10])
+    its metrics row comes from their reports. Its replacement cannot map the survivors' shared
+    memory (as on another host): the state comes over gloo."""
+    peer, lines = _fit(tmp_path, "peer3", 3, kill_after=[1, 0, 7], save_at=[5, 10], elsewhere=1)
+    assert (tmp_path / "peer3-log" / "transport-1").read_text() == "gloo\n"  # the fallback
     after = _attempt(lines["0"], 1)
     assert int(after[0][1]) >= int(_attempt(lines["0"], 0)[-1][1])
     assert int(after[0][1]) == 8 and {line[3] for line in after} == {"PeerCheckpoint"}
