@@ -295,3 +295,21 @@ def test_the_offer_is_the_newest_round_every_survivor_holds_with_each_ranks_posi
     assert _agree([{"refused": None, "held": []}] * 2, 2) == (None, None)  # nobody holds one
     apart = [{"refused": None, "held": held(3)}, {"refused": None, "held": held(5)}]
     assert _agree(apart, 2)[0] is None
+
+
+def test_the_shared_snapshot_pool_reuses_its_buffers_and_does_not_grow_with_changing_shapes():
+    from phalanx.torch._handover import SharedPool
+    from phalanx.torch._snapshot import take_snapshot
+
+    pool = SharedPool(arena_bytes=1 << 20)
+    state = {"w": torch.arange(6.0).reshape(2, 3), "opt": {"state": {"m": torch.ones(4)}}}
+    first = take_snapshot(state, pool)
+    assert torch.equal(first["w"], state["w"]) and first["w"] is take_snapshot(state, pool)["w"]
+    described = pool.describe([first["w"], first["opt"]["state"]["m"]])
+    assert described is not None and described["pid"] == os.getpid()
+    assert pool.describe([torch.ones(2)]) is None  # not in the pool's files: gloo then
+    size = (1 << 20) // 4 // 3  # a tensor whose shape changes at every report
+    for n in range(8):
+        pool.compact()
+        take_snapshot({"grows": torch.zeros(size + n)}, pool)
+    assert len(pool.arenas) <= 2

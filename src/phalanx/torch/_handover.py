@@ -64,20 +64,36 @@ class _Arena:
         self.dev, self.ino = stat.st_dev, stat.st_ino
         self.base = torch.frombuffer(self.map, dtype=torch.uint8).data_ptr()
 
+    def __del__(self) -> None:  # the map stays while tensors view it (it holds the file)
+        os.close(self.fd)
+
 
 class SharedPool(BufferPool):
     """A ``BufferPool`` whose CPU buffers live in shared-memory files that another process of
     the host can map (CUDA tensors keep pinned buffers: their hand-over goes over gloo)."""
 
-    def __init__(self) -> None:
+    def __init__(self, arena_bytes: int = ARENA_BYTES) -> None:
         super().__init__()
+        self.arena_bytes = arena_bytes
         self.arenas: list[_Arena] = []
+        self.waste = 0  # bytes of buffers replaced (a shape changed): not reused in an arena
+
+    def compact(self) -> None:
+        """Before a snapshot: start over in new files once more bytes were replaced than are
+        live (a tensor whose shape changes at every report must not grow the pool for ever)."""
+        if self.waste > max(self.nbytes(), self.arena_bytes):
+            self.buffers.clear()
+            self._wrappers.clear()
+            self.arenas.clear()
+            self.waste = 0
 
     def buffer_for(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
         buf = self.buffers.get(key)
         if tensor.is_cuda or not hasattr(os, "memfd_create") or tensor.numel() == 0:
             return super().buffer_for(key, tensor)
         if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
+            if buf is not None:
+                self.waste += buf.numel() * buf.element_size()
             buf = self._allocate(tensor.shape, tensor.dtype)
             self.buffers[key] = buf
             self._wrappers.pop(key, None)
@@ -88,7 +104,7 @@ class SharedPool(BufferPool):
         nbytes = count * torch.empty((), dtype=dtype).element_size()
         arena = next((a for a in self.arenas if a.size - a.used >= nbytes), None)
         if arena is None:
-            arena = _Arena(max(ARENA_BYTES, -(-nbytes // _ALIGN) * _ALIGN))
+            arena = _Arena(max(self.arena_bytes, -(-nbytes // _ALIGN) * _ALIGN))
             self.arenas.append(arena)
         offset = arena.used
         arena.used += -(-nbytes // _ALIGN) * _ALIGN

@@ -156,6 +156,9 @@ def _on_report(session: Session, index: int) -> None:
     with keeper.lock:
         slot.tag = None  # half-written until tagged (an interrupt may land inside the copy)
         try:
+            slot.snapshot = None
+            if isinstance(slot.pool, SharedPool):
+                slot.pool.compact()
             slot.snapshot = take_snapshot(keeper.to_state_dict(keeper.state), slot.pool)
             slot.positions = copy.deepcopy(session.data_positions.snapshot())
         except Exception:
