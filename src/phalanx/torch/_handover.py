@@ -8,7 +8,7 @@ files; a receiver on the same host opens the files through ``/proc/<pid>/fd`` (c
 id, device and inode), maps them and copies each tensor once, straight into the live tensor at
 the same place of its own state dict (the replacement has built its model: its parameters are
 the destination). Tensors with no live counterpart (a fresh optimizer's state) go to one
-prefaulted buffer. Any receiver that cannot map the files (another host, another PID
+prefaulted buffer. A receiver that cannot map the files (another host, another PID
 namespace) makes the group fall back to gloo broadcasts into the same destinations.
 
 Where the time went before (``bench/peer_handover.py``, 1 GB, 2 processes on this host): the
@@ -22,8 +22,9 @@ from __future__ import annotations
 import copy
 import mmap
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict, cast
 
 import torch
 import torch.distributed as dist
@@ -68,6 +69,16 @@ class _Arena:
         os.close(self.fd)
 
 
+class SharedFiles(TypedDict):
+    """Where a snapshot's tensors lie: the sender's files (fd, device, inode, bytes used) and
+    each tensor's (file, offset); a file of -1 for an empty tensor."""
+
+    boot: str
+    pid: int
+    arenas: list[tuple[int, int, int, int]]
+    places: list[tuple[int, int]]
+
+
 class SharedPool(BufferPool):
     """A ``BufferPool`` whose CPU buffers live in shared-memory files that another process of
     the host can map (CUDA tensors keep pinned buffers: their hand-over goes over gloo)."""
@@ -110,7 +121,7 @@ class SharedPool(BufferPool):
         arena.used += -(-nbytes // _ALIGN) * _ALIGN
         return torch.frombuffer(arena.map, dtype=dtype, count=count, offset=offset).view(shape)
 
-    def describe(self, tensors: list[torch.Tensor]) -> dict[str, Any] | None:
+    def describe(self, tensors: list[torch.Tensor]) -> SharedFiles | None:
         """Where ``tensors`` lie in this pool's files, for a receiver to map; None when one
         lies elsewhere."""
         places = []
@@ -144,7 +155,7 @@ class _TensorRef:
     dtype: torch.dtype
 
 
-def any_of(value: Any, test: Any) -> bool:
+def any_of(value: object, test: Callable[[object], bool]) -> bool:
     if test(value):
         return True
     if isinstance(value, dict):
@@ -154,7 +165,7 @@ def any_of(value: Any, test: Any) -> bool:
     return False
 
 
-def _skeleton(value: Any, tensors: list[torch.Tensor]) -> Any:
+def _skeleton(value: object, tensors: list[torch.Tensor]) -> object:
     """``value`` with each tensor replaced by its place in ``tensors`` (and appended there)."""
     if isinstance(value, torch.Tensor):
         tensors.append(value)
@@ -167,7 +178,7 @@ def _skeleton(value: Any, tensors: list[torch.Tensor]) -> Any:
     return value
 
 
-def _fill(value: Any, tensors: list[torch.Tensor]) -> Any:
+def _fill(value: object, tensors: list[torch.Tensor]) -> object:
     if isinstance(value, _TensorRef):
         return tensors[value.index]
     if isinstance(value, dict):
@@ -178,7 +189,7 @@ def _fill(value: Any, tensors: list[torch.Tensor]) -> Any:
     return value
 
 
-def _destinations(skeleton: Any, live: Any, out: dict[int, torch.Tensor]) -> None:
+def _destinations(skeleton: object, live: object, out: dict[int, torch.Tensor]) -> None:
     """The live tensor at each ``_TensorRef``'s place in ``live`` (same shape and dtype,
     contiguous, on the CPU): the received bytes go straight there."""
     if isinstance(skeleton, _TensorRef):
@@ -198,7 +209,7 @@ def _destinations(skeleton: Any, live: Any, out: dict[int, torch.Tensor]) -> Non
             _destinations(value, own, out)
 
 
-def _collect_refs(value: Any, refs: list[_TensorRef]) -> None:
+def _collect_refs(value: object, refs: list[_TensorRef]) -> None:
     if isinstance(value, _TensorRef):
         refs.append(value)
     elif isinstance(value, dict):
@@ -209,7 +220,7 @@ def _collect_refs(value: Any, refs: list[_TensorRef]) -> None:
             _collect_refs(v, refs)
 
 
-def _targets(skeleton: Any, live: dict[str, Any]) -> list[torch.Tensor]:
+def _targets(skeleton: object, live: Mapping[str, object]) -> list[torch.Tensor]:
     """One destination per tensor of ``skeleton``, by index: the live tensors, the rest views
     of one buffer prefaulted at once (a fresh ``torch.empty`` faults page by page: 2-3x
     slower here)."""
@@ -251,13 +262,15 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _all_true(ok: bool, group: Any) -> bool:
+def _all_true(ok: bool, group: dist.ProcessGroup) -> bool:
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
 
 
-def send(snapshot: dict[str, Any], pool: BufferPool, source: int, group: Any) -> HandOver:
+def send(
+    snapshot: Mapping[str, object], pool: BufferPool, source: int, group: dist.ProcessGroup
+) -> HandOver:
     """The source survivor's part: the skeleton and where its tensors lie, then (when a
     receiver could not map them) the tensors over gloo."""
     tensors: list[torch.Tensor] = []
@@ -271,23 +284,25 @@ def send(snapshot: dict[str, Any], pool: BufferPool, source: int, group: Any) ->
     return HandOver(_nbytes(tensors), 0.0, "shared memory" if mapped else "gloo")
 
 
-def receive(source: int, group: Any, live: dict[str, Any]) -> tuple[dict[str, Any], HandOver]:
+def receive(
+    source: int, group: dist.ProcessGroup, live: Mapping[str, object]
+) -> tuple[dict[str, object], HandOver]:
     """A replacement's part: the state dict of the source's snapshot, its tensors written
     into ``live``'s where they match."""
-    box: list[Any] = [None, None]
+    box: list[object] = [None, None]
     dist.broadcast_object_list(box, src=source, group=group)
     skeleton, shared = box
     targets = _targets(skeleton, live)
-    mapped = shared is not None and _read_shared(shared, targets)
+    mapped = isinstance(shared, dict) and _read_shared(cast(SharedFiles, shared), targets)
     if not _all_true(mapped, group):
         mapped = False
         for target in targets:
             dist.broadcast(target, src=source, group=group)
     moved = HandOver(_nbytes(targets), 0.0, "shared memory" if mapped else "gloo")
-    return _fill(skeleton, targets), moved
+    return _filled(skeleton, targets), moved
 
 
-def _read_shared(shared: dict[str, Any], targets: list[torch.Tensor]) -> bool:
+def _read_shared(shared: SharedFiles, targets: list[torch.Tensor]) -> bool:
     """Copy each tensor from the source's shared files into ``targets``; False when this
     process cannot reach those files (another host, PID namespace or user)."""
     if shared["boot"] != _boot_id() or not shared["boot"]:
@@ -315,7 +330,7 @@ def _read_shared(shared: dict[str, Any], targets: list[torch.Tensor]) -> bool:
     return True
 
 
-def restore_own(snapshot: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+def restore_own(snapshot: Mapping[str, object], live: Mapping[str, object]) -> dict[str, object]:
     """A survivor's state from its own snapshot: each tensor copied into the live one at the
     same place (warm memory; the optimizer's state too, which was cloned before), the rest
     into new tensors, plain values deep-copied (a later report reuses the snapshot's buffers,
@@ -326,4 +341,12 @@ def restore_own(snapshot: dict[str, Any], live: dict[str, Any]) -> dict[str, Any
     with torch.no_grad():
         for target, tensor in zip(targets, tensors, strict=True):
             target.copy_(tensor)
-    return _fill(skeleton, targets)
+    return _filled(skeleton, targets)
+
+
+def _filled(skeleton: object, targets: list[torch.Tensor]) -> dict[str, object]:
+    """The state dict of a state's skeleton (a dict by names) with its tensors."""
+    state = _fill(skeleton, targets)
+    if not isinstance(state, dict):
+        raise TypeError(f"a hand-over's state must be a dict, got {type(state).__name__}")
+    return state

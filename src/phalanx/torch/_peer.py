@@ -317,7 +317,7 @@ def _agree(answers: list[dict[str, Any]], world: int) -> tuple[Offer | None, str
 # -- load_state(PeerCheckpoint): the hand-over (its transport: _handover) -------------------------
 
 
-def load_from_peers(offer: Offer, live: dict[str, Any]) -> dict[str, Any]:
+def load_from_peers(offer: Offer, live: dict[str, object]) -> dict[str, object]:
     """The state of round ``offer.tag`` as a state dict for ``_apply``, its tensors written into
     the live state dict ``live``'s where they match: from this rank's own snapshot on a
     survivor, received from ``offer.source`` on the others."""

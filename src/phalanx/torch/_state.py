@@ -177,9 +177,10 @@ def _load_from_peers(offer: _peer.Offer, state: dict[str, Any]) -> None:
     live = _live_state(state)  # its tensors are the destination (the parameters, in place)
     loaded = _peer.load_from_peers(offer, live)
     for key, value in state.items():
-        if isinstance(value, torch.Tensor) and loaded[key] is not live[key]:
+        got = loaded[key]
+        if isinstance(value, torch.Tensor) and isinstance(got, torch.Tensor) and got is not value:
             with torch.no_grad():
-                value.copy_(loaded[key])
+                value.copy_(got)
     _apply(state, loaded)
     _peer.watch(state, _live_state(state), _live_state)
 
