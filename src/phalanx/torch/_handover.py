@@ -66,7 +66,8 @@ class _Arena:
         self.base = torch.frombuffer(self.map, dtype=torch.uint8).data_ptr()
 
     def __del__(self) -> None:  # the map stays while tensors view it (it holds the file)
-        os.close(self.fd)
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
 
 
 class SharedFiles(TypedDict):
@@ -88,6 +89,7 @@ class SharedPool(BufferPool):
         self.arena_bytes = arena_bytes
         self.arenas: list[_Arena] = []
         self.waste = 0  # bytes of buffers replaced (a shape changed): not reused in an arena
+        self.shared = hasattr(os, "memfd_create")  # False once a file could not be made
 
     def compact(self) -> None:
         """Before a snapshot: start over in new files once more bytes were replaced than are
@@ -100,7 +102,7 @@ class SharedPool(BufferPool):
 
     def buffer_for(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
         buf = self.buffers.get(key)
-        if tensor.is_cuda or not hasattr(os, "memfd_create") or tensor.numel() == 0:
+        if tensor.is_cuda or not self.shared or tensor.numel() == 0:
             return super().buffer_for(key, tensor)
         if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
             if buf is not None:
@@ -115,7 +117,11 @@ class SharedPool(BufferPool):
         nbytes = count * torch.empty((), dtype=dtype).element_size()
         arena = next((a for a in self.arenas if a.size - a.used >= nbytes), None)
         if arena is None:
-            arena = _Arena(max(self.arena_bytes, -(-nbytes // _ALIGN) * _ALIGN))
+            try:
+                arena = _Arena(max(self.arena_bytes, -(-nbytes // _ALIGN) * _ALIGN))
+            except OSError:  # no memfd here (a sandbox): private buffers, handed over by gloo
+                self.shared = False
+                return torch.empty(shape, dtype=dtype)
             self.arenas.append(arena)
         offset = arena.used
         arena.used += -(-nbytes // _ALIGN) * _ALIGN

@@ -11,9 +11,9 @@ In the next attempt, every rank agrees as its training function starts (TorchBac
 round that every survivor holds a snapshot of (every rank completed it; at most the step that
 failed is trained again). The first ``get_checkpoint()`` returns a :class:`PeerCheckpoint`
 (the committed checkpoint's path, if any, plus the offer);
-``load_state`` with it restores a survivor from its own snapshot and sends the state from one
-survivor to the new ranks over a gloo group of their own (module ``torch.distributed``
-broadcasts of the snapshot's host buffers). The data positions of that round go with it: each
+``load_state`` with it restores a survivor from its own snapshot and hands the state from one
+survivor to the new ranks, into their live tensors (``_handover``: shared memory on one host,
+else a gloo group of their own). The data positions of that round go with it: each
 prepared DataLoader continues where the round left it.
 
 No offer (the state is restored from the committed checkpoint, as before) when: no rank
