@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 Out = Callable[[str], None]
-STATE_FILE = "tuner_state.json"  # phalanx.tune._sweep.STATE_FILE
+STATE_FILE = "tuner_state.json"  # phalanx.tune._state.STATE_FILE
 
 
 def handled(args: argparse.Namespace, out: Out) -> bool:

@@ -18,9 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
-import importlib
-import json
 import logging
 import os
 import shutil
@@ -32,22 +29,22 @@ from typing import Any
 
 from phalanx._foundation.run_scope import RunStopped, set_current
 from phalanx.checkpoint import Checkpoint
-from phalanx.errors import ConfigError
 from phalanx.tune._callback import TuneReportCallback
 from phalanx.tune._config import RunConfig, TuneConfig
-from phalanx.tune._resources import RESOURCES_ATTR, ResourcePool, trainer_demand
+from phalanx.tune._holding import Shares
+from phalanx.tune._resources import RESOURCES_ATTR
 from phalanx.tune._session import set_active
+from phalanx.tune._state import commit_checkpoint, write_state
+from phalanx.tune._trainable import air_trainer, import_worker_modules, trainable_name
 from phalanx.tune._trial import ERROR, PENDING, TERMINATED, Trial
 from phalanx.tune.schedulers import FIFOScheduler, TrialScheduler
 from phalanx.tune.search._default import default_searcher
 from phalanx.tune.search._searcher import Searcher
 
-__all__ = ["STATE_FILE", "Sweep", "TrialExploited"]
+__all__ = ["Sweep", "TrialExploited"]
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "tuner_state.json"  # what phalanx ui and phalanx show read (ui/_sweeps.py)
-TUNER_FILE = "tuner.pkl"  # the trainable-free part of the Tuner, for Tuner.restore
 DEFAULT_DEMAND = {"CPU": 1.0}  # a function trainable's share without with_resources
 
 
@@ -84,14 +81,10 @@ class Sweep:
         self.searcher.set_search_properties(
             metric, mode, param_space, num_samples=tune_config.num_samples
         )
-        self.pool = ResourcePool.local()
-        self._ray_pool: ResourcePool | None = None  # the Ray cluster's, once a run uses Ray
-        self._ray_pool_lock = threading.Lock()
         self._cond = threading.Condition(threading.RLock())
+        self.shares = Shares(self._cond)
         self._live: dict[str, threading.Thread] = {}
-        self._placed: set[str] = set()
         self._threads: list[threading.Thread] = []
-        self._body_held: dict[str, dict[str, float]] = {}  # a function trainable's own share
         self._uid = uuid.uuid4().hex[:5]
         self._finished_searching = False
         self._failure: BaseException | None = None
@@ -144,13 +137,7 @@ class Sweep:
                 self.scheduler.on_trial_complete(self, trial, trial.last_result)
 
     def _room(self) -> bool:
-        limit = self.tune_config.max_concurrent_trials
-        if limit is not None and len(self._live) >= limit:
-            return False
-        pools = [self.pool] if self._ray_pool is None else [self.pool, self._ray_pool]
-        if any(p.waiting for p in pools) or any(t not in self._placed for t in self._live):
-            return False  # a trial still waits for its share: no more room
-        return not self._live or any(p.free().get("CPU", 0.0) > 0 for p in pools)
+        return self.shares.room(self._live, self.tune_config.max_concurrent_trials)
 
     def _launch(self) -> None:
         while not self._failure and self._room():
@@ -209,7 +196,7 @@ class Sweep:
         try:
             while True:
                 try:
-                    with self._body_share(trial):
+                    with self.shares.body(trial, self.trainable):
                         self._call_trainable(trial)
                     error = None
                     break
@@ -245,50 +232,6 @@ class Sweep:
         finally:
             self._end_trial(trial, error, interrupted)
 
-    @contextlib.contextmanager
-    def _body_share(self, trial: Trial) -> Iterator[None]:
-        """A function trainable's share while it runs (a Trainer given to the Tuner takes its
-        workers' share in fit())."""
-        from phalanx.trainer import BaseTrainer
-
-        if isinstance(self.trainable, BaseTrainer):
-            self._mark_placed(trial)
-            yield
-            return
-        with self._cond:
-            self._placed.discard(trial.trial_id)
-        with self.pool.hold(trial.resources, lambda: self._mark_placed(trial), _index(trial)):
-            self._body_held[trial.trial_id] = trial.resources
-            try:
-                yield
-            finally:
-                self._body_held.pop(trial.trial_id, None)
-
-    @contextlib.contextmanager
-    def _hold_for_fit(self, trial: Trial, trainer: Any) -> Iterator[None]:
-        """The Train run's workers' share, in place of the trial's own while it runs: of this
-        machine, or of the Ray cluster for a run on the Ray engine."""
-        into = self._ray_cluster_pool() if _uses_ray(trainer) else None
-        with self._cond:
-            self._placed.discard(trial.trial_id)
-        held = self._body_held.get(trial.trial_id, {})
-        placed = functools.partial(self._mark_placed, trial)
-        with self.pool.swap(held, trainer_demand(trainer), placed, _index(trial), into=into):
-            yield
-
-    def _ray_cluster_pool(self) -> ResourcePool:
-        with self._ray_pool_lock:  # not under the sweep's lock: starting Ray takes seconds
-            if self._ray_pool is None:
-                pool = ResourcePool.ray_cluster()
-                with self._cond:
-                    self._ray_pool = pool
-            return self._ray_pool
-
-    def _mark_placed(self, trial: Trial) -> None:
-        with self._cond:
-            self._placed.add(trial.trial_id)
-            self._cond.notify_all()
-
     def _call_trainable(self, trial: Trial) -> None:
         from phalanx.trainer import BaseTrainer
 
@@ -303,7 +246,7 @@ class Sweep:
             trial.time_total_s = time.time() - trial.started
             if interrupted:  # not finished: Tuner.restore goes on from its checkpoint
                 self._live.pop(trial.trial_id, None)
-                self._placed.discard(trial.trial_id)
+                self.shares.ended(trial)
                 self._cond.notify_all()
                 return
             trial.status = ERROR if error is not None else TERMINATED
@@ -315,7 +258,7 @@ class Sweep:
                 self.searcher.on_trial_complete(trial.trial_id, None, error=True)
                 self.scheduler.on_trial_error(self, trial)
             self._live.pop(trial.trial_id, None)
-            self._placed.discard(trial.trial_id)
+            self.shares.ended(trial)
             self.save("RUNNING")
             self._cond.notify_all()
 
@@ -397,20 +340,8 @@ class Sweep:
 
     def _commit_checkpoint(self, trial: Trial, checkpoint: Checkpoint) -> Checkpoint:
         trial_dir = os.path.join(self.path, trial.trial_name)
-        os.makedirs(trial_dir, exist_ok=True)
-        final = os.path.join(trial_dir, f"checkpoint_{trial.iterations:06d}")
-        staging = f"{final}.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
-        checkpoint.to_directory(staging)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(staging, final)  # a killed driver leaves a .tmp, never a half checkpoint
         keep = self.run_config.checkpoint_config.num_to_keep
-        if keep is not None:
-            kept = sorted(d for d in os.listdir(trial_dir) if _is_checkpoint_dir(d))
-            for old in kept[: max(len(kept) - keep, 0)]:
-                if os.path.join(trial_dir, old) != trial.restore_path:
-                    shutil.rmtree(os.path.join(trial_dir, old), ignore_errors=True)
-        return Checkpoint(final)
+        return commit_checkpoint(trial_dir, trial.iterations, checkpoint, keep, trial.restore_path)
 
     def trial_checkpoint(self, trial: Trial) -> Checkpoint | None:
         with self._cond:
@@ -446,7 +377,7 @@ class Sweep:
                 trainer.resume_from_checkpoint = Checkpoint(trial.checkpoint_path)
             logger.debug("Trial %s runs %s", trial.trial_id, run_path)
         import_worker_modules(trainer)  # before the run forks its workers
-        with self._hold_for_fit(trial, trainer):
+        with self.shares.for_fit(trial, trainer):
             yield
 
     # -- the state ------------------------------------------------------------------------------
@@ -466,103 +397,4 @@ class Sweep:
             "updated": time.time(),
             "trials": [t.to_json() for t in self.trials],
         }
-        path = os.path.join(self.path, STATE_FILE)
-        staging = f"{path}.tmp"
-        with open(staging, "w") as f:
-            json.dump(state, f, default=_json_default)
-        os.replace(staging, path)
-
-
-_imports_lock = threading.Lock()
-_imported: set[str] = set()
-
-
-def import_worker_modules(trainer: Any) -> None:
-    """Import in the sweep's driver what the trial's workers would each import again: the
-    backend's ``preload_modules`` (``torch._dynamo`` for a TorchTrainer: over a second of CPU
-    in every new worker, as the first optimizer or DDP() imports it). The local engine forks
-    its workers from a copy of the driver, so every trial's workers start with them: a sweep
-    pays the import once instead of once per worker of every trial. Nothing for the Ray engine
-    (its workers are actors) or a run in the driver (``num_workers=0``).
-
-    Every local trial's ``fit()`` passes the lock, also once the import is done: a fork while
-    another thread is inside an import would leave that module's import lock held for good in
-    the copy (its workers hang at their first use of it)."""
-    from phalanx._internal.engines.choose import engine_name
-
-    if trainer.scaling_config.num_workers == 0:
-        return
-    try:
-        if engine_name(trainer.scaling_config) != "local":
-            return
-    except ConfigError:  # fit() says so itself
-        return
-    backend = getattr(trainer, "backend_config", None)
-    modules = tuple(getattr(backend, "preload_modules", ()) or ())
-    with _imports_lock:  # one thread imports; no trial forks meanwhile (they wait here)
-        for module in modules:
-            if module in _imported:
-                continue
-            _imported.add(module)
-            try:
-                importlib.import_module(module)
-            except Exception as exc:  # the workers would import it themselves, and say why
-                logger.debug("Could not import %s for the trials' workers: %s", module, exc)
-
-
-def air_trainer(trainer: Any, config: dict[str, Any]) -> Any:
-    """A copy of the Tuner's Trainer for one trial (``param_space={"train_loop_config": ...}``,
-    Ray's AIR form): ``train_loop_config`` merged into the trainer's, other keys set."""
-    copied = copy.copy(trainer)
-    # each trial is its own run in the sweep's directory, whatever the trainer's name was
-    copied.run_config = dataclasses.replace(trainer.run_config, name=None, storage_path=None)
-    for key, value in config.items():
-        if key == "train_loop_config":
-            copied.train_loop_config = {**(trainer.train_loop_config or {}), **value}
-        elif hasattr(trainer, key):
-            setattr(copied, key, value)
-        else:
-            raise ConfigError(
-                f"param_space key {key!r} is no argument of {type(trainer).__name__}.\nHINT: "
-                'put the training function\'s hyperparameters under "train_loop_config".'
-            )
-    return copied
-
-
-def trainable_name(trainable: Any) -> str:
-    if isinstance(trainable, type):
-        return trainable.__name__
-    name = getattr(trainable, "__name__", None) or type(trainable).__name__
-    return "".join(c if c.isalnum() or c in "_-" else "_" for c in name)
-
-
-def _uses_ray(trainer: Any) -> bool:
-    """The trainer's run has workers on the Ray engine."""
-    from phalanx._internal.engines.choose import engine_name
-
-    if trainer.scaling_config.num_workers == 0:
-        return False
-    try:
-        return engine_name(trainer.scaling_config) == "ray"
-    except ConfigError:  # fit() says so itself
-        return False
-
-
-def _index(trial: Trial) -> int:
-    """The trial's place in the sweep (its id ends in it): older trials get resources first."""
-    tail = trial.trial_id.rpartition("_")[2]
-    return int(tail) if tail.isdigit() else 0
-
-
-def _is_checkpoint_dir(name: str) -> bool:
-    return name.startswith("checkpoint_") and not name.endswith(".tmp")
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float | int | str | bool) or value is None:
-        return value
-    item = getattr(value, "item", None)  # numpy and torch scalars
-    if callable(item):
-        with contextlib.suppress(Exception):
-            return item()
-    return repr(value)
+        write_state(self.path, state)

@@ -23,7 +23,9 @@ from phalanx.errors import ConfigError
 from phalanx.tune._config import RunConfig, TuneConfig
 from phalanx.tune._result_grid import ResultGrid
 from phalanx.tune._space import copy_space
-from phalanx.tune._sweep import STATE_FILE, TUNER_FILE, Sweep, trainable_name
+from phalanx.tune._state import STATE_FILE, TUNER_FILE
+from phalanx.tune._sweep import Sweep
+from phalanx.tune._trainable import trainable_name
 from phalanx.tune._trial import Trial
 
 __all__ = ["Tuner"]
