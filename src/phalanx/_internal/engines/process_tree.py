@@ -80,7 +80,67 @@ def _parents_from_ps() -> dict[int, int]:
 
 def descendants(root: int) -> list[int]:
     """Every live descendant of ``root`` (children first)."""
-    return _subtree(_children(), root)
+    return _descendants(root, frozenset())
+
+
+def _descendants(root: int, keep: frozenset[int]) -> list[int]:
+    """The live descendants of ``root``, not walking into ``keep`` (nor theirs): from each
+    process's ``/proc/<pid>/task/*/children`` where the kernel has them (reading only the tree's
+    own files: every ``/proc/*/stat`` took ~86 ms on a machine at load 19), else from every
+    process's parent."""
+    found = _walk_children_files(root, keep)
+    if found is None:
+        children = _children()
+        spared = set(keep).union(*(_subtree(children, pid) for pid in keep))
+        return [p for p in _subtree(children, root) if p not in spared]
+    return [p for p in found if _is_live(p)]
+
+
+def _walk_children_files(root: int, keep: frozenset[int]) -> list[int] | None:
+    """``None`` where ``/proc/<root>/task/<root>/children`` is missing (no /proc, or a kernel
+    without CONFIG_PROC_CHILDREN)."""
+    if not os.path.exists(f"{_PROC}/{root}/task/{root}/children"):
+        return None
+    found: list[int] = []
+    seen = {root}
+    frontier = [root]
+    while frontier:
+        nxt: list[int] = []
+        for pid in frontier:
+            for child in _children_of(pid):
+                if child not in seen and child not in keep:
+                    seen.add(child)
+                    nxt.append(child)
+        found.extend(nxt)
+        frontier = nxt
+    return found
+
+
+def _children_of(pid: int) -> list[int]:
+    """The children of every thread of ``pid`` (a child belongs to the thread that forked it)."""
+    try:
+        tasks = os.listdir(f"{_PROC}/{pid}/task")
+    except OSError:
+        return []  # gone meanwhile
+    children: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"{_PROC}/{pid}/task/{task}/children", "rb") as f:
+                children.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return children
+
+
+def _is_live(pid: int) -> bool:
+    """Not gone and not a zombie."""
+    try:
+        with open(f"{_PROC}/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return bool(fields) and fields[0] != b"Z"
 
 
 def _children() -> dict[int, list[int]]:
@@ -107,9 +167,7 @@ def kill_descendants(
     killed: set[int] = set()
     deadline = time.monotonic() + timeout_s
     while True:
-        children = _children()
-        spared = set(keep).union(*(_subtree(children, pid) for pid in keep))
-        targets = [p for p in _subtree(children, root) if p not in spared]
+        targets = _descendants(root, keep)
         if not targets or time.monotonic() > deadline:
             return killed
         for pid in targets:
