@@ -287,6 +287,7 @@ class Sweep:
             trial.results.append(result)
             if checkpoint is not None:
                 trial.checkpoint_path = checkpoint.path
+                trial.checkpoint_filesystem = None if checkpoint._local else checkpoint.filesystem
                 trial.iterations_at_checkpoint = trial.iterations
             self.searcher.on_trial_result(trial.trial_id, result)
             decision = self.scheduler.on_trial_result(self, trial, result)
@@ -325,7 +326,7 @@ class Sweep:
         target = os.path.join(self.path, trial.trial_name, f"pbt_checkpoint_{trial.segment:04d}")
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(source, target)
-        trial.checkpoint_path = target
+        trial.checkpoint_path, trial.checkpoint_filesystem = target, None
         trial.restore_path = target
 
     def function_report(
@@ -374,7 +375,7 @@ class Sweep:
             if not trial.run_names or trial.run_names[-1] != name:
                 trial.run_names.append(name)
             if trial.segment and trial.checkpoint_path and trainer.resume_from_checkpoint is None:
-                trainer.resume_from_checkpoint = Checkpoint(trial.checkpoint_path)
+                trainer.resume_from_checkpoint = trial.checkpoint
             logger.debug("Trial %s runs %s", trial.trial_id, run_path)
         import_worker_modules(trainer)  # before the run forks its workers
         with self.shares.for_fit(trial, trainer):

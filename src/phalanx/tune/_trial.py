@@ -26,6 +26,8 @@ class Trial:
     status: str = PENDING
     results: list[dict[str, Any]] = field(default_factory=list)
     checkpoint_path: str | None = None
+    # the filesystem the checkpoint is on where not local (a Train run's on S3): this process's
+    checkpoint_filesystem: object | None = field(default=None, repr=False, compare=False)
     iterations_at_checkpoint: int = 0
     segment: int = 0  # how many times PopulationBasedTraining restarted it from another trial
     restore_path: str | None = None  # the checkpoint its next run starts from (an exploit)
@@ -47,7 +49,9 @@ class Trial:
 
     @property
     def checkpoint(self) -> Checkpoint | None:
-        return Checkpoint(self.checkpoint_path) if self.checkpoint_path else None
+        if not self.checkpoint_path:
+            return None
+        return Checkpoint(self.checkpoint_path, self.checkpoint_filesystem)
 
     @property
     def run_name(self) -> str:

@@ -190,6 +190,7 @@ class Tuner:
                 trial.num_failures = 0
                 if restart_errored:
                     trial.results, trial.checkpoint_path = [], None
+                    trial.checkpoint_filesystem = None
                     trial.iterations_at_checkpoint = 0
             elif not trial.is_finished() and not resume_unfinished:
                 trial.status = "ERROR"
