@@ -8,7 +8,6 @@ import contextlib
 import functools
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 from phalanx.tune._resources import ResourcePool, trainer_demand
 from phalanx.tune._trainable import uses_ray
@@ -38,7 +37,7 @@ class Shares:
         return not live or any(p.free().get("CPU", 0.0) > 0 for p in pools)
 
     @contextlib.contextmanager
-    def body(self, trial: Trial, trainable: Any) -> Iterator[None]:
+    def body(self, trial: Trial, trainable: object) -> Iterator[None]:
         """A function trainable's share while it runs (a Trainer given to the Tuner takes its
         workers' share in fit())."""
         from phalanx.trainer import BaseTrainer
@@ -57,7 +56,7 @@ class Shares:
                 self._body_held.pop(trial.trial_id, None)
 
     @contextlib.contextmanager
-    def for_fit(self, trial: Trial, trainer: Any) -> Iterator[None]:
+    def for_fit(self, trial: Trial, trainer: object) -> Iterator[None]:
         """The Train run's workers' share, in place of the trial's own while it runs."""
         into = self._ray_cluster_pool() if uses_ray(trainer) else None
         with self._cond:

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import shutil
-from typing import Any
 
 from phalanx.checkpoint import Checkpoint
 
@@ -17,7 +16,7 @@ STATE_FILE = "tuner_state.json"  # what phalanx ui and phalanx show read (ui/_sw
 TUNER_FILE = "tuner.pkl"  # the trainable-free part of the Tuner, for Tuner.restore
 
 
-def write_state(sweep_path: str, state: dict[str, Any]) -> None:
+def write_state(sweep_path: str, state: dict[str, object]) -> None:
     """The sweep's state, replaced whole: a reader sees the old file or the new one."""
     path = os.path.join(sweep_path, STATE_FILE)
     staging = f"{path}.tmp"
@@ -50,7 +49,7 @@ def _is_checkpoint_dir(name: str) -> bool:
     return name.startswith("checkpoint_") and not name.endswith(".tmp")
 
 
-def _json_default(value: Any) -> Any:
+def _json_default(value: object) -> object:
     if isinstance(value, float | int | str | bool) or value is None:
         return value
     item = getattr(value, "item", None)  # numpy and torch scalars

@@ -73,7 +73,7 @@ def air_trainer(trainer: Any, config: dict[str, Any]) -> Any:
     return copied
 
 
-def trainable_name(trainable: Any) -> str:
+def trainable_name(trainable: object) -> str:
     if isinstance(trainable, type):
         return trainable.__name__
     name = getattr(trainable, "__name__", None) or type(trainable).__name__
