@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import phalanx.data as pdata
+from phalanx.data import _mix_blocks
 from phalanx.data import _mix_plan as mp
 from phalanx.data._mix_blocks import MixedRows
 from phalanx.data._torch_batches import TensorOps
@@ -73,8 +74,10 @@ def cut(table: pa.Table, rng: np.random.Generator) -> list[pa.RecordBatch]:
     return [b for lo, n in edges for b in table.slice(lo, n).to_batches()]
 
 
-@pytest.mark.parametrize("uniform", [True, False])
-def test_a_mixed_block_puts_each_steps_rows_together_in_every_layout(uniform):
+@pytest.mark.parametrize(("uniform", "runs"), [(True, False), (False, False), (False, True)])
+def test_a_mixed_block_puts_each_steps_rows_together_in_every_layout(uniform, runs, monkeypatch):
+    # steps that differ: scattered by index (short runs) or copied run by run (long runs)
+    monkeypatch.setattr(_mix_blocks, "RUN_ROWS", 1 if runs else 1 << 30)
     rng = np.random.default_rng(7)
     steps = 9
     counts = np.tile([5, 0, 3], (steps, 1)) if uniform else rng.integers(0, 4, size=(steps, 3))
@@ -113,8 +116,8 @@ def test_a_mixed_block_takes_the_common_dtype_when_pieces_differ():
     assert batch["n"].tolist()[:2] == [1.0, 7.0] and np.isnan(batch["n"][2].item())
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
-@pytest.mark.parametrize("weights", [(0.5, 0.5), (0.75, 0.25), (0.5, 0.25, 0.25)])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("weights", [(0.5, 0.5), (0.75, 0.25), (0.7, 0.3), (0.5, 0.3, 0.2)])
 def test_the_plans_whole_row_shortcut_gives_the_exact_plans_steps(world, weights):
     shards = np.tile(np.array([3000, 1000, 1000][: len(weights)], dtype=np.int64), (world, 1))
     consumed = np.zeros(len(weights), dtype=np.int64)

@@ -20,6 +20,10 @@ from phalanx.data._batching import arrow_to_numpy
 
 __all__ = ["MixedRows"]
 
+RUN_ROWS = 256
+"""Steps that differ are copied run by run (a source's rows of a step: one slice copy per
+column) where a run is this many rows on average; shorter runs are scattered by index."""
+
 
 Piece = tuple[dict[str, np.ndarray], int, int]
 """Rows ``[start, stop)`` of a record batch read, as its numpy columns (converted once per
@@ -67,6 +71,7 @@ class MixedRows:
         # its rows goes in the block: computed once for every column
         self._dest: list[np.ndarray] = []
         self._moves: list[list[_Move]] = []
+        self._runs = False
         if self._whole:
             lo = (np.cumsum(counts[0]) - counts[0]).tolist()
             for s, source in enumerate(self._pieces):
@@ -78,11 +83,16 @@ class MixedRows:
         else:
             step_start = np.cumsum(counts.sum(axis=1)) - counts.sum(axis=1)
             within = np.cumsum(counts, axis=1) - counts
-            for s in range(counts.shape[1]):
+            runs = int(np.count_nonzero(counts))
+            self._runs = self.rows >= RUN_ROWS * runs
+            for s, source in enumerate(self._pieces):
                 c = counts[:, s]
                 before = np.cumsum(c) - c
-                base = step_start + within[:, s] - before
-                self._dest.append(np.repeat(base, c) + np.arange(int(c.sum())))
+                if self._runs:  # few long runs (large batches): a slice copy each
+                    self._moves.append(_run_moves(source, step_start + within[:, s], before, c))
+                else:  # many short runs: one scatter per piece of a source
+                    base = step_start + within[:, s] - before
+                    self._dest.append(np.repeat(base, c) + np.arange(int(c.sum())))
 
     def column(self, name: str) -> np.ndarray:
         """Column ``name``'s rows in the block's order, as a new array (the pieces' common
@@ -96,6 +106,12 @@ class MixedRows:
 
     def fill(self, name: str, out: np.ndarray) -> None:
         """Write column ``name``'s rows into ``out`` (rows along its first axis, any strides)."""
+        if self._runs:
+            for s, moves in enumerate(self._moves):
+                source = self._pieces[s]
+                for p, into, take, _ in moves:
+                    out[into[1]] = source[p][0][name][take]
+            return
         if not self._whole:
             for s, source in enumerate(self._pieces):
                 at = 0
@@ -117,6 +133,13 @@ class MixedRows:
         """Write 1-D columns ``names`` into the rows of ``out`` (``(len(names), rows)``, C
         order): one copy per piece of a source for all the columns at once where the steps
         are alike."""
+        if self._runs:
+            for s, moves in enumerate(self._moves):
+                source = self._pieces[s]
+                for p, into, take, _ in moves:
+                    cols = source[p][0]
+                    np.stack([cols[n][take] for n in names], out=out[:, into[1]])
+            return
         if not self._whole:
             for j, name in enumerate(names):
                 self.fill(name, out[j])
@@ -160,4 +183,23 @@ def _moves(
         i, step = i + whole * count, step + whole
     if i < n:
         out.append(((step, slice(lo, lo + n - i)), slice(start + i, stop), None))
+    return out
+
+
+def _run_moves(
+    source: list[Piece], dest: np.ndarray, before: np.ndarray, counts: np.ndarray
+) -> list[_Move]:
+    """A source's rows of each step (``counts[i]`` rows from its row ``before[i]``) as slice
+    copies to rows ``dest[i]`` on of the block (cut where its pieces end)."""
+    out: list[_Move] = []
+    ends = np.cumsum([stop - start for _, start, stop in source]).tolist()
+    p, piece_lo = 0, 0
+    for at, lo, n in zip(dest.tolist(), before.tolist(), counts.tolist()):
+        while n:
+            while lo >= ends[p]:
+                piece_lo, p = ends[p], p + 1
+            k = min(n, ends[p] - lo)
+            start = source[p][1] + lo - piece_lo
+            out.append((p, (None, slice(at, at + k)), slice(start, start + k), None))
+            at, lo, n = at + k, lo + k, n - k
     return out

@@ -372,6 +372,8 @@ def _handed_out(
 ) -> Iterator[Any]:
     wait = data_wait.add
     clock = time.perf_counter
+    # torch batches on the CPU: each batch made straight from the block (no block per batch)
+    cutter = getattr(ops, "cutter", None) if finish == getattr(ops, "finish", None) else None
     try:
         while True:
             asked = clock()
@@ -383,13 +385,17 @@ def _handed_out(
                 return
             given.next_block(item.given)
             block, cuts = item.data, item.cuts
+            cut = cutter(block) if cutter is not None else None
             whole = len(cuts) == 2
             for i in range(1, len(cuts)):
                 if i > 1:
                     asked = clock()
-                batch = block if whole else ops.slice(block, cuts[i - 1], cuts[i])
                 given.i = i
-                batch = batch if finish is None else finish(batch)
+                if cut is not None:
+                    batch = cut(cuts[i - 1], cuts[i])
+                else:
+                    batch = block if whole else ops.slice(block, cuts[i - 1], cuts[i])
+                    batch = batch if finish is None else finish(batch)
                 wait(clock() - asked)
                 yield batch
     finally:

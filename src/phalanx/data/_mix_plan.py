@@ -163,6 +163,7 @@ class PassPlan:
         self._starts: list[int] = []
         self._chunks: list[np.ndarray] = []
         self._lock = threading.Lock()
+        self._deals: dict[tuple[tuple[int, ...], _Takings], tuple[list[list[int]], _Takings]] = {}
         self.total_steps = self._count_steps()
 
     def _count_steps(self) -> int:
@@ -236,14 +237,21 @@ class PassPlan:
         if world == 1:
             dealt = np.array(steps, dtype=np.int64).reshape(k, 1, len(v))
         else:
-            taken = self._taken.tolist()
+            # a deal depends on the counts and on the order of the ranks' takings of each
+            # source only: the takings less each source's least (a few states) key a memo
+            state = _relative(self._taken.tolist())
+            memo = self._deals
             dealt_lists = []
             for counts in steps:
-                step = _deal_lists(counts, world, taken)
-                for r in range(world):
-                    mine, row = taken[r], step[r]
-                    for s in free:
-                        mine[s] += row[s]
+                key = (tuple(counts), state)
+                hit = memo.get(key)
+                if hit is None:
+                    step = _deal_lists(counts, world, [list(t) for t in state])
+                    after = [[t + d for t, d in zip(a, b)] for a, b in zip(state, step)]
+                    if len(memo) > 4096:
+                        memo.clear()
+                    hit = memo[key] = (step, _relative(after))
+                step, state = hit
                 dealt_lists.append(step)
             dealt = np.array(dealt_lists, dtype=np.int64).reshape(k, world, len(v))
         per_source = dealt.sum(axis=0)
@@ -265,13 +273,19 @@ class PassPlan:
         done = sum(consumed[i] for i in free)  # an int: the float below is exactly _step's
         order_ties = {i: (-v[i], i) for i in free}
         out = []
+        first, others = free[0], free[1:]
         for _ in range(k):
             total = float(done) + rows
             counts = list(floors)
-            behind = {i: v[i] * total - consumed[i] - counts[i] for i in free}
             if extra == 1:  # (two sources at most batch sizes): the one furthest behind
-                counts[min(free, key=lambda i: (-behind[i], *order_ties[i]))] += 1
+                best, most = first, v[first] * total - consumed[first] - floors[first]
+                for i in others:
+                    b = v[i] * total - consumed[i] - floors[i]
+                    if b > most or (b == most and v[i] > v[best]):
+                        best, most = i, b
+                counts[best] += 1
             else:
+                behind = {i: v[i] * total - consumed[i] - counts[i] for i in free}
                 for i in sorted(free, key=lambda i: (-behind[i], *order_ties[i]))[:extra]:
                     counts[i] += 1
             for i in free:
@@ -314,6 +328,15 @@ class PassPlan:
         self._taken += dealt
         self._consumed += dealt.sum(axis=0)
         self._left -= need
+
+
+_Takings = tuple[tuple[int, ...], ...]
+"""Rows of each source each rank took, less the least any rank took of that source."""
+
+
+def _relative(taken: list[list[int]]) -> _Takings:
+    least = [min(column) for column in zip(*taken)]
+    return tuple(tuple(t - m for t, m in zip(row, least)) for row in taken)
 
 
 def _deal_lists(counts: list[int], world: int, taken: list[list[int]]) -> list[list[int]]:

@@ -230,6 +230,18 @@ class TensorOps(BlockOps[TensorBlock]):
             self.feed.hand_over(block.ready, block.tensors())
         return block.as_dict()
 
+    def cutter(self, block: TensorBlock) -> Callable[[int, int], dict[str, torch.Tensor]] | None:
+        """What ``finish(slice(block, lo, hi))`` gives, without a block per batch, for a CPU
+        block of one group in table order (the common case: a batch of a few rows costs
+        torch's ``unbind`` and little more); None for any other block."""
+        on_cpu = self.feed is None and (self.device is None or self.device.type == "cpu")
+        if not on_cpu or block.others or len(block.groups) != 1:
+            return None
+        names, stacked = block.groups[0]
+        if names != block.names:
+            return None
+        return lambda lo, hi: dict(zip(names, stacked[:, lo:hi].unbind(0)))
+
     def length(self, block: TensorBlock) -> int:
         return block.rows
 
