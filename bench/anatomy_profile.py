@@ -1,20 +1,34 @@
 #!/usr/bin/env python
 """B17c: what ``phalanx profile`` costs the rank it profiles (issue 43: "the step time during a
-capture stays within 2 %").
+capture stays within 2 %"), on two models.
 
 Run from the repository root:
 
-    python bench/anatomy_profile.py                      # 3 reps of 3 windows each
-    python bench/anatomy_profile.py --reps 1 --windows 2 --out /tmp/b17c
+    python bench/anatomy_profile.py                      # 3 reps, both models
+    python bench/anatomy_profile.py --reps 1 --windows 2 --blocks 10 --out /tmp/b17c
 
-One system, ``capture``: 2 local DDP workers train a 3-layer MLP (``--width``, batch 64,
-``report()`` every step) until told to stop. The driver, in the same process, alternates
-``--windows`` times a quiet window of ``--seconds`` and a capture: ``phalanx profile <run>
---rank 0 --seconds S --steps K`` (py-spy at its default 100 Hz, ``--nonblocking``, then a
-``torch.profiler`` trace of rank 0's next K steps). Rank 0 notes every step's time, end and
-whether torch.profiler was on. Compared, per window pair: the step p50 in the quiet window
-against the p50 of the steps that ended inside py-spy's window, and of the steps
-torch.profiler recorded (their ratio to the quiet p50; median over every pair).
+Models (``--width`` scales the MLP): ``mlp``, a 256-1024-1024-256 MLP, batch 64, SGD (~170
+operators a step, ~10 ms on one core: few, large operators); ``block``, one transformer encoder
+layer (d_model 128, 4 heads, feed-forward 512, batch 8 x 32 tokens), AdamW (~900 operators a
+step, ~5 ms: what a real step looks like to torch.profiler, many small operators).
+
+Systems, each for both models (``-block``: the transformer):
+
+- ``inproc``: one process, no DDP, one thread, interleaved blocks of 10 steps, off then on, on
+  the training thread's CPU time per step (a busy machine's scheduling leaves it alone) and wall
+  time; ratio per pair, median over ``--blocks`` pairs. On: ``phalanx`` (the capture
+  ``phalanx profile`` takes: a request file, ``ProfileWatch.poll()`` after each step as
+  ``report()`` calls it, the trace exported at the end), and, to show where the cost is,
+  torch.profiler's ``default`` (no schedule, Python events built at the end: the capture before
+  this change), ``shapes`` (record_shapes) and ``stack`` (with_stack); py-spy (100 Hz,
+  ``--nonblocking``) on and off in alternate 2 s blocks. Also: operators per step and the cost
+  per operator, and the one-off start and stop (stop: end the capture and write the trace, in
+  the report() of the last traced step).
+- ``capture``: 2 local DDP workers train the model (report() every step) until told to stop;
+  the driver alternates ``--windows`` times a quiet window of ``--seconds`` and ``phalanx
+  profile <run> --rank 0 --seconds S --steps K``. Per window pair: rank 0's step p50 in the quiet
+  window against the p50 of the steps inside py-spy's window and of the steps torch.profiler
+  recorded (median over pairs). Wall time of a 2-rank fit: noisy under load (see inproc).
 
 Results: bench/results/anatomy_profile.{md,json}.
 """
@@ -28,99 +42,205 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import harness
 
-SYSTEMS = ("capture", "inproc")
+SYSTEMS = ("inproc", "inproc-block", "capture", "capture-block")
 WARMUP_STEPS = 20
+BLOCK = 10  # steps per on or off block (inproc)
+VARIANTS = ("phalanx", "default", "shapes", "stack")
 
 
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
-    return inproc(args) if args.one == "inproc" else capture(args)
+    kind = "block" if args.one.endswith("-block") else "mlp"
+    return inproc(args, kind) if args.one.startswith("inproc") else capture(args, kind)
 
 
-def inproc(args: argparse.Namespace) -> dict[str, Any]:
-    """One process, no DDP, the same MLP: finer interleaving than a fit allows. torch.profiler
-    on and off in alternate blocks of 10 steps (``--blocks`` pairs; entering and leaving it not
-    timed); py-spy (``record --nonblocking`` on this process, 100 Hz) on and off in alternate
-    2 s blocks. The step p50 of each side, wall time and the training thread's CPU time (which
-    a busy machine's scheduling leaves alone), and their ratio per pair (median over pairs)."""
-    import shutil
-    import subprocess
+def build(kind: str, width: int, prepare: Callable[[Any], Any] = lambda m: m) -> Callable[[], None]:
+    """One training step of the model ``kind`` (forward, backward, optimizer step)."""
+    import torch
+
+    torch.manual_seed(0)
+    if kind == "block":
+        layer = torch.nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, batch_first=True)
+        model = prepare(layer)
+        optimizer: Any = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        tokens = torch.randn(8, 32, 128)
+
+        def loss() -> Any:
+            return model(tokens).pow(2).mean()
+
+    else:
+        model = prepare(
+            torch.nn.Sequential(
+                torch.nn.Linear(width, 4 * width),
+                torch.nn.ReLU(),
+                torch.nn.Linear(4 * width, 4 * width),
+                torch.nn.ReLU(),
+                torch.nn.Linear(4 * width, width),
+            )
+        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(64, width), torch.randn(64, width)
+
+        def loss() -> Any:
+            return torch.nn.functional.mse_loss(model(x), y)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        loss().backward()
+        optimizer.step()
+
+    return step
+
+
+class Steps:
+    """One process's training steps, each step's CPU time (the training thread's: a busy
+    machine's scheduling leaves it alone) and wall time."""
+
+    def __init__(self, train: Callable[[], None]) -> None:
+        self.train = train
+        self.cpu: list[float] = []
+        self.wall: list[float] = []
+
+    def step(self, after: Callable[[], None] = lambda: None) -> None:
+        began, began_cpu = time.perf_counter(), time.thread_time()
+        self.train()
+        after()
+        self.cpu.append(time.thread_time() - began_cpu)
+        self.wall.append(time.perf_counter() - began)
+
+    def ratios(self, n_on: int, n_off: int) -> tuple[float, float, float]:
+        """CPU and wall p50 ratios, and the CPU p50 added (s), of the last ``n_off`` steps
+        (off) and the ``n_on`` steps (on) after them."""
+        cpu, wall = self.cpu, self.wall
+        c_off, c_on = statistics.median(cpu[-n_on - n_off : -n_on]), statistics.median(cpu[-n_on:])
+        w_off, w_on = (
+            statistics.median(wall[-n_on - n_off : -n_on]),
+            statistics.median(wall[-n_on:]),
+        )
+        return c_on / c_off, w_on / w_off, c_on - c_off
+
+
+def inproc(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    """See the module's docstring: ``inproc``."""
+    import json
 
     import torch
 
-    model, optimizer, x, y = _model(args.width)
+    from phalanx._internal.worker.profiling import ProfileWatch, trace_path
 
-    cpu: list[float] = []  # the training thread's CPU seconds of each step (load aside)
-
-    def step() -> float:
-        began, began_cpu = time.perf_counter(), time.thread_time()
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        cpu.append(time.thread_time() - began_cpu)
-        return time.perf_counter() - began
-
-    def ratio(on: list[float], off: list[float]) -> tuple[float, float]:
-        """Wall and CPU p50 ratios of the last ``len(on) + len(off)`` steps (off, then on)."""
-        cpu_off, cpu_on = cpu[-len(on) - len(off) : -len(on)], cpu[-len(on) :]
-        wall = statistics.median(on) / statistics.median(off)
-        return wall, statistics.median(cpu_on) / statistics.median(cpu_off)
-
+    steps = Steps(build(kind, args.width))
     for _ in range(WARMUP_STEPS):
-        step()
-    traced = []
-    for _ in range(args.blocks):
-        off = [step() for _ in range(10)]
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-            on = [step() for _ in range(10)]
-        traced.append(ratio(on, off))
+        steps.step()
+    profiler = torch.profiler
+    cpu_only = [profiler.ProfilerActivity.CPU]
+    plain: dict[str, Callable[[], Any]] = {
+        "default": lambda: profiler.profile(activities=cpu_only),
+        "shapes": lambda: profiler.profile(activities=cpu_only, record_shapes=True),
+        "stack": lambda: profiler.profile(activities=cpu_only, with_stack=True),
+    }
+    pairs: dict[str, list[tuple[float, float, float]]] = {v: [] for v in VARIANTS}
+    ends: list[tuple[float, float]] = []  # the phalanx capture's start and stop, ms
+    with tempfile.TemporaryDirectory() as run_dir:
+        os.makedirs(os.path.join(run_dir, "profile"))
+        watch = ProfileWatch(run_dir, 0)
+        for block in range(args.blocks):
+            for variant in VARIANTS:
+                for _ in range(BLOCK):
+                    steps.step()
+                if variant == "phalanx":
+                    ends.append(_phalanx_capture(steps, watch, run_dir, str(block)))
+                else:
+                    with plain[variant]():
+                        for _ in range(BLOCK):
+                            steps.step()
+                pairs[variant].append(steps.ratios(BLOCK, BLOCK))
+        with open(trace_path(run_dir, 0, "0")) as f:
+            events = json.load(f)["traceEvents"]
+    operators = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    marks = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
+    sampled = _pyspy_pairs(steps)
+    per_step = len(operators) / BLOCK
+    return {
+        "model": kind,
+        "step_ms": 1000 * statistics.median(steps.cpu[:WARMUP_STEPS]),
+        "operators_per_step": per_step,
+        "step_marks": len(marks),
+        "us_per_operator": 1e6 * statistics.median(a for _, _, a in pairs["phalanx"]) / per_step,
+        "start_ms": statistics.median(a for a, _ in ends),
+        "stop_ms": statistics.median(b for _, b in ends),
+        **{f"{v}_cpu_x": statistics.median(c for c, _, _ in pairs[v]) for v in VARIANTS},
+        **{f"{v}_wall_x": statistics.median(w for _, w, _ in pairs[v]) for v in VARIANTS},
+        "traced_cpu_x": statistics.median(c for c, _, _ in pairs["phalanx"]),
+        "pyspy_cpu_x": statistics.median(c for c, _, _ in sampled),
+        "pyspy_wall_x": statistics.median(w for _, w, _ in sampled),
+        "pairs": pairs,
+        "pyspy_pairs": sampled,
+    }
+
+
+def _phalanx_capture(
+    steps: Steps, watch: Any, run_dir: str, request_id: str
+) -> tuple[float, float]:
+    """``BLOCK`` steps under the capture ``phalanx profile`` asks for, polled after each step as
+    report() polls; the capture's start and stop (ms), each out of the steps' own times."""
+    import json
+
+    from phalanx._internal.worker.profiling import request_path, trace_path
+
+    with open(request_path(run_dir, 0), "w") as f:
+        json.dump({"id": request_id, "steps": BLOCK}, f)
+    watch._next_check = 0.0  # report() looks at most once a second
+    began = time.perf_counter()
+    watch.poll()  # starts the capture (in the report() before the first traced step)
+    started = time.perf_counter() - began
+    for _ in range(BLOCK - 1):
+        steps.step(watch.poll)
+    stop = [0.0, 0.0]
+
+    def last() -> None:  # the last traced step's report() ends the capture, writes the trace
+        began, began_cpu = time.perf_counter(), time.thread_time()
+        watch.poll()
+        stop[:] = time.perf_counter() - began, time.thread_time() - began_cpu
+
+    steps.step(last)
+    steps.wall[-1] -= stop[0]
+    steps.cpu[-1] -= stop[1]
+    if not os.path.exists(trace_path(run_dir, 0, request_id)):
+        raise RuntimeError("phalanx's capture wrote no trace")
+    return 1000 * started, 1000 * stop[0]
+
+
+def _pyspy_pairs(steps: Steps) -> list[tuple[float, float, float]]:
+    """py-spy (``record --nonblocking`` on this process, 100 Hz) off and on in 2 s blocks."""
+    import shutil
+    import subprocess
+
     spy = shutil.which("py-spy")
     sampled = []
     with tempfile.TemporaryDirectory() as out:
-        for i in range(max(2, args.blocks // 5)):
-            ended = time.monotonic() + 2.0
-            off = []
+        for i in range(2):
+            ended, n_off = time.monotonic() + 2.0, len(steps.cpu)
             while time.monotonic() < ended:
-                off.append(step())
+                steps.step()
+            n_off = len(steps.cpu) - n_off
             command = [str(spy), "record", "--pid", str(os.getpid()), "--duration", "2"]
             command += ["--nonblocking", "--output", f"{out}/{i}.svg"]
             recording = subprocess.Popen(
                 command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
             time.sleep(0.3)  # py-spy attaches
-            on = []
+            n_on = len(steps.cpu)
             while recording.poll() is None:
-                on.append(step())
-            sampled.append(ratio(on, off))
-    return {
-        "traced_x": statistics.median(w for w, _ in traced),
-        "traced_cpu_x": statistics.median(c for _, c in traced),
-        "pyspy_x": statistics.median(w for w, _ in sampled),
-        "pyspy_cpu_x": statistics.median(c for _, c in sampled),
-        "traced_pairs": traced,
-        "pyspy_pairs": sampled,
-    }
+                steps.step()
+            sampled.append(steps.ratios(len(steps.cpu) - n_on, n_off))
+    return sampled
 
 
-def _model(width: int) -> tuple[Any, Any, Any, Any]:
-    import torch
-
-    torch.manual_seed(0)
-    module = torch.nn.Sequential(
-        torch.nn.Linear(width, 4 * width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(4 * width, 4 * width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(4 * width, width),
-    )
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
-    return module, optimizer, torch.randn(64, width), torch.randn(64, width)
-
-
-def capture(args: argparse.Namespace) -> dict[str, Any]:
+def capture(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     from phalanx import RunConfig, ScalingConfig
     from phalanx.cli import main as cli_main
     from phalanx.torch import TorchTrainer
@@ -130,7 +250,12 @@ def capture(args: argparse.Namespace) -> dict[str, Any]:
         started = os.path.join(storage, "started")
         trainer = TorchTrainer(
             train_loop,
-            train_loop_config={"stop": stop, "started": started, "width": args.width},
+            train_loop_config={
+                "stop": stop,
+                "started": started,
+                "width": args.width,
+                "model": kind,
+            },
             scaling_config=ScalingConfig(num_workers=2),
             run_config=RunConfig(name="b17c", storage_path=storage, verbose=0),
         )
@@ -183,6 +308,7 @@ def capture(args: argparse.Namespace) -> dict[str, Any]:
         if any(p[f"{key}_ms"] for p in pairs)
     }
     return {
+        "model": kind,
         "quiet_ms": statistics.median(p["quiet_ms"] for p in pairs),
         "pyspy_x": ratios.get("pyspy"),
         "traced_x": ratios.get("traced"),
@@ -196,19 +322,7 @@ def train_loop(config: dict[str, Any]) -> list[tuple[float, float, bool]]:
     import phalanx
     from phalanx.torch import prepare_model
 
-    width = config["width"]
-    torch.manual_seed(0)
-    model = prepare_model(
-        torch.nn.Sequential(
-            torch.nn.Linear(width, 4 * width),
-            torch.nn.ReLU(),
-            torch.nn.Linear(4 * width, 4 * width),
-            torch.nn.ReLU(),
-            torch.nn.Linear(4 * width, width),
-        )
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(64, width), torch.randn(64, width)
+    train = build(config["model"], config["width"], prepare_model)
     rank = phalanx.get_context().get_world_rank()
     profiling = torch._C._autograd._profiler_enabled
     steps: list[tuple[float, float, bool]] = []
@@ -216,9 +330,7 @@ def train_loop(config: dict[str, Any]) -> list[tuple[float, float, bool]]:
     while True:
         began = time.perf_counter()
         on = bool(profiling())
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
+        train()
         phalanx.report({"step": step})
         done = time.perf_counter()
         steps.append((time.time(), done - began, on))
@@ -230,14 +342,72 @@ def train_loop(config: dict[str, Any]) -> list[tuple[float, float, bool]]:
 
 
 def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for kind in ("mlp", "block"):
+        ok = [r for r in runs if r["ok"] and r.get("model") == kind]
+        inproc = [r for r in ok if r["system"].startswith("inproc")]
+        if inproc:
+            lines += [f"## {kind}: one process, on / off in alternate blocks of {BLOCK} steps", ""]
+            lines += _inproc_lines(inproc)
+        fits = [r for r in ok if r["system"].startswith("capture")]
+        if fits:
+            lines += [f"## {kind}: `phalanx profile` on rank 0 of a 2-rank fit", ""]
+            lines += _capture_lines(fits)
+    return lines
+
+
+def _mid(values: list[float], digits: int = 3, unit: str = "x") -> str:
+    if not values:
+        return "-"
+    return (
+        f"{statistics.median(values):.{digits}f}{unit} "
+        f"({min(values):.{digits}f}-{max(values):.{digits}f})"
+    )
+
+
+def _inproc_lines(recs: list[dict[str, Any]]) -> list[str]:
+    """Per variant: the CPU and wall ratios over every pair of every rep."""
+    what = {
+        "phalanx": "phalanx profile's capture (this change)",
+        "default": "torch.profiler default (the capture before)",
+        "shapes": "+ record_shapes",
+        "stack": "+ with_stack",
+    }
+    lines = [
+        "| capture | CPU per step, on / off | wall per step, on / off |",
+        "| --- | --- | --- |",
+    ]
+    for v in VARIANTS:
+        pairs = [p for r in recs for p in r["pairs"][v]]
+        lines.append(
+            f"| {what[v]} | {_mid([c for c, _, _ in pairs])} | {_mid([w for _, w, _ in pairs])} |"
+        )
+    spy = [p for r in recs for p in r["pyspy_pairs"]]
+    lines.append(
+        f"| py-spy 100 Hz (2 s blocks) | {_mid([c for c, _, _ in spy])} | "
+        f"{_mid([w for _, w, _ in spy])} |"
+    )
+    lines += [
+        "",
+        f"Step {_mid([r['step_ms'] for r in recs], 2, ' ms')} CPU; "
+        f"{_mid([r['operators_per_step'] for r in recs], 0, '')} operators per step in the "
+        f"trace, {_mid([r['us_per_operator'] for r in recs], 2, ' us')} added per operator; "
+        f"{recs[0]['step_marks']} ProfilerStep marks in a {BLOCK}-step trace; the capture's "
+        f"start {_mid([r['start_ms'] for r in recs], 2, ' ms')}, its stop and trace export "
+        f"{_mid([r['stop_ms'] for r in recs], 1, ' ms')} (once, in the report() of the last "
+        "traced step; not in the ratios).",
+        "",
+    ]
+    return lines
+
+
+def _capture_lines(recs: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| rep | window | quiet p50 ms (steps) | during py-spy p50 ms (steps) | ratio | "
         "torch.profiler steps p50 ms (steps) | ratio |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for rec in runs:
-        if not rec["ok"] or rec["system"] != "capture":
-            continue
+    for rec in recs:
         for i, p in enumerate(rec["pairs"]):
 
             def cell(key: str, p: dict[str, Any] = p) -> str:
@@ -252,36 +422,23 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
                 f"| {rec['rep']} | {i} | {cell('quiet')} | {cell('pyspy')} | {x('pyspy')} | "
                 f"{cell('traced')} | {x('traced')} |"
             )
-    every = [p for rec in runs if rec["ok"] and rec["system"] == "capture" for p in rec["pairs"]]
+    every = [p for rec in recs for p in rec["pairs"]]
     for key, what in (("pyspy", "during py-spy"), ("traced", "torch.profiler steps")):
         ratios = [p[f"{key}_ms"] / p["quiet_ms"] for p in every if p[f"{key}_ms"]]
         if ratios:
-            lines.append("")
-            lines.append(
-                f"{what} / quiet, median over {len(ratios)} window pairs: "
-                f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
-            )
-    inproc = [rec for rec in runs if rec["ok"] and rec["system"] == "inproc"]
-    for key, what in (("traced", "torch.profiler"), ("pyspy", "py-spy")):
-        pairs = [pair for rec in inproc for pair in rec[f"{key}_pairs"]]
-        if pairs:
-            wall, cpu = [w for w, _ in pairs], [c for _, c in pairs]
-            lines += [
-                "",
-                f"inproc, {what} on / off in alternate blocks, median over {len(pairs)} pairs: "
-                f"step wall time {statistics.median(wall):.3f}x ({min(wall):.3f}-{max(wall):.3f}), "
-                f"the training thread's CPU time per step {statistics.median(cpu):.3f}x "
-                f"({min(cpu):.3f}-{max(cpu):.3f})",
-            ]
-    return lines
+            lines += ["", f"{what} / quiet, median over {len(ratios)} window pairs: {_mid(ratios)}"]
+    return [*lines, ""]
 
 
 def workload(meta: dict[str, Any]) -> list[str]:
     return [
-        f"- 2 local DDP workers (gloo), a {meta['width']}-{4 * meta['width']}-"
-        f"{4 * meta['width']}-{meta['width']} MLP, batch 64, report() every step; "
-        f"{meta['windows']} pairs per rep of a {meta['seconds']} s quiet window and "
-        f"`phalanx profile --rank 0 --seconds {meta['seconds']} --steps {meta['steps']}`",
+        f"- models: mlp {meta['width']}-{4 * meta['width']}-{4 * meta['width']}-"
+        f"{meta['width']}, batch 64, SGD; block: a transformer encoder layer (128, 4 heads, 512), "
+        "batch 8 x 32 tokens, AdamW; one thread",
+        f"- inproc: {meta['blocks']} pairs of {BLOCK}-step blocks per variant; capture: 2 local "
+        f"DDP workers (gloo), report() every step, {meta['windows']} pairs per rep of a "
+        f"{meta['seconds']} s quiet window and `phalanx profile --rank 0 --seconds "
+        f"{meta['seconds']} --steps {meta['steps']}`",
     ]
 
 
@@ -290,7 +447,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--blocks", type=int, default=30, help="inproc: block pairs")
+    parser.add_argument("--blocks", type=int, default=20, help="inproc: block pairs")
 
 
 BENCH = harness.Bench.of(
@@ -298,7 +455,7 @@ BENCH = harness.Bench.of(
     name="anatomy_profile",
     title="B17c: the step time of a rank during `phalanx profile`",
     systems=SYSTEMS,
-    summary_keys=("pyspy_x", "traced_x", "pyspy_cpu_x", "traced_cpu_x"),
+    summary_keys=("traced_cpu_x", "us_per_operator", "pyspy_cpu_x", "traced_x", "pyspy_x"),
     reps=3,
     timeout_s=600.0,
 )
