@@ -337,8 +337,11 @@ def train_loop(config: dict[str, Any]) -> list[tuple[float, float, bool]]:
         step += 1
         if step == WARMUP_STEPS and rank == 0:
             open(config["started"], "w").close()
-        if step % 10 == 0 and os.path.exists(config["stop"]):
-            return steps[WARMUP_STEPS:]
+        if step % 10 == 0:  # the ranks stop at the same step (else one waits in DDP's next)
+            stop = torch.tensor([float(os.path.exists(config["stop"]))])
+            torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)
+            if stop.item():
+                return steps[WARMUP_STEPS:]
 
 
 def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:

@@ -35,7 +35,11 @@ def profiled_loop(config):
         train.report({"step": step})
         if step == 3 and train.get_context().get_world_rank() == 0:
             open(config["started"], "w").close()
-        if os.path.exists(config["stop"]):
+        # the ranks stop at the same step (one that saw the stop file a step before the other
+        # would leave it waiting in DDP's next all-reduce until the test's wait ran out)
+        stop = torch.tensor([float(os.path.exists(config["stop"]))])
+        torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)
+        if stop.item():
             return
 
 
@@ -84,6 +88,8 @@ def profile_a_running_rank(storage, tmp_path, capsys, engine):
     with open(os.path.join(run_dir, "profile", trace)) as f:
         events = json.load(f)["traceEvents"]
     assert any(e.get("name", "").startswith("aten::") for e in events)  # torch's own ops
+    marks = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
+    assert len(marks) == 3, marks  # each of the 3 steps asked for, report() to report()
 
 
 def test_a_rank_that_does_not_exist_or_a_run_that_ended_is_refused(storage, capsys):
