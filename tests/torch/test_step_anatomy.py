@@ -139,10 +139,14 @@ def assert_named(result, cause, steps=STEPS, per="step"):
     # the 40 ms that were injected, as seconds per step more than the other ranks
     assert 0.6 * SLOW_S <= period["excess_s"] <= 1.6 * SLOW_S, period
     mine, theirs = period["seconds"], period["others_seconds"]
-    assert theirs["collective"] - mine["collective"] >= 0.5 * SLOW_S  # they waited for it
-    # the goodput: most of the others' wait is the straggler's
+    # they waited for it, longer than it waited for them (by ~40 ms; on 2 cores at load 17 the
+    # slow rank too waits ~50 ms for ranks scheduled late: only the order holds there)
+    assert theirs["collective"] > mine["collective"], period
+    # the goodput: the others' wait is the straggler's, the 40 ms of every step but the first
+    # (an untimed round), within 25 % (bench/anatomy.py under load: 0.97-1.03x of it)
+    injected = SLOW_S * (steps - 1)
     goodput = result.goodput.seconds
-    assert goodput["stragglers"] >= 0.5 * SLOW_S * (steps - 6), goodput
+    assert 0.75 * injected <= goodput["stragglers"] <= 1.25 * injected, goodput
 
 
 SHORT_STEPS = 14  # the period opens by round 6: enough where a run costs the most
@@ -169,8 +173,10 @@ def test_without_prepare_model(storage, wrap):
 def test_a_clean_run_names_nobody(storage):
     result = fit(storage, None)
     assert result.error is None and result.stragglers == []
+    # a few rounds where one of 4 ranks on 2 loaded cores was scheduled late (the bench's
+    # clean runs: 0-0.5 % of a longer run's wall); a slow rank here makes ~0.9 s
     goodput = result.goodput
-    assert goodput.seconds["stragglers"] <= 0.03 * goodput.wall_s, goodput.seconds
+    assert goodput.seconds["stragglers"] <= 0.1 * SLOW_S * STEPS, goodput.seconds
 
 
 @pytest.mark.parametrize(
