@@ -3,7 +3,7 @@ at one pace; the step anatomy names the slow rank and its cause anyway.
 
 4 DDP ranks (gloo), one slowed 40 ms per step by (a) its DataLoader, (b) compute before
 backward, (c) its ``phalanx.data`` shard's reads; it is named, with its cause, within 20 steps,
-and a clean run names nobody. On the Ray engine each cause again (3 ranks, 14 steps), and
+and a clean run names nobody. On the Ray engine compute and phalanx.data (3 ranks, 14 steps), and
 compute without ``prepare_model`` (a user's own DDP, a plain all-reduce loop). One trial per
 case here (the suite's time); ``bench/anatomy.py --systems detect,detect-ray --trials 10``
 runs 10 of each per engine and reports how often the rank and cause were named.
@@ -181,7 +181,10 @@ def test_a_clean_run_names_nobody(storage):
 
 @pytest.mark.parametrize(
     ("slow", "cause"),
-    [("loader", "data"), ("compute", "compute"), ("phalanx.data", "data")],
+    # the loader's wait is timed in the rank as on the local engine (bench/anatomy.py's
+    # detect-ray runs it 10 times); here what the Ray engine changes: the anatomy sent with its
+    # reports, and a phalanx.data shard read in a Ray worker
+    [("compute", "compute"), ("phalanx.data", "data")],
 )
 def test_on_the_ray_engine(storage, local_ray, slow, cause):
     result = fit(storage, slow, engine="ray", workers=3, steps=SHORT_STEPS)

@@ -13,8 +13,9 @@ The capture is torch.profiler's lightest that still shows what one reads in a tr
 operator and its time (CPU, and CUDA kernels where there is a GPU), and each step as a
 ``ProfilerStep#N`` span from one ``report()`` to the next; no shapes, stacks, memory or FLOPs
 (each costs per operator: bench/anatomy_profile.py), and no Python event objects built when it
-stops (``trace_only``: only the Chrome trace is wanted). What is left is about 0.5 us per
-operator recorded: ~1 % of a 10 ms step of 170 operators.
+stops (``trace_only``: only the Chrome trace is wanted). What is left is torch.profiler's own
+cost per operator recorded, about 1 us here: ~3 % of a 10 ms step of 170 operators, ~12 % of a
+7 ms transformer layer's step of 900 (B17c).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import logging
 import os
 import sys
 import time
+from types import ModuleType
 from typing import Any
 
 __all__ = ["PROFILE_DIR", "ProfileWatch", "request_path", "trace_path", "workers_path"]
@@ -134,13 +136,13 @@ class ProfileWatch:
             self._stop()
 
 
-def _record(step: int) -> Any:
+def _record(step: int) -> object:
     return sys.modules["torch"].profiler.ProfilerAction.RECORD
 
 
-def _trace_only(profiler: Any) -> Any:
-    """torch.profiler's config that skips building Python event objects at the end (torch
-    2.10+: ``trace_only``); None, torch's default, on a torch without it."""
+def _trace_only(profiler: ModuleType) -> object | None:
+    """torch.profiler's config that skips building Python event objects at the end
+    (``trace_only``, in recent torch); None, torch's default, on a torch without it."""
     try:
         return profiler._ExperimentalConfig(trace_only=True)
     except (AttributeError, TypeError):
