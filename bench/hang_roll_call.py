@@ -16,20 +16,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, versions
+from common import free_port, machine, versions
 
 import phalanx as train
 from phalanx import DataParallelTrainer, FailureConfig, HangError, RunConfig, ScalingConfig
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def loop(config: dict) -> None:
