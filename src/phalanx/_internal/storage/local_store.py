@@ -174,10 +174,7 @@ class LocalStore(RunStorage, register=True):
         # are (they are, above), so one that survives a crash always names a whole checkpoint,
         # and one a crash took leaves the directory to be set aside, never deleted.
         os.makedirs(self.path(COMMIT_RECORDS_DIR), exist_ok=True)
-        final = self.path(record_file(record.dir_name))
-        with open(f"{final}.tmp", "wb") as f:
-            f.write(record.encode())
-        os.replace(f"{final}.tmp", final)
+        _write_whole(self.path(record_file(record.dir_name)), record.encode(), durable=False)
 
     def delete_checkpoint(self, dir_name: str) -> None:
         self.refuse_if_not_owner(f"delete checkpoint {dir_name!r} of")
@@ -204,19 +201,9 @@ class LocalStore(RunStorage, register=True):
     def write_atomic(self, relative: str, data: bytes) -> None:
         self.refuse_if_not_owner(f"write {relative!r} in")  # a driver that lost the run: nothing
         final = self.path(relative)
-        tmp = f"{final}.tmp"
         with storage_errors("write", final):
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, final)
-                fsync_path(os.path.dirname(final))  # the rename itself durable: the snapshot
-            except BaseException:  # a full disk, Ctrl-C: no half-written .tmp stays behind
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            _write_whole(final, data, durable=True)
+            fsync_path(os.path.dirname(final))  # the rename itself durable: the snapshot
 
     def remove(self, relative: str) -> None:
         self.refuse_if_not_owner(f"remove {relative!r} from")
@@ -349,3 +336,20 @@ def _fsync_tree(root: str) -> None:
     with ThreadPoolExecutor(workers, thread_name_prefix="phalanx-fsync") as pool:
         list(pool.map(fsync_path, files))  # list(): the first error is raised here
         list(pool.map(fsync_path, directories))  # the files' names, once the files are flushed
+
+
+def _write_whole(final: str, data: bytes, durable: bool) -> None:
+    """``final`` whole or untouched: written to ``final.tmp`` (fsynced when ``durable``), then
+    renamed over it. A full disk or Ctrl-C on the way leaves no half-written ``.tmp`` behind."""
+    tmp = f"{final}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
