@@ -63,7 +63,9 @@ def report_round(k: int) -> None:
 
 def rounds_dying(config: dict[str, Any]) -> None:
     """Rounds of a plain loop; in the first attempt, rank ``die`` kills its own process at round
-    1 and rank ``stuck`` (if any) blocks in C code (``time.sleep``) from then on."""
+    1 and rank ``stuck`` (if any) blocks in C code (``time.sleep``) from then on; with ``hold``,
+    every rank waits at round 1 in Python (interruptible) until the attempt is ended, so the
+    first attempt cannot finish before a loss the test causes is noticed."""
     start = resume_round()
     mark_start(config, start)
     rank = train.get_context().get_world_rank()
@@ -73,6 +75,9 @@ def rounds_dying(config: dict[str, Any]) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if rank == config.get("stuck"):
                 time.sleep(600)
+            deadline = time.monotonic() + 120
+            while config.get("hold") and time.monotonic() < deadline:
+                time.sleep(0.05)
         time.sleep(config.get("round_s", 0.05))
         report_round(k)
 

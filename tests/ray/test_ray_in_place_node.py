@@ -31,7 +31,9 @@ def test_a_removed_node_loses_only_its_ranks(default_checks_nodes, tmp_path, cap
     )
     caplog.set_level(logging.INFO, logger="phalanx._internal.engines.ray.relaunch")
     committed = Committed()
-    trainer = plain_trainer(tmp_path, {"round_s": 0.3}, scaling, "node", [committed])
+    # hold: the first attempt waits at round 1 until phalanx ends it (4 rounds of 0.3 s could
+    # finish before a loaded machine notices the kill: the run then never resumed)
+    trainer = plain_trainer(tmp_path, {"hold": True}, scaling, "node", [committed])
     runner, outcome = fit_in_thread(trainer)
     try:
         deadline = time.monotonic() + 60
