@@ -78,6 +78,29 @@ def test_a_full_history_file_is_a_storage_error_naming_it(storage):
         run(storage, loop, name="hist")
 
 
+@needs_dev_full
+def test_a_full_disk_writing_a_commit_record_is_a_storage_error_and_leaves_no_tmp(storage):
+    # The first checkpoint's commit record's temporary file is a link to /dev/full: its files
+    # are committed, then the write of its record fails with ENOSPC from the kernel, exactly
+    # there. Before 4cf3906 the record had no clean-up: the .tmp stayed behind.
+    run_dir = os.path.join(storage, "record")
+    records = os.path.join(run_dir, ".phalanx_commits")
+    os.makedirs(records)
+    tmp = os.path.join(records, "checkpoint_000000.json.tmp")
+    os.symlink("/dev/full", tmp)
+
+    def loop():
+        train.report({"a": 1}, checkpoint=_tiny_checkpoint())
+
+    with pytest.raises(StorageError) as info:
+        run(storage, loop, name="record")
+    message = str(info.value)
+    assert f"Could not commit checkpoint 'checkpoint_000000' in {run_dir!r}" in message
+    assert "No space left on device" in message and "HINT: the filesystem holding" in message
+    assert not os.path.lexists(tmp)
+    assert leftovers(run_dir) == []
+
+
 @pytest.fixture
 def full_disk(tmp_path):
     """A real 1 MB tmpfs (needs root and mount(8); skipped elsewhere)."""
