@@ -19,9 +19,10 @@ import psutil
 import pytest
 import test_local_engine as local
 import test_never_hang as never_hang
-from _helpers import free_port, wait_until
+from _helpers import wait_until
 from test_never_hang_contract import alive
 
+import phalanx as train
 from phalanx import (
     ConfigError,
     DataParallelTrainer,
@@ -92,17 +93,32 @@ def test_spawned_workers_are_new_interpreters_each_in_its_own_session(storage):
 
 @pytest.mark.timeout(120)
 def test_a_hang_names_the_sleeping_rank_with_every_rank_s_stack(storage):
-    """The hang roll call and faulthandler stacks on spawned workers. hang_timeout_s also counts
-    the training function's own imports, which a spawned worker does afresh (torch: seconds),
-    hence a longer timeout than the fork path's 10-of-10 test."""
+    """The hang roll call and faulthandler stacks on spawned workers. hang_timeout_s counts from
+    the training call, which a spawned worker would begin with a fresh ``import torch`` (seconds
+    under load): the TorchTrainer imports torch and joins the group before the clock starts,
+    and the closure is pickled by value (no test module to import), so 3 s is ample."""
     pytest.importorskip("torch")
+    from phalanx.torch import TorchTrainer
+
+    def loop():
+        import torch
+        import torch.distributed as dist
+
+        t = torch.ones(1)
+        for step in range(1000):
+            if train.get_context().get_world_rank() == 1 and step == 1:
+                time.sleep(1000)  # rank 1 never reaches the all_reduce; rank 0 waits in it
+            dist.all_reduce(t)
+            train.report({"step": step})
+
     with pytest.raises(HangError) as info:
-        fit(
-            never_hang.asleep_while_rank_0_waits_in_all_reduce,
-            storage,
-            config={"ports": [free_port()]},
-            hang_timeout_s=10,
-        )
+        TorchTrainer(
+            loop,
+            scaling_config=ScalingConfig(num_workers=2, engine="local"),
+            run_config=RunConfig(
+                name="run", storage_path=storage, failure_config=FailureConfig(hang_timeout_s=3)
+            ),
+        ).fit()
     message = str(info.value)
     assert "-> rank 1 is not where the others are." in message
     assert "--- rank 0 ---" in message and "--- rank 1 ---" in message
