@@ -255,11 +255,11 @@ def test_a_live_owners_lease_never_looks_stale() -> None:
     # What `phalanx ls` and a second driver see: renewed every stale_s / 4, the lease is held
     # at every look for several stale periods.
     storage = _memory_run()
-    lease = Lease.take(storage, _owner(), stale_s=3.0, settle_s=0.01)
+    lease = Lease.take(storage, _owner(), stale_s=1.5, settle_s=0.01)
     try:
-        deadline = time.monotonic() + 6.0  # two stale periods; renewals every 0.75 s
+        deadline = time.monotonic() + 3.0  # two stale periods; renewals every 0.375 s
         while time.monotonic() < deadline:
-            assert lease_held(storage, stale_s=3.0) is True
+            assert lease_held(storage, stale_s=1.5) is True
             time.sleep(0.05)
     finally:
         lease.release()
