@@ -25,9 +25,11 @@ from phalanx.tune.integration.ray_train import TuneReportCallback
 from phalanx.tune.schedulers import ASHAScheduler
 
 REPORT_INTERVAL_S = 0.4  # a step's work: the stopped trials run 2 and 4 steps of it
-# workers gone after the stopping report: typically 0.03-0.2 s; the ceiling only catches workers
-# left running (a loaded 2-core CI machine has stalled a teardown for seconds)
-FREED_CEILING_S = 6.0
+# fit() returned after the stopping report: typically 0.02-0.1 s (under load); 1-2 s when the
+# trial's fork server was copied into the server of the trial beside it (that fit() waited for
+# the other trial to end: tests/engines/test_forkserver_fds.py). The spec's bound is one report
+# interval; two leave room for a loaded machine's teardown.
+FREED_CEILING_S = 2 * REPORT_INTERVAL_S
 
 
 def train_fn_per_worker(config):
@@ -96,10 +98,13 @@ def test_a_stopped_trial_ends_its_run_at_that_report_and_frees_its_workers(tmp_p
         # fit() returned, every worker stopped, within one report interval of the decision
         freed_s = ended[last["trial_id"]] - last["timestamp"]
         print(f"trial {last['trial_id']}: workers gone {freed_s:.3f} s after the stopping report")
-        assert freed_s < FREED_CEILING_S  # and the next asserts a run going on
+        assert freed_s < FREED_CEILING_S, f"fit() returned {freed_s:.2f} s after the stop"
         assert not psutil.pid_exists(last["pid"]) or (
             psutil.Process(last["pid"]).status() == psutil.STATUS_ZOMBIE
         )
+        # the worker ran no step after the one in flight when the decision came
+        steps = {int(p.name.split("_")[1]) for p in scratch.glob(f"{last['pid']}_*")}
+        assert max(steps) <= last["step"] + 1, sorted(steps)
         run = phalanx.Result.from_path(result.path)  # the stopping round's checkpoint committed
         assert run.metrics["step"] == last["step"]
         assert run.checkpoint is not None and result.checkpoint == run.checkpoint

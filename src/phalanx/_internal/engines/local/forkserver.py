@@ -77,6 +77,7 @@ class ForkServer:
             code = 0
             try:
                 self._sock.close()
+                _drop_inherited_fds(keep=child.fileno())
                 _serve(child)
             except BaseException:
                 code = 1
@@ -281,6 +282,29 @@ def serve_spawned(fd: int, modules: list[str]) -> None:
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def _drop_inherited_fds(keep: int) -> None:
+    """In the server just forked from the driver: every file descriptor but stdio and ``keep``
+    made /dev/null. The fork copied every descriptor the driver's other threads held at that
+    instant (another ``fit()`` of a sweep's trial: its own server's socket end, a worker's
+    pipes before the driver closed them); a copy held here kept their ends from ever seeing EOF
+    (that fit() waited for this server to stop before it returned). /dev/null rather than
+    close: a stale object of the driver's that closes its descriptor later (in a worker) must
+    not close a socket that reused the number."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: keep what was inherited
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in fds:
+        if fd > 2 and fd not in (keep, null):
+            try:
+                os.fstat(fd)  # not the descriptor listdir itself used (closed already)
+            except OSError:
+                continue
+            os.dup2(null, fd, inheritable=False)
+    os.close(null)
 
 
 def _serve(sock: socket.socket, own_session: bool = False) -> None:
