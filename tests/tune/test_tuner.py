@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -176,15 +178,18 @@ def test_bad_trainables_and_restore_paths_fail_with_a_hint(tmp_path):
 
 
 def test_ctrl_c_ends_every_trial_at_its_next_report_and_restore_goes_on(tmp_path):
-    import _thread
-
-    interrupted: list[bool] = []
+    # Ctrl-C as a terminal delivers it: SIGINT to the main thread, with Python's handler (a run
+    # started in the background by a non-interactive shell, `bash .ci/run &`, inherits SIGINT
+    # ignored: then no Ctrl-C reaches the sweep, and _thread.interrupt_main() did nothing)
+    main = threading.main_thread().ident
+    assert main is not None
+    interrupted = threading.Event()
 
     def trainable(config):
         for i in range(20):
-            if i == 3 and config["x"] == 1 and not interrupted:
-                interrupted.append(True)
-                _thread.interrupt_main()  # Ctrl-C in the sweep's driver, once
+            if i == 3 and config["x"] == 1 and not interrupted.is_set():
+                interrupted.set()
+                signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C in the sweep's driver, once
             time.sleep(0.05)  # the step's work: the trials are still running when it lands
             tune.report({"i": i})
 
@@ -193,8 +198,12 @@ def test_ctrl_c_ends_every_trial_at_its_next_report_and_restore_goes_on(tmp_path
         param_space={"x": tune.grid_search([1, 2])},
         run_config=tune.RunConfig(name="s", storage_path=str(tmp_path)),
     )
-    with pytest.raises(KeyboardInterrupt):
-        tuner.fit()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tuner.fit()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     state = json.loads((tmp_path / "s" / "tuner_state.json").read_text())
     assert state["status"] == "INTERRUPTED"
     assert [t["status"] for t in state["trials"]] == ["RUNNING", "RUNNING"]  # not finished
