@@ -175,6 +175,12 @@ def test_bad_trainables_and_restore_paths_fail_with_a_hint(tmp_path):
     assert not tune.Tuner.can_restore(tmp_path)
     with pytest.raises(ConfigError, match="HINT"):
         tune.Tuner.restore(str(tmp_path), trainable=quadratic)
+    # a sweep's own directory on S3 is refused at once, saying where S3 does work
+    with pytest.raises(ConfigError, match=r"HINT.*Train runs can still store on S3"):
+        tune.Tuner(quadratic, run_config=tune.RunConfig(storage_path="s3://bucket/sweeps"))
+    assert not tune.Tuner.can_restore("s3://bucket/sweeps/s")
+    with pytest.raises(ConfigError, match="local or mounted path"):
+        tune.Tuner.restore("s3://bucket/sweeps/s", trainable=quadratic)
 
 
 def test_ctrl_c_ends_every_trial_at_its_next_report_and_restore_goes_on(tmp_path):

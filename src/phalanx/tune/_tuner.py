@@ -172,6 +172,9 @@ class Tuner:
             grid = tuner.fit()
         """
         path = os.fspath(path)
+        if path.startswith("file://"):
+            path = path[len("file://") :]
+        _local_storage(path)  # a sweep on S3: the same error as Tuner(storage_path=...)
         if not cls.can_restore(path):
             raise ConfigError(
                 f"Tuner.restore({path!r}): no sweep to restore there (it needs {TUNER_FILE} and "
@@ -228,7 +231,10 @@ def _local_storage(storage_path: str | None) -> str:
         path = path[len("file://") :]
     if "://" in path:
         raise ConfigError(
-            f"RunConfig(storage_path={path!r}): sweeps live on a local or mounted path for "
-            "now.\nHINT: use a local directory (a mounted shared filesystem for several hosts)."
+            f"RunConfig(storage_path={path!r}): a sweep's own directory (its state, "
+            f"{TUNER_FILE}, function trainables' checkpoints) is on a local or mounted path "
+            "for now.\nHINT: use a local directory (a mounted shared filesystem for several "
+            "hosts); the trials' Train runs can still store on S3: give the Trainer's "
+            "RunConfig(storage_path='s3://...')."
         )
     return os.path.abspath(os.path.expanduser(path))
