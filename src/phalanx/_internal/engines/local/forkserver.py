@@ -8,6 +8,8 @@ single-threaded, forking it is safe even when the driver runs threads.
 Life and death:
 - the server dies with the driver: it gets SIGKILL when the driver dies (parent-death signal),
   and it also notices EOF on its socket to the driver;
+- it holds none of the driver's descriptors but stdio and its socket (the others are made
+  /dev/null as it starts): the fork copied those of every thread of the driver;
 - when the server ends for any reason it SIGKILLs every worker's process group; workers
   also carry a parent-death signal, so none can outlive it;
 - each worker is the leader of its own process group, so a terminal's Ctrl-C reaches only the
