@@ -1,6 +1,7 @@
 """``phalanx profile <run> --rank R --seconds N`` on a running run: a py-spy flame graph of that
-rank's process and a torch.profiler trace of its next steps land in the run directory, on the
-local and Ray engines; a rank that does not exist, or a run that is not running, is refused."""
+rank's process lands in the run directory, and nothing else (the default); with ``--torch`` a
+torch.profiler trace of its next steps too; on the local and Ray engines. A rank that does not
+exist, a run that is not running, or ``--steps`` without ``--torch`` is refused."""
 
 from __future__ import annotations
 
@@ -43,15 +44,26 @@ def profiled_loop(config):
             return
 
 
-def test_a_flame_graph_and_a_trace_of_one_running_rank(storage, tmp_path, capsys):
-    profile_a_running_rank(storage, tmp_path, capsys, "local")
+def test_a_flame_graph_and_then_a_trace_of_one_running_rank(storage, tmp_path, capsys):
+    profile_a_running_rank(storage, tmp_path, capsys, "local", torch_too=True)
+    # the same run once it ended (one run for both: suite time)
+    run_dir = os.path.join(storage, "profiled")
+    assert cli_main(["profile", run_dir, "--rank", "2"]) == 2
+    assert "there is no rank 2" in capsys.readouterr().err
+    assert cli_main(["profile", run_dir, "--rank", "1", "--seconds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "is not running" in err and "HINT:" in err
+    assert cli_main(["profile", run_dir, "--steps", "5"]) == 2  # the trace's length, no trace
+    err = capsys.readouterr().err
+    assert "only --torch takes" in err and "HINT: phalanx profile <run> --torch --steps 5" in err
 
 
 def test_on_the_ray_engine(storage, tmp_path, capsys, local_ray):
-    profile_a_running_rank(storage, tmp_path, capsys, "ray")
+    profile_a_running_rank(storage, tmp_path, capsys, "ray", torch_too=False)
 
 
-def profile_a_running_rank(storage, tmp_path, capsys, engine):
+def profile_a_running_rank(storage, tmp_path, capsys, engine, torch_too):
+    """The default capture (py-spy alone); then, with ``torch_too``, ``--torch`` on the same run."""
     started, stop = str(tmp_path / "started"), str(tmp_path / "stop")
     trainer = TorchTrainer(
         profiled_loop,
@@ -65,42 +77,45 @@ def profile_a_running_rank(storage, tmp_path, capsys, engine):
     )
     runner, outcome = fit_in_thread(trainer)
     run_dir = os.path.join(storage, "profiled")
+    profile_dir = os.path.join(run_dir, "profile")
     try:
         wait_for_file(started, timeout_s=120)
-        with open(os.path.join(run_dir, "profile", "workers.json")) as f:
+        with open(os.path.join(profile_dir, "workers.json")) as f:
             pid = json.load(f)["workers"][1]["pid"]
         capsys.readouterr()
-        code = cli_main(["profile", run_dir, "--rank", "1", "--seconds", "1", "--steps", "3"])
+        code = cli_main(["profile", run_dir, "--rank", "1", "--seconds", "1"])
         said = capsys.readouterr()
         assert code == 0, said.err
+        # the default is py-spy alone: no trace asked of the rank, none taken
+        assert set(os.listdir(profile_dir)) - {"workers.json"} == {flame_of(said.out)}
+        assert "torch.profiler" not in said.out
+        if torch_too:
+            code = cli_main(
+                ["profile", run_dir, "--rank", "1", "--seconds", "1", "--torch", "--steps", "3"]
+            )
+            traced = capsys.readouterr()
+            assert code == 0, traced.err
     finally:
         open(stop, "w").close()
     fit_result(runner, outcome, 120)
     assert f"profiling rank 1 (pid {pid} on " in said.out
-    files = sorted(os.listdir(os.path.join(run_dir, "profile")))
-    [flame] = [f for f in files if f.endswith(".svg")]
-    [trace] = [f for f in files if f.endswith(".trace.json")]
-    assert flame.startswith("rank-1-") and f"wrote {os.path.join(run_dir, 'profile', flame)}" in (
-        said.out
-    )
-    with open(os.path.join(run_dir, "profile", flame)) as f:
+    with open(os.path.join(profile_dir, flame_of(said.out))) as f:
         assert "profiled_loop" in f.read()  # the training function's own frames
-    with open(os.path.join(run_dir, "profile", trace)) as f:
+    if not torch_too:
+        return
+    assert "and its next 3 steps with torch.profiler" in traced.out
+    [trace] = [f for f in os.listdir(profile_dir) if f.endswith(".trace.json")]
+    assert trace.startswith("rank-1-") and f"wrote {os.path.join(profile_dir, trace)}" in traced.out
+    with open(os.path.join(profile_dir, trace)) as f:
         events = json.load(f)["traceEvents"]
     assert any(e.get("name", "").startswith("aten::") for e in events)  # torch's own ops
     marks = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
     assert len(marks) == 3, marks  # each of the 3 steps asked for, report() to report()
 
 
-def test_a_rank_that_does_not_exist_or_a_run_that_ended_is_refused(storage, capsys):
-    TorchTrainer(
-        lambda config: train.report({"step": 0}),
-        scaling_config=ScalingConfig(num_workers=2, engine="local"),
-        run_config=RunConfig(name="ended", storage_path=storage, verbose=0),
-    ).fit()
-    run_dir = os.path.join(storage, "ended")
-    assert cli_main(["profile", run_dir, "--rank", "2"]) == 2
-    assert "there is no rank 2" in capsys.readouterr().err
-    assert cli_main(["profile", run_dir, "--rank", "1", "--seconds", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "is not running" in err and "HINT:" in err
+def flame_of(said: str) -> str:
+    """The flame graph's file name, from the command's ``wrote <path>`` line."""
+    [path] = [line.split(" ", 1)[1] for line in said.splitlines() if line.endswith(".svg")]
+    name = os.path.basename(path)
+    assert name.startswith("rank-1-"), name
+    return name

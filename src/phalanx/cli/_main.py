@@ -7,7 +7,7 @@ phalanx plot <run>... [--metric M ...] [-o FILE]     metric curves (FILE: .png/.
 phalanx compare <run> <run>...                       configs and metrics side by side
 phalanx metrics <run> [--all-ranks]                  the full metrics history as a table
 phalanx serve <checkpoint or run> [--port P] [--ray]  answer HTTP requests with the model
-phalanx profile <run> [--rank R] [--seconds N]       flame graph + torch.profiler trace of a rank
+phalanx profile <run> [--rank R] [--seconds N]       a rank's flame graph (--torch: + a trace)
 phalanx migrate <path>... [--write | --check]        port Ray Train code to phalanx
 phalanx ui [<storage_path>] [--port P]               the runs in a browser (charts, logs, live)
 

@@ -1,13 +1,14 @@
-"""``phalanx profile``'s files in a run directory, and the worker's side of a capture.
+"""``phalanx profile``'s files in a run directory, and the worker's side of a ``--torch`` capture.
 
 The driver writes ``<run>/profile/workers.json`` when an attempt's workers are up: each rank's
-host and pid, so that the CLI knows which process to point py-spy at. The CLI asks a rank for a
-``torch.profiler`` trace of its next steps by writing ``<run>/profile/rank-<R>.request``
-(``{"id": ..., "steps": N}``); the rank looks for that file from ``report()``, at most once a
-second (one ``stat``), takes it, profiles its next N reports' steps and writes
-``<run>/profile/rank-<R>-<id>.trace.json`` (a Chrome trace: chrome://tracing, Perfetto,
-TensorBoard). Nothing when torch is not imported by the training function (py-spy's flame graph
-is still taken), and nothing on remote storage (the files are on the run's host).
+host and pid, so that the CLI knows which process to point py-spy at. With ``--torch`` the CLI
+asks a rank for a ``torch.profiler`` trace of its next steps by writing
+``<run>/profile/rank-<R>.request`` (``{"id": ..., "steps": N}``); the rank looks for that file
+from ``report()``, at most once a second (one ``stat``), takes it, profiles its next N reports'
+steps and writes ``<run>/profile/rank-<R>-<id>.trace.json`` (a Chrome trace: chrome://tracing,
+Perfetto, TensorBoard). When torch is not imported in the rank's process, the rank writes
+``rank-<R>-<id>.declined`` instead (the CLI says so; py-spy's flame graph is still taken).
+Nothing on remote storage (the files are on the run's host).
 
 The capture is torch.profiler's lightest that still shows what one reads in a trace: every
 operator and its time (CPU, and CUDA kernels where there is a GPU), and each step as a
@@ -28,7 +29,14 @@ import time
 from types import ModuleType
 from typing import Any
 
-__all__ = ["PROFILE_DIR", "ProfileWatch", "request_path", "trace_path", "workers_path"]
+__all__ = [
+    "PROFILE_DIR",
+    "ProfileWatch",
+    "declined_path",
+    "request_path",
+    "trace_path",
+    "workers_path",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +54,11 @@ def request_path(run_dir: str, rank: int) -> str:
 
 def trace_path(run_dir: str, rank: int, request_id: str) -> str:
     return os.path.join(run_dir, PROFILE_DIR, f"rank-{rank}-{request_id}.trace.json")
+
+
+def declined_path(run_dir: str, rank: int, request_id: str) -> str:
+    """Written instead of the trace by a rank whose training function does not use torch."""
+    return os.path.join(run_dir, PROFILE_DIR, f"rank-{rank}-{request_id}.declined")
 
 
 def write_workers(run_dir: str | None, attempt: int, workers: list[Any]) -> None:
@@ -104,7 +117,12 @@ class ProfileWatch:
 
     def _start(self, request_id: str, steps: int) -> None:
         torch = sys.modules.get("torch")
-        if torch is None:  # a training function without torch: py-spy's flame graph only
+        if torch is None:  # a training function without torch: say so to `phalanx profile`
+            assert self.run_dir is not None
+            try:
+                open(declined_path(self.run_dir, self.rank, request_id), "w").close()
+            except OSError:
+                pass
             return
         profiler = torch.profiler  # torch as the training function imported it
 
