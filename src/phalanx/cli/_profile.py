@@ -36,7 +36,9 @@ __all__ = ["add_parser", "profile", "spy_command"]
 
 Out = Callable[[str], None]
 TRACE_GRACE_S = 30.0  # after the flame graph, how long to wait for the trace's steps
-DEFAULT_RATE = 100  # py-spy's samples per second (bench/anatomy_profile.py: within 2 % at 100)
+# py-spy's samples per second: 500 in a 10 s capture; py-spy's own CPU ~2.7 % of a core beside the
+# rank (100 Hz, py-spy's default: ~4.5 %); the training thread's step alike at 20-100 Hz (B17c)
+DEFAULT_RATE = 50
 # Trainers whose training function does not use torch: --torch is refused up front for them.
 NOT_TORCH = (
     "XGBoostTrainer",
