@@ -1,10 +1,12 @@
 #!/usr/bin/env python
 """B17c: what ``phalanx profile`` costs the rank it profiles (issue 43: "the step time during a
-capture stays within 2 %"), on two models.
+capture stays within 2 %"), on two models: its default capture (py-spy alone) and the opt-in
+``--torch`` trace, as separate rows.
 
 Run from the repository root:
 
-    python bench/anatomy_profile.py                      # 3 reps, both models
+    python bench/anatomy_profile.py                      # 3 reps, both models (~8 min loaded)
+    python bench/anatomy_profile.py --rates 50,100,20 --spy-pairs 4   # py-spy's rates compared
     python bench/anatomy_profile.py --reps 1 --windows 2 --blocks 10 --out /tmp/b17c
 
 Models (``--width`` scales the MLP): ``mlp``, a 256-1024-1024-256 MLP, batch 64, SGD (~170
@@ -16,19 +18,24 @@ Systems, each for both models (``-block``: the transformer):
 
 - ``inproc``: one process, no DDP, one thread, interleaved blocks of 10 steps, off then on, on
   the training thread's CPU time per step (a busy machine's scheduling leaves it alone) and wall
-  time; ratio per pair, median over ``--blocks`` pairs. On: ``phalanx`` (the capture
-  ``phalanx profile`` takes: a request file, ``ProfileWatch.poll()`` after each step as
+  time; ratio per pair, median over ``--blocks`` pairs. The default capture: py-spy with
+  ``phalanx profile``'s own command (``spy_command``: ``--nonblocking``, Python frames only) at
+  each rate of ``--rates`` (the CLI's default, 50 Hz, and py-spy's own, 100), on and off in alternate 2 s blocks,
+  ``--spy-pairs`` pairs each. The opt-in ``--torch`` trace: ``phalanx`` (the capture
+  ``phalanx profile --torch`` takes: a request file, ``ProfileWatch.poll()`` after each step as
   ``report()`` calls it, the trace exported at the end), and, to show where the cost is,
-  torch.profiler's ``default`` (no schedule, Python events built at the end: the capture before
-  this change), ``shapes`` (record_shapes) and ``stack`` (with_stack); py-spy (100 Hz,
-  ``--nonblocking``) on and off in alternate 2 s blocks. Also: operators per step and the cost
+  torch.profiler's ``default`` (no schedule, Python events built at the end), ``shapes``
+  (record_shapes) and ``stack`` (with_stack). Also: operators per step and the cost
   per operator, and the one-off start and stop (stop: end the capture and write the trace, in
   the report() of the last traced step).
 - ``capture``: 2 local DDP workers train the model (report() every step) until told to stop;
-  the driver alternates ``--windows`` times a quiet window of ``--seconds`` and ``phalanx
-  profile <run> --rank 0 --seconds S --steps K``. Per window pair: rank 0's step p50 in the quiet
-  window against the p50 of the steps inside py-spy's window and of the steps torch.profiler
-  recorded (median over pairs). Wall time of a 2-rank fit: noisy under load (see inproc).
+  the driver runs ``--windows`` times a quiet window of ``--seconds``, ``phalanx profile <run>
+  --rank 0 --seconds S`` (the default: py-spy alone) and ``phalanx profile ... --torch --steps
+  K`` (the quiet window before the default capture in even windows, after it in odd ones). Per
+  window: rank 0's step p50 in the quiet window against the p50 of the steps inside the default
+  capture (from ``ATTACH_S`` after its start: py-spy's start-up is once) and of the steps
+  torch.profiler recorded (median over windows); and py-spy's own CPU (the driver's children's
+  rusage over the capture, start-up included). Wall time of a 2-rank fit: noisy under load (see inproc).
 
 Results: bench/results/anatomy_profile.{md,json}.
 """
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -47,8 +55,11 @@ from typing import Any
 
 import harness
 
+from phalanx.cli._profile import DEFAULT_RATE
+
 SYSTEMS = ("inproc", "inproc-block", "capture", "capture-block")
 WARMUP_STEPS = 20
+ATTACH_S = 0.3  # py-spy's start-up (it reads the binary's symbols), left out of its window
 BLOCK = 10  # steps per on or off block (inproc)
 VARIANTS = ("phalanx", "default", "shapes", "stack")
 
@@ -162,7 +173,9 @@ def inproc(args: argparse.Namespace, kind: str) -> dict[str, Any]:
             events = json.load(f)["traceEvents"]
     operators = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
     marks = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
-    sampled = _pyspy_pairs(steps)
+    rates = [int(rate) for rate in args.rates.split(",")]
+    sampled = _pyspy_pairs(steps, rates, args.spy_pairs)
+    default = sampled[str(rates[0])]
     per_step = len(operators) / BLOCK
     return {
         "model": kind,
@@ -175,8 +188,9 @@ def inproc(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         **{f"{v}_cpu_x": statistics.median(c for c, _, _ in pairs[v]) for v in VARIANTS},
         **{f"{v}_wall_x": statistics.median(w for _, w, _ in pairs[v]) for v in VARIANTS},
         "traced_cpu_x": statistics.median(c for c, _, _ in pairs["phalanx"]),
-        "pyspy_cpu_x": statistics.median(c for c, _, _ in sampled),
-        "pyspy_wall_x": statistics.median(w for _, w, _ in sampled),
+        "pyspy_cpu_x": statistics.median(p[0] for p in default),
+        "pyspy_wall_x": statistics.median(p[1] for p in default),
+        "pyspy_core": statistics.median(p[3] for p in default),
         "pairs": pairs,
         "pyspy_pairs": sampled,
     }
@@ -214,29 +228,44 @@ def _phalanx_capture(
     return 1000 * started, 1000 * stop[0]
 
 
-def _pyspy_pairs(steps: Steps) -> list[tuple[float, float, float]]:
-    """py-spy (``record --nonblocking`` on this process, 100 Hz) off and on in 2 s blocks."""
+def _pyspy_pairs(
+    steps: Steps, rates: list[int], pairs: int
+) -> dict[str, list[tuple[float, float, float, float]]]:
+    """py-spy, with ``phalanx profile``'s own command at each rate, off and on in 2 s blocks on
+    this process, the rates interleaved pair by pair: (CPU ratio, wall ratio, CPU added per
+    step, py-spy's own CPU seconds per second of capture)."""
     import shutil
     import subprocess
 
+    from phalanx.cli._profile import spy_command
+
     spy = shutil.which("py-spy")
-    sampled = []
+    if spy is None:
+        raise RuntimeError("py-spy is not installed (pip install py-spy)")
+    sampled: dict[str, list[tuple[float, float, float, float]]] = {str(r): [] for r in rates}
     with tempfile.TemporaryDirectory() as out:
-        for i in range(2):
-            ended, n_off = time.monotonic() + 2.0, len(steps.cpu)
-            while time.monotonic() < ended:
-                steps.step()
-            n_off = len(steps.cpu) - n_off
-            command = [str(spy), "record", "--pid", str(os.getpid()), "--duration", "2"]
-            command += ["--nonblocking", "--output", f"{out}/{i}.svg"]
-            recording = subprocess.Popen(
-                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-            time.sleep(0.3)  # py-spy attaches
-            n_on = len(steps.cpu)
-            while recording.poll() is None:
-                steps.step()
-            sampled.append(steps.ratios(len(steps.cpu) - n_on, n_off))
+        for i in range(pairs):
+            for rate in rates:
+                ended, n_off = time.monotonic() + 2.0, len(steps.cpu)
+                while time.monotonic() < ended:
+                    steps.step()
+                n_off = len(steps.cpu) - n_off
+                command = spy_command(spy, os.getpid(), 2, rate, f"{out}/{rate}-{i}.svg")
+                recording = subprocess.Popen(
+                    command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+                time.sleep(ATTACH_S)  # py-spy attaches
+                n_on = len(steps.cpu)
+                while True:  # py-spy's own CPU time too: what it takes from a shared core
+                    pid, status, usage = os.wait4(recording.pid, os.WNOHANG)
+                    if pid:
+                        break
+                    steps.step()
+                recording.returncode = os.waitstatus_to_exitcode(status)
+                if recording.returncode != 0:
+                    raise RuntimeError(f"py-spy exited {recording.returncode}: {command}")
+                cpu, wall, added = steps.ratios(len(steps.cpu) - n_on, n_off)
+                sampled[str(rate)].append((cpu, wall, added, (usage.ru_utime + usage.ru_stime) / 2))
     return sampled
 
 
@@ -268,29 +297,41 @@ def capture(args: argparse.Namespace, kind: str) -> dict[str, Any]:
                 raise RuntimeError("the run did not start")
             time.sleep(0.1)
         run_dir = os.path.join(storage, "b17c")
-        windows: list[tuple[float, float, float, float]] = []
+        windows: list[tuple[float, float, float, float, float, float]] = []
+        spy_cpu: list[float] = []  # py-spy's own CPU seconds per second of capture
+        base = ["profile", run_dir, "--rank", "0", "--seconds", str(args.seconds)]
         try:
-            for _ in range(args.windows):
-                quiet = time.time()
-                time.sleep(args.seconds)
+            for i in range(args.windows):
+                # the quiet window before the default capture, then after it (order effects)
+                if i % 2 == 0:
+                    quiet = time.time()
+                    time.sleep(args.seconds)
                 began = time.time()
-                seconds, steps = str(args.seconds), str(args.steps)
-                code = cli_main(
-                    ["profile", run_dir, "--rank", "0", "--seconds", seconds, "--steps", steps]
-                )
-                if code != 0:
-                    raise RuntimeError(f"phalanx profile exited {code}")
-                windows.append((quiet, began, began + args.seconds, time.time()))
+                children = resource.getrusage(resource.RUSAGE_CHILDREN)
+                if cli_main(base) != 0:  # the default capture: py-spy alone
+                    raise RuntimeError("phalanx profile exited non-zero")
+                spied, after = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+                used = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+                spy_cpu.append(used / (spied - began))
+                if i % 2 == 1:
+                    quiet = time.time()
+                    time.sleep(args.seconds)
+                calm_end = quiet + args.seconds
+                torch_began = time.time()
+                if cli_main([*base, "--torch", "--steps", str(args.steps)]) != 0:
+                    raise RuntimeError("phalanx profile --torch exited non-zero")
+                # py-spy's steps from ATTACH_S on: its start-up (reading the binary) is once
+                windows.append((quiet, calm_end, began + ATTACH_S, spied, torch_began, time.time()))
         finally:
             open(stop, "w").close()
             runner.join(120)
         [result] = outcome
         steps: list[tuple[float, float, bool]] = result.return_value
     pairs = []
-    for quiet, began, spied, ended in windows:
-        calm = [d for end, d, _ in steps if quiet <= end - d and end <= began]
+    for quiet, calm_end, began, spied, torch_began, ended in windows:
+        calm = [d for end, d, _ in steps if quiet <= end - d and end <= calm_end]
         during = [d for end, d, on in steps if began <= end - d and end <= spied and not on]
-        traced = [d for end, d, on in steps if began <= end - d and end <= ended and on]
+        traced = [d for end, d, on in steps if torch_began <= end - d and end <= ended and on]
         base = statistics.median(calm)
         pairs.append(
             {
@@ -312,6 +353,7 @@ def capture(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         "quiet_ms": statistics.median(p["quiet_ms"] for p in pairs),
         "pyspy_x": ratios.get("pyspy"),
         "traced_x": ratios.get("traced"),
+        "pyspy_core": statistics.median(spy_cpu),
         "pairs": pairs,
     }
 
@@ -369,28 +411,38 @@ def _mid(values: list[float], digits: int = 3, unit: str = "x") -> str:
 
 
 def _inproc_lines(recs: list[dict[str, Any]]) -> list[str]:
-    """Per variant: the CPU and wall ratios over every pair of every rep."""
+    """Per capture: the CPU and wall ratios over every pair of every rep; the default capture
+    (py-spy alone) first, then the opt-in --torch trace."""
     what = {
-        "phalanx": "phalanx profile's capture (this change)",
-        "default": "torch.profiler default (the capture before)",
+        "phalanx": "`--torch`: phalanx profile's torch.profiler capture",
+        "default": "`--torch` alternatives: torch.profiler default",
         "shapes": "+ record_shapes",
         "stack": "+ with_stack",
     }
     lines = [
-        "| capture | CPU per step, on / off | wall per step, on / off |",
-        "| --- | --- | --- |",
+        "| capture | CPU per step, on / off | wall per step, on / off | profiler's own CPU |",
+        "| --- | --- | --- | --- |",
     ]
+    rates = list(recs[0]["pyspy_pairs"])
+    for rate in rates:
+        spy = [p for r in recs for p in r["pyspy_pairs"][rate]]
+        default = int(rate) == DEFAULT_RATE
+        name = f"**default: py-spy {rate} Hz**" if default else f"py-spy {rate} Hz"
+        core = _mid([100 * p[3] for p in spy], 1, " % of a core")
+        lines.append(
+            f"| {name} | {_mid([p[0] for p in spy])} | {_mid([p[1] for p in spy])} | {core} |"
+        )
     for v in VARIANTS:
         pairs = [p for r in recs for p in r["pairs"][v]]
         lines.append(
-            f"| {what[v]} | {_mid([c for c, _, _ in pairs])} | {_mid([w for _, w, _ in pairs])} |"
+            f"| {what[v]} | {_mid([c for c, _, _ in pairs])} | {_mid([w for _, w, _ in pairs])} "
+            "| in the training thread |"
         )
-    spy = [p for r in recs for p in r["pyspy_pairs"]]
-    lines.append(
-        f"| py-spy 100 Hz (2 s blocks) | {_mid([c for c, _, _ in spy])} | "
-        f"{_mid([w for _, w, _ in spy])} |"
-    )
     lines += [
+        "",
+        "py-spy: `--nonblocking`, Python frames only, on and off in alternate 2 s blocks, the "
+        "rates interleaved; its own CPU (its process's user + system time per second of "
+        "capture) runs beside the rank: on a host with a core to spare the rank does not pay it.",
         "",
         f"Step {_mid([r['step_ms'] for r in recs], 2, ' ms')} CPU; "
         f"{_mid([r['operators_per_step'] for r in recs], 0, '')} operators per step in the "
@@ -406,8 +458,8 @@ def _inproc_lines(recs: list[dict[str, Any]]) -> list[str]:
 
 def _capture_lines(recs: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| rep | window | quiet p50 ms (steps) | during py-spy p50 ms (steps) | ratio | "
-        "torch.profiler steps p50 ms (steps) | ratio |",
+        "| rep | window | quiet p50 ms (steps) | default capture (py-spy) p50 ms (steps) | ratio | "
+        "`--torch` traced steps p50 ms (steps) | ratio |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for rec in recs:
@@ -426,10 +478,17 @@ def _capture_lines(recs: list[dict[str, Any]]) -> list[str]:
                 f"{cell('traced')} | {x('traced')} |"
             )
     every = [p for rec in recs for p in rec["pairs"]]
-    for key, what in (("pyspy", "during py-spy"), ("traced", "torch.profiler steps")):
+    for key, what in (("pyspy", "default capture (py-spy)"), ("traced", "`--torch` traced steps")):
         ratios = [p[f"{key}_ms"] / p["quiet_ms"] for p in every if p[f"{key}_ms"]]
         if ratios:
             lines += ["", f"{what} / quiet, median over {len(ratios)} window pairs: {_mid(ratios)}"]
+    cores = [100 * rec["pyspy_core"] for rec in recs if rec.get("pyspy_core") is not None]
+    lines += [
+        "",
+        f"py-spy's own CPU during the default capture: {_mid(cores, 1, ' % of a core')} (its "
+        f"start-up included; the steps of its first {ATTACH_S} s are left out of its window, and "
+        "the quiet window is before the capture in even windows, after it in odd ones)",
+    ]
     return [*lines, ""]
 
 
@@ -438,19 +497,26 @@ def workload(meta: dict[str, Any]) -> list[str]:
         f"- models: mlp {meta['width']}-{4 * meta['width']}-{4 * meta['width']}-"
         f"{meta['width']}, batch 64, SGD; block: a transformer encoder layer (128, 4 heads, 512), "
         "batch 8 x 32 tokens, AdamW; one thread",
-        f"- inproc: {meta['blocks']} pairs of {BLOCK}-step blocks per variant; capture: 2 local "
-        f"DDP workers (gloo), report() every step, {meta['windows']} pairs per rep of a "
-        f"{meta['seconds']} s quiet window and `phalanx profile --rank 0 --seconds "
-        f"{meta['seconds']} --steps {meta['steps']}`",
+        f"- inproc: py-spy at {meta['rates']} Hz, {meta['spy_pairs']} pairs "
+        f"of 2 s blocks per rate; {meta['blocks']} pairs of {BLOCK}-step blocks per torch "
+        f"variant; capture: 2 local DDP workers (gloo), report() every step, {meta['windows']} "
+        f"windows per rep: {meta['seconds']} s quiet, `phalanx profile --rank 0 --seconds "
+        f"{meta['seconds']}`, then the same with `--torch --steps {meta['steps']}`",
     ]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--windows", type=int, default=3)
-    parser.add_argument("--seconds", type=int, default=4)
+    parser.add_argument("--windows", type=int, default=2)
+    parser.add_argument("--seconds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--blocks", type=int, default=20, help="inproc: block pairs")
+    parser.add_argument("--blocks", type=int, default=10, help="inproc: torch block pairs")
+    parser.add_argument(
+        "--rates",
+        default=f"{DEFAULT_RATE},100",
+        help="inproc: py-spy rates (Hz), phalanx profile's default first",
+    )
+    parser.add_argument("--spy-pairs", type=int, default=3, help="inproc: py-spy pairs per rate")
 
 
 BENCH = harness.Bench.of(
@@ -458,7 +524,14 @@ BENCH = harness.Bench.of(
     name="anatomy_profile",
     title="B17c: the step time of a rank during `phalanx profile`",
     systems=SYSTEMS,
-    summary_keys=("traced_cpu_x", "us_per_operator", "pyspy_cpu_x", "traced_x", "pyspy_x"),
+    summary_keys=(
+        "pyspy_cpu_x",
+        "pyspy_core",
+        "traced_cpu_x",
+        "us_per_operator",
+        "pyspy_x",
+        "traced_x",
+    ),
     reps=3,
     timeout_s=600.0,
 )
