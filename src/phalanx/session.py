@@ -127,7 +127,9 @@ def get_dataset_shard(dataset_name: str | None = None) -> Any:
         for batch in shard.iter_torch_batches(batch_size=64):
             ...
     """
-    shards = require_session("get_dataset_shard").dataset_shards
+    session = require_session("get_dataset_shard")
+    session.shards_taken = True
+    shards = session.dataset_shards
     name = dataset_name
     if name is None:
         if not shards:

@@ -119,7 +119,7 @@ def _dataset_loop(config: dict[str, Any]) -> None:
             opt.step()
             state["step"] += 1
             log.write(f"{attempt} {state['step']} {os.getpid()} {kind} {epoch} {ids}\n")
-            save = state["step"] % EVERY == 0
+            save = state["step"] in config.get("save_at", range(EVERY, 10 * EVERY, EVERY))
             train.report(
                 {"step": state["step"]},
                 checkpoint=save_state(state, blocking=True) if save else None,
@@ -253,25 +253,34 @@ def test_three_ranks_resume_at_the_failed_step_as_a_restart_there_from_the_same_
     assert peer.return_value == restarted.return_value
 
 
-def test_a_phalanx_dataset_resumes_from_the_checkpoint_with_every_sample_once(tmp_path):
-    """A phalanx dataset's shards are planned by the driver from the committed checkpoint, so
-    its runs do not recover to the failed step: they go back to the checkpoint (issue 44 says
-    so), and the steps kept (attempt 0's up to it, then attempt 1's) train every sample once
-    per epoch."""
-    result, lines = _fit(tmp_path, "dataset", 2, loop=_dataset_loop, kill=[1, 0, 14])
+def test_a_phalanx_dataset_resumes_at_the_failed_step_with_every_sample_once(tmp_path):
+    """The driver plans the restarted attempt's shards from its last complete round (step 13,
+    which both ranks reported before rank 1 died starting step 14), as well as from the
+    checkpoint (step 10): the ranks recover to step 13 from the survivor's state and read the
+    shards that continue there, so the steps kept (attempt 0's up to 13, then attempt 1's)
+    train every sample once per epoch; the checkpoint of step 16, after the recovery, stores
+    the position those shards reached."""
+    from phalanx._internal.worker.data_position import read_record
+
+    result, lines = _fit(
+        tmp_path, "dataset", 2, loop=_dataset_loop, kill=[1, 0, 14], save_at=[10, 16]
+    )
     assert result.attempts == 2
     for rank in ("0", "1"):
         after = _attempt(lines[rank], 1)
-        assert int(after[0][1]) == 11 and {line[3] for line in after} == {"Checkpoint"}
+        assert int(after[0][1]) == 14 and {line[3] for line in after} == {"PeerCheckpoint"}
     kept = [
         (int(line[4]), int(i))
         for rank in ("0", "1")
         for line in lines[rank]
-        if (line[0], int(line[1]) <= EVERY) in {("0", True), ("1", False)}
+        if line[0] == "1" or int(line[1]) < 14
         for i in line[5].strip("[]\n").split(",")
     ]
     for epoch in range(EPOCHS):
         assert sorted(i for e, i in kept if e == epoch) == list(range(SIZE))
+    assert _steps(result) == list(range(1, 6 * EPOCHS + 1))
+    record = (read_record(result.checkpoint) or {})["dataset/train"]
+    assert (record["epoch"], record["consumed"]) == (2, 4 * 2 * BATCH)  # steps 13-16 of 18
 
 
 def test_the_offer_is_the_newest_round_every_survivor_holds_with_each_ranks_position():

@@ -21,13 +21,20 @@ class DatasetShards:
         self.config = config
         self.preprocessor = preprocessor
         self._attempt_shards: list[dict[str, Any]] = []
+        self._peer: tuple[int, list[dict[str, Any]]] | None = None  # make_shards(peer=round)
         self._told_not_resumed: set[str] = set()
 
     def __call__(
-        self, world_size: int, resume: dict[str, dict[str, Any]] | None = None
+        self,
+        world_size: int,
+        resume: dict[str, dict[str, Any]] | None = None,
+        peer: int | None = None,
     ) -> list[dict[str, Any]]:
         """``resume``: the stored position of each dataset (by name) when the attempt starts
-        from a checkpoint; None for a fresh start."""
+        from a checkpoint; None for a fresh start. ``peer``: these shards continue after
+        round ``peer`` (the ranks may recover there from the survivors' state); the attempt's
+        positions count on them only if its first report follows that round
+        (``first_report``)."""
         if not self.datasets:
             return [{} for _ in range(world_size)]
         from phalanx.data._ingest import shard_datasets
@@ -40,7 +47,10 @@ class DatasetShards:
         # Ray Data's split coordinator (an actor owned here) lives while this process holds
         # the iterators: the workers' pickled copies do not count. Keep them for the attempt.
         # They are also the shards whose rows the ranks' positions count (``combine``).
-        self._attempt_shards = shards
+        if peer is None:
+            self._attempt_shards, self._peer = shards, None
+        else:
+            self._peer = (peer, shards)
         if self.preprocessor is None:
             return shards
         from phalanx.preprocess._attach import preprocess_shards
@@ -69,6 +79,10 @@ class DatasetShards:
 
         shards = [rank[name] for rank in self._attempt_shards]
         return combine(shards, states)
+
+    def first_report(self, index: int) -> None:
+        if self._peer is not None and index == self._peer[0] + 1:
+            self._attempt_shards = self._peer[1]  # the ranks recovered to the failed step
 
     def describe(self, name: str, record: dict[str, Any]) -> str:
         from phalanx.data._position import describe

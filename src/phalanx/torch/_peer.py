@@ -14,15 +14,18 @@ failed is trained again). The first ``get_checkpoint()`` returns a :class:`PeerC
 ``load_state`` with it restores a survivor from its own snapshot and hands the state from one
 survivor to the new ranks, into their live tensors (``_handover``: shared memory on one host,
 else a gloo group of their own). The data positions of that round go with it: each
-prepared DataLoader continues where the round left it.
+prepared DataLoader continues where the round left it; a phalanx dataset's shards are planned
+by the driver, which also plans, from its last complete round (every rank reported it), the
+shards that continue there (``SessionSpec.peer_shards``): the offer is then that round, and
+the session reads those shards instead of the checkpoint's.
 
 No offer (the state is restored from the committed checkpoint, as before) when: no rank
 survived, the loop never named a state, the state is sharded (FSDP2 DTensors: a lost rank's
-shard exists nowhere else), the run reads a phalanx dataset (its shards are planned by the
-driver from the committed checkpoint) or an iterable DataLoader, a DataLoader was prepared
-before ``get_checkpoint()``, or the previous offer's attempt failed before its first
-``report()`` (a second failure during the hand-over). Nothing of a peer state is ever written
-as a checkpoint.
+shard exists nowhere else), the run reads an iterable DataLoader, or a phalanx dataset whose
+position at the driver's last complete round is unknown or no longer held by a survivor, a
+DataLoader was prepared or a dataset shard taken before ``get_checkpoint()``, or the previous
+offer's attempt failed before its first ``report()`` (a second failure during the hand-over).
+Nothing of a peer state is ever written as a checkpoint.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import torch.distributed as dist
 
 from phalanx._foundation import env
 from phalanx._internal.worker import session as session_module
+from phalanx._internal.worker.data_position import DATASET_PREFIX, dataset_key
 from phalanx._internal.worker.session import Session
 from phalanx.checkpoint import Checkpoint
 from phalanx.torch import _handover
@@ -245,6 +249,9 @@ def _provide(session: Session) -> Checkpoint | None:
                 "before prepare_data_loader()."
             )
         return None
+    if not _follow_the_shards(session):
+        keeper.drop()
+        return None
     keeper.pending_offer = offer.tag
     if rank == 0:
         logger.warning(
@@ -266,22 +273,54 @@ def _provide(session: Session) -> Checkpoint | None:
     return PeerCheckpoint(tempfile.mkdtemp(prefix="phalanx-peer-"), None, offer)
 
 
+def _follow_the_shards(session: Session) -> bool:
+    """Switch the session to the dataset shards that continue after the offered round (the
+    driver planned them), unless a shard was already taken (False: resume from storage)."""
+    peer = session.peer_shards
+    if peer is None or peer[1] is session.dataset_shards:
+        return True
+    if session.shards_taken:  # the same on every rank: they run the same code
+        if session.context.world_rank == 0:
+            logger.warning(
+                "Recovery to the failed step is not possible: get_dataset_shard() was called "
+                "before get_checkpoint(), so its shard could not continue from the recovered "
+                "step. The run resumes from the last committed checkpoint.\nHINT: call "
+                "get_checkpoint() before get_dataset_shard()."
+            )
+        return False
+    session.dataset_shards.update(peer[1])  # the context holds the same dict
+    for name, shard in peer[1].items():
+        if callable(getattr(shard, "position_state", None)):
+            session.data_positions.track(dataset_key(name), shard)
+    return True
+
+
 def _answer(session: Session, keeper: _Keeper) -> dict[str, Any]:
     """What this rank tells the others: the rounds it holds and their positions, or why the
     run cannot recover to the failed step."""
     refused = keeper.refused
     if keeper.pending_offer is not None:
         refused = "the attempt that received the last hand-over failed before its first step"
-    elif session.dataset_shards:
-        refused = "the run reads a phalanx dataset, whose shards restart from the checkpoint"
+    elif session.dataset_shards and session.peer_shards is None:
+        refused = (
+            "the run reads a dataset whose position at the last step every rank completed is "
+            "unknown to the driver, so its shards restart from the checkpoint"
+        )
+    tags = sorted(keeper.held())
+    if refused is None and session.dataset_shards and session.peer_shards is not None:
+        planned = session.peer_shards[0]  # the round the driver planned the shards after
+        if tags and not (tags := [t for t in tags if t[1] == planned]):
+            refused = f"it no longer holds round {planned}, which the driver planned the data for"
     if refused is not None:
         keeper.drop()
         return {"refused": refused, "held": []}
     held = []
-    for tag in sorted(keeper.held()):
+    for tag in tags:
         slot = keeper.slot_of(tag)
         assert slot is not None
-        positions = slot.positions or {}
+        positions = {  # a dataset's: the driver's (peer_shards)
+            k: v for k, v in (slot.positions or {}).items() if not k.startswith(DATASET_PREFIX)
+        }
         if any(s.get("kind") != "map" for s in positions.values()):
             keeper.drop()  # an iterable loader's state is its own rank's only
             return {"refused": "an iterable DataLoader's position is its rank's own", "held": []}

@@ -35,6 +35,7 @@ from phalanx._internal.controller.hooks import notify, notify_goodput
 from phalanx._internal.controller.intake import EventIntake
 from phalanx._internal.controller.launch import (
     group_spec,
+    peer_record,
     prepare_workers,
     session_specs,
     start_training,
@@ -192,6 +193,7 @@ class Controller:
                 self._resize_attempt(attempt, len(group))
             checkpoint = self.manager.latest_checkpoint or self.spec.resume_from_checkpoint
             record = self.commits.resume_record(checkpoint)
+            peer = peer_record(self.spec, attempt.rounds)  # before the new attempt's shards
             specs = session_specs(
                 self.spec,
                 self.storage,
@@ -200,6 +202,7 @@ class Controller:
                 self.manager.next_round,
                 attempt.index,
                 record,
+                peer,
             )
             group.execute_per_rank(init_session, [(s,) for s in specs])
             prepare_workers(self.engine, group, self.spec, self.backend)

@@ -64,6 +64,8 @@ class EventIntake:
     def on_event(self, attempt: Attempt, rank: int, event: messages.Event) -> None:
         match event:
             case messages.Report(round=index, metrics=metrics, validation=validation):
+                if not any(attempt.rounds.counts):  # the shards of the round the ranks resumed
+                    self.commits.spec.dataset_positions.first_report(index)
                 attempt.rounds.add(rank, round_report(event))
                 self.goodput.report(rank, event.time, event.started)
                 self.history.add_rank_report(rank, index, metrics)  # every report, complete or not

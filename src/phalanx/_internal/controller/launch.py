@@ -4,22 +4,26 @@ setup and the training call. Plain functions of what the controller hands them."
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from phalanx._internal.controller.rounds import ReportRounds
 from phalanx._internal.controller.spec import RunSpec
 from phalanx._internal.engines.base import Engine, WorkerGroupSpec
 from phalanx._internal.engines.messages import CallDone, Events
 from phalanx._internal.storage.run_storage import RunStorage
-from phalanx._internal.worker.data_position import dataset_records
+from phalanx._internal.worker.data_position import Record, build_record, dataset_records
 from phalanx._internal.worker.session import SessionSpec, run_train_fn
 from phalanx._internal.worker.storage_context import StorageContext
 from phalanx._internal.worker_group.group import WorkerGroup
 from phalanx.backend import Backend
 from phalanx.checkpoint import Checkpoint
 from phalanx.context import TrainContext
+
+logger = logging.getLogger(__name__)
 
 
 def group_spec(spec: RunSpec, storage: RunStorage, attempt_index: int) -> WorkerGroupSpec:
@@ -73,14 +77,20 @@ def session_specs(
     next_round: int,
     attempt_index: int,
     data_record: dict[str, Any] | None = None,
+    peer: tuple[int, Record] | None = None,
 ) -> list[SessionSpec]:
     """Each rank's session: its context, the checkpoint to resume from, its dataset shards.
     ``data_record``: the data positions stored with ``checkpoint`` (None: the data starts
-    afresh; empty: the checkpoint stored none)."""
+    afresh; empty: the checkpoint stored none). ``peer``: the round the ranks may recover to
+    from the survivors' state and the data positions at it (``peer_record``): each rank also
+    gets the shards that continue there, for ``phalanx.torch._peer`` to switch to."""
     if data_record is None:
         shards = spec.make_shards(len(group))
     else:
         shards = spec.make_shards(len(group), resume=dataset_records(data_record))
+    peer_shards = shards
+    if peer is not None and peer[0] >= next_round:  # else the checkpoint's round: same shards
+        peer_shards = spec.make_shards(len(group), resume=dataset_records(peer[1]), peer=peer[0])
     specs = []
     for worker in group.workers:
         r = worker.ranks
@@ -106,9 +116,37 @@ def session_specs(
                 shards[worker.world_rank],
                 has_validation=spec.validation_config is not None,
                 data_record=data_record or None,
+                peer_shards=(peer[0], peer_shards[worker.world_rank]) if peer else None,
             )
         )
     return specs
+
+
+def peer_record(spec: RunSpec, rounds: ReportRounds) -> tuple[int, Record] | None:
+    """For a run that reads phalanx datasets: the failed attempt's last complete round (the
+    step every rank completed, which recovery from the survivors' state resumes after) and the
+    data positions at it, combined over the failed attempt's shards (call it before the new
+    attempt's are made). None: the run has no such datasets, or no position of that round."""
+    last = rounds.previous_complete()
+    if not spec.dataset_names or not spec.resume_data_position or last is None:
+        return None
+    index, positions = last
+    if any(p is None for p in positions):
+        return None
+    try:
+        record = build_record(positions, spec.dataset_positions.combine)
+    except Exception:  # the checkpoint's positions still hold: resume from there
+        logger.warning(
+            "Could not combine the ranks' data positions of round %d: the run resumes from the "
+            "last committed checkpoint, not the failed step.\nHINT: report this as a phalanx "
+            "bug with the traceback below.",
+            index,
+            exc_info=True,
+        )
+        return None
+    if set(dataset_records(record)) != set(spec.dataset_names):  # a ray.data.Dataset: no position
+        return None
+    return index, record
 
 
 def prepare_workers(engine: Engine, group: WorkerGroup, spec: RunSpec, backend: Backend) -> None:

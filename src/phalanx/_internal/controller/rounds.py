@@ -123,6 +123,14 @@ class ReportRounds:
                     self._carried.append(Round(carried, reports, list(self.positions)))
         self.start_round = self.next_round = index
 
+    def previous_complete(self) -> tuple[int, list[dict[str, Any] | None]] | None:
+        """The failed attempt's last complete round (every rank completed its step) and each
+        rank's data position at it; None: no failed attempt of this size, or none complete."""
+        previous = self._previous
+        if previous is None or previous.next_round == previous.start_round:
+            return None
+        return previous.next_round - 1, list(previous.positions)
+
     def reported_through(self, rank: int) -> int:
         """How many rounds of this attempt ``rank`` has reported."""
         return self.counts[rank]

@@ -19,7 +19,9 @@ from phalanx.config import RunConfig, ScalingConfig
 from phalanx.validation import ValidationConfig
 
 
-def no_shards(world_size: int, resume: Mapping[str, object] | None = None) -> list[dict[str, Any]]:
+def no_shards(
+    world_size: int, resume: Mapping[str, object] | None = None, peer: int | None = None
+) -> list[dict[str, Any]]:
     """``RunSpec.make_shards`` of a run without datasets."""
     return [{} for _ in range(world_size)]
 
@@ -41,6 +43,11 @@ class DatasetPositions(Protocol):
         """``"train epoch 3 76%"``, for the progress view."""
         ...
 
+    def first_report(self, index: int) -> None:
+        """The attempt's first report is round ``index``: if it continues the round the shards
+        made with ``make_shards(peer=round)`` start after, the ranks read those."""
+        ...
+
 
 class NoDatasetPositions:
     """``RunSpec.dataset_positions`` of a run without phalanx datasets."""
@@ -53,6 +60,9 @@ class NoDatasetPositions:
 
     def progress(self, name: str, record: dict[str, Any]) -> str:
         return name
+
+    def first_report(self, index: int) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,8 @@ class RunSpec:
     resume_from_checkpoint: Checkpoint | None = None
     # Each rank's dataset shards for a group of n ranks, called anew for every attempt (the
     # trainer's datasets, DataConfig and preprocessor live in it, not here); an attempt that
-    # starts from a checkpoint passes resume= (dataset name -> its stored record, maybe empty)
+    # starts from a checkpoint passes resume= (dataset name -> its stored record, maybe empty);
+    # peer=round: the shards that continue after that round, kept apart (``first_report``)
     make_shards: Callable[..., list[dict[str, Any]]] = no_shards
     dataset_positions: DatasetPositions = field(default_factory=NoDatasetPositions)
     resume_data_position: bool = True  # DataConfig(resume_position=False): start epochs over

@@ -82,6 +82,9 @@ class SessionSpec:
     has_validation: bool = False  # the trainer has a validation_config
     # The data positions stored with ``checkpoint`` (``data_position.read_record``), if any
     data_record: Record | None = None
+    # (round, this rank's shards continuing after it): what a recovery to the failed step
+    # (``phalanx.torch._peer``) reads instead of ``dataset_shards``; None: no such round
+    peer_shards: tuple[int, dict[str, Any]] | None = None
 
 
 # Recovery to the failed step (issue 44, ``phalanx.torch._peer``): ``checkpoint_providers`` are
@@ -101,6 +104,8 @@ class Session:
         self.collective_seq = 0  # phalanx.collective calls so far: calls match up by order
         self.latest_checkpoint = spec.checkpoint
         self.dataset_shards = spec.dataset_shards
+        self.peer_shards = spec.peer_shards
+        self.shards_taken = False  # get_dataset_shard() was called
         # Per session, not per process: on the thread engine every rank is a thread
         self.data_positions = _track_shards(DataPositions(spec.data_record), spec.dataset_shards)
         self.preemption: PreemptionInfo | None = None
