@@ -48,6 +48,9 @@ class Positions:
     def progress(self, name: str, record: dict[str, Any]) -> str:
         return f"{name} sample {record['cursor']}"
 
+    def first_report(self, index: int) -> None:
+        pass
+
 
 class Shards:
     """``RunSpec.make_shards``: remembers what each attempt was asked to resume from."""
