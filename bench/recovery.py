@@ -141,6 +141,7 @@ def _train(
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
+    extra = _extra_state(cfg, state)
     marks.update(t_loaded=time.time(), start_step=step, torch_threads=torch.get_num_threads(),
                  omp=os.environ.get("OMP_NUM_THREADS"))  # fmt: skip
     # The full epoch's batches per rank (a resumed phalanx loader's len() is the epoch's rest)
@@ -167,14 +168,26 @@ def _train(
                 _write_json(out / "kill.json", {"t_kill": time.time(), "step": step})
                 os.kill(os.getpid(), signal.SIGKILL)
             if step % cfg["ckpt_every"] == 0:
-                _save_and_report(rank, step, model, optimizer, loss.item(), report)
+                _save_and_report(rank, step, model, optimizer, loss.item(), report, extra)
     if rank == 0:
         marks.update(t_done=time.time(), end_step=step, final_loss=loss.item())
         _write_json(mark_file, marks)
 
 
+def _extra_state(cfg: dict[str, Any], state: Any) -> Any:
+    """--raytrain-state: the save_state systems' --state-mb of extra float32 state, kept in
+    Ray Train's checkpoints too (None otherwise), restored from ``state`` if given."""
+    import torch
+
+    if not (cfg.get("raytrain_state") and cfg["system"] == "raytrain"):
+        return None
+    if state is not None:
+        return state["extra"]
+    return torch.zeros(cfg["state_mb"] * (1 << 20) // 4)
+
+
 def _save_and_report(
-    rank: int, step: int, model: Any, optimizer: Any, loss: float, report: ReportFn
+    rank: int, step: int, model: Any, optimizer: Any, loss: float, report: ReportFn, extra: Any
 ) -> None:
     import torch
 
@@ -184,6 +197,8 @@ def _save_and_report(
         return
     with tempfile.TemporaryDirectory(prefix="phxb5-ckpt-") as d:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+        if extra is not None:
+            state["extra"] = extra
         torch.save(state, os.path.join(d, STATE_FILE))
         report(metrics, d)
 
@@ -494,6 +509,7 @@ def run_one(args: argparse.Namespace) -> Record:
         "ckpt_every": args.ckpt_every,
         "kill_step": args.kill_step,
         "state_mb": args.state_mb,
+        "raytrain_state": args.raytrain_state,
         "threads": 1,
         "out_dir": str(out),
         "detect_file": str(out / "detect.json"),
@@ -545,11 +561,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--state-mb", type=int, default=256, help="extra state of the save_state systems (MB)"
     )
+    p.add_argument(
+        "--raytrain-state",
+        action="store_true",
+        help="Ray Train's loop keeps --state-mb of extra state in its checkpoints too",
+    )
     p.add_argument("--torchrun-worker", help=argparse.SUPPRESS)
     p.add_argument("--trials", type=int, default=0, help="issue 44 trials mode: N seeded kills")
     p.add_argument("--trial-seed", type=int, default=0)
     p.add_argument("--trial-engines", default="local,ray")
-    p.add_argument("--trial-workers", type=int, default=2)
+    p.add_argument("--trial-workers", default="2,3", help="world sizes, e.g. 2,3")
 
 
 def workload(meta: Record) -> list[str]:
@@ -570,7 +591,13 @@ def workload(meta: Record) -> list[str]:
         f"{meta['state_mb']} MB of extra float32 state, every rank reporting every step, a "
         f"save_state checkpoint every {meta['ckpt_every']} steps; phalanx-peer resumes from the "
         "survivors' state (issue 44), phalanx-state from the checkpoint "
-        "(PHALANX_PEER_RECOVERY=0).",
+        "(PHALANX_PEER_RECOVERY=0)."
+        + (
+            f" raytrain (--raytrain-state): its checkpoints hold the same {meta['state_mb']} MB "
+            "too (torch.save by rank 0)."
+            if meta.get("raytrain_state")
+            else ""
+        ),
     ]
 
 
@@ -666,8 +693,9 @@ KILL_POINTS = ("start", "after-step")  # as the rank starts step k / after its s
 
 def _trial_loop(config: dict[str, Any]) -> list[float]:
     """A small deterministic DDP loop kept through save_state (a checkpoint every TRIAL_EVERY
-    steps, every rank reports every step); each report appended to ``<log>/<rank>`` as "attempt
-    step pid restored-from"; ``kill`` = [rank, step, point] SIGKILLs that rank in attempt 0."""
+    steps, and at step ``save_at``, every rank reports every step); each report appended to
+    ``<log>/<rank>`` as "attempt step pid restored-from"; ``kill`` = [rank, step, point]
+    SIGKILLs that rank in attempt 0."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -709,7 +737,7 @@ def _trial_loop(config: dict[str, Any]) -> list[float]:
             state["step"] += 1
             state["epoch"] = epoch
             log.write(f"{attempt} {state['step']} {os.getpid()} {kind}\n")
-            save = state["step"] % TRIAL_EVERY == 0
+            save = state["step"] % TRIAL_EVERY == 0 or state["step"] == config.get("save_at")
             phalanx.report(
                 {"step": state["step"]},
                 checkpoint=save_state(state, blocking=True) if save else None,
@@ -717,7 +745,9 @@ def _trial_loop(config: dict[str, Any]) -> list[float]:
     return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 
 
-def _trial_fit(engine: str, workers: int, tmp: Path, name: str, kill: list[Any] | None) -> Record:
+def _trial_fit(
+    engine: str, workers: int, tmp: Path, name: str, kill: list[Any] | None, save_at: int = 0
+) -> Record:
     import phalanx
     from phalanx.torch import TorchTrainer
 
@@ -726,7 +756,7 @@ def _trial_fit(engine: str, workers: int, tmp: Path, name: str, kill: list[Any] 
     started = time.perf_counter()
     result = TorchTrainer(
         _trial_loop,
-        train_loop_config={"log": str(log), "kill": kill},
+        train_loop_config={"log": str(log), "kill": kill, "save_at": save_at},
         scaling_config=phalanx.ScalingConfig(num_workers=workers, engine=engine),
         run_config=phalanx.RunConfig(
             name=name,
@@ -749,10 +779,22 @@ def _trial_fit(engine: str, workers: int, tmp: Path, name: str, kill: list[Any] 
     }
 
 
+def _restart_at(engine: str, workers: int, tmp: Path, name: str, step: int) -> Record:
+    """The reference of a trial with 3 or more ranks: a run restarted at ``step`` from the same
+    state (a checkpoint of step - 1, rank 1 killed as it starts ``step``, every worker replaced:
+    ``PHALANX_RESTORE_MODE=full``, read by the driver)."""
+    os.environ["PHALANX_RESTORE_MODE"] = "full"
+    try:
+        return _trial_fit(engine, workers, tmp, name, [1, step, "start"], save_at=step - 1)
+    finally:
+        del os.environ["PHALANX_RESTORE_MODE"]
+
+
 def _judge(trial: Record, reference: Record, workers: int) -> Record:
     """What a trial must show: one retry, every rank restored from its peers, at most the failed
-    step trained again, one metrics row per step, and (2 ranks) the weights of a run that never
-    failed, bitwise."""
+    step trained again, one metrics row per step, and the weights, bitwise, of a run that never
+    failed (2 ranks) or of a restart at the same step from the same state (``restart``: 3 or
+    more, where a re-created DDP's bucket order changes the allreduce's rounding)."""
     lines, total = trial["lines"], len(reference["rows"])
     before = {r: [int(ln[1]) for ln in lines[r] if ln[0] == "0"] for r in range(workers)}
     after = {r: [ln for ln in lines[r] if ln[0] == "1"] for r in range(workers)}
@@ -768,7 +810,8 @@ def _judge(trial: Record, reference: Record, workers: int) -> Record:
         "bitwise": trial["weights"] == reference["weights"],
     }
     if workers > 2:  # a re-created DDP's bucket order changes the rounding (issue 44)
-        checks.pop("bitwise")
+        restart = trial.get("restart")
+        checks["bitwise"] = restart is not None and trial["weights"] == restart["weights"]
     return {
         "steps_redone": (completed - first + 1) if first is not None else None,  # 0: none
         "resumed_at": first,
@@ -785,18 +828,17 @@ def run_trials(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
-    workers = args.trial_workers
-    total = -(-TRIAL_SIZE // workers // TRIAL_BATCH) * TRIAL_EPOCHS
+    sizes = [int(w) for w in str(args.trial_workers).split(",")]
     rng = random.Random(args.trial_seed)
-    kills = [[rng.randrange(workers), rng.randint(TRIAL_EVERY + 1, total - 1), rng.choice(KILL_POINTS)]
-             for _ in range(args.trials)]  # fmt: skip
+    kills = {w: [[rng.randrange(w), rng.randint(TRIAL_EVERY + 1, _steps(w) - 1), rng.choice(KILL_POINTS)]
+                 for _ in range(args.trials)] for w in sizes}  # fmt: skip
     meta: Record = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python", *sys.argv]),
         "machine": machine(),
         "versions": versions(),
-        "workers": workers,
-        "steps": total,
+        "workers": sizes,
+        "steps": {w: _steps(w) for w in sizes},
         "seed": args.trial_seed,
     }
     trials: list[Record] = []
@@ -804,19 +846,11 @@ def run_trials(args: argparse.Namespace) -> None:
         if engine == "ray":
             import ray
 
-            ray.init(address="local", num_cpus=workers + 1, include_dashboard=False,
+            ray.init(address="local", num_cpus=max(sizes) + 1, include_dashboard=False,
                      log_to_driver=False)  # fmt: skip
         try:
-            with tempfile.TemporaryDirectory(prefix=f"phx-trials-{engine}-") as d:
-                reference = _trial_fit(engine, workers, Path(d), "reference", None)
-                for i, kill in enumerate(kills):
-                    fit = {**_trial_fit(engine, workers, Path(d), f"trial{i}", kill), "kill": kill}
-                    judged = _judge(fit, reference, workers)
-                    rec = {"engine": engine, "trial": i, "kill": kill, "fit_s": fit["fit_s"],
-                           "error": fit["error"], **judged}  # fmt: skip
-                    trials.append(rec)
-                    print(f"{engine} trial {i}: kill rank {kill[0]} step {kill[1]} ({kill[2]}): "
-                          f"{'PASS' if rec['passed'] else 'FAIL'} {judged['checks']}", flush=True)  # fmt: skip
+            for workers in sizes:
+                trials += _trials_of(engine, workers, kills[workers])
         finally:
             if engine == "ray":
                 ray.shutdown()
@@ -831,6 +865,30 @@ def run_trials(args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
+def _steps(workers: int) -> int:
+    return -(-TRIAL_SIZE // workers // TRIAL_BATCH) * TRIAL_EPOCHS
+
+
+def _trials_of(engine: str, workers: int, kills: list[list[Any]]) -> list[Record]:
+    trials = []
+    with tempfile.TemporaryDirectory(prefix=f"phx-trials-{engine}-{workers}-") as d:
+        reference = _trial_fit(engine, workers, Path(d), "reference", None)
+        for i, kill in enumerate(kills):
+            fit = {**_trial_fit(engine, workers, Path(d), f"trial{i}", kill), "kill": kill}
+            first = min((int(ln[1]) for r in fit["lines"].values() for ln in r if ln[0] == "1"),
+                        default=None)  # fmt: skip
+            if workers > 2 and first is not None:
+                fit["restart"] = _restart_at(engine, workers, Path(d), f"restart{i}", first)
+            judged = _judge(fit, reference, workers)
+            rec = {"engine": engine, "workers": workers, "trial": i, "kill": kill,
+                   "fit_s": fit["fit_s"], "error": fit["error"], **judged}  # fmt: skip
+            trials.append(rec)
+            print(f"{engine} {workers} ranks trial {i}: kill rank {kill[0]} step {kill[1]} "
+                  f"({kill[2]}): {'PASS' if rec['passed'] else 'FAIL'} {judged['checks']}",
+                  flush=True)  # fmt: skip
+    return trials
+
+
 def _trials_report(trials: list[Record], meta: Record) -> list[str]:
     m, v = meta["machine"], meta["versions"]
     lines = [
@@ -840,31 +898,36 @@ def _trials_report(trials: list[Record], meta: Record) -> list[str]:
         f"- machine: {m['nproc']} CPUs, {m['memory_gib']} GiB, {m['cpu_model']}; load avg "
         f"{m['load_start']:.2f} at start, {m['load_end']:.2f} at end",
         f"- versions: Python {v['python']}, torch {v['torch']}, ray {v['ray']}",
-        f"- workload: MLP 8-16-1, DDP over gloo, {meta['workers']} ranks, {meta['steps']} steps, "
+        f"- workload: MLP 8-16-1, DDP over gloo, {meta['workers']} ranks "
+        f"({TRIAL_SIZE} samples, batch {TRIAL_BATCH}, {TRIAL_EPOCHS} epochs: steps "
+        f"{meta['steps']}), "
         f"save_state checkpoint every {TRIAL_EVERY} steps, every rank reports every step; "
         "each trial SIGKILLs one rank (seeded: rank, step, point 'start' = as it starts the "
         "step, 'after-step' = after its optimizer step, before its report; the step drawn after the "
         "first save_state, which names the state the survivors keep); max_failures=1",
         "- a trial passes when: one retry, every rank restored from a PeerCheckpoint, at most "
         "the failed step trained again, metrics rows 1..N once each (training_iteration = step), "
-        "final weights bitwise those of an uninterrupted run (2 ranks)",
+        "final weights bitwise those of an uninterrupted run (2 ranks) or of a run restarted "
+        "at the same step from the same state (3 ranks: a checkpoint there, every worker "
+        "replaced; a re-created DDP's buckets change the allreduce's rounding)",
         "",
-        "| engine | passed | steps trained again | failed checks |",
-        "|---|---|---|---|",
+        "| engine | ranks | passed | steps trained again | failed checks |",
+        "|---|---|---|---|---|",
     ]
-    for engine in dict.fromkeys(t["engine"] for t in trials):
-        mine = [t for t in trials if t["engine"] == engine]
+    for engine, workers in dict.fromkeys((t["engine"], t["workers"]) for t in trials):
+        mine = [t for t in trials if (t["engine"], t["workers"]) == (engine, workers)]
         passed = sum(t["passed"] for t in mine)
         redone = sorted({t["steps_redone"] for t in mine}, key=str)
         failed = sorted({k for t in mine for k, ok in t["checks"].items() if not ok})
         lines.append(
-            f"| {engine} | {passed} of {len(mine)} | {redone} | {', '.join(failed) or '-'} |"
+            f"| {engine} | {workers} | {passed} of {len(mine)} | {redone} | "
+            f"{', '.join(failed) or '-'} |"
         )
-    lines += ["", "| engine | trial | kill (rank, step, point) | steps again | fit s | result |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| engine | ranks | trial | kill (rank, step, point) | steps again | fit s | result |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for t in trials:
         bad = [k for k, ok in t["checks"].items() if not ok]
-        lines.append(f"| {t['engine']} | {t['trial']} | {tuple(t['kill'])} | {t['steps_redone']} | "
+        lines.append(f"| {t['engine']} | {t['workers']} | {t['trial']} | {tuple(t['kill'])} | {t['steps_redone']} | "
                      f"{t['fit_s']:.1f} | {'pass' if t['passed'] else 'FAIL: ' + ', '.join(bad)} |")  # fmt: skip
     return lines
 

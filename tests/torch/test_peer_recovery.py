@@ -354,3 +354,24 @@ def test_the_shared_snapshot_pool_reuses_its_buffers_and_does_not_grow_with_chan
         pool.compact()
         take_snapshot({"grows": torch.zeros(size + n)}, pool)
     assert len(pool.arenas) <= 2
+
+
+def test_a_dataset_run_offers_only_the_round_the_driver_planned_its_shards_after():
+    """The survivors of a run reading a phalanx dataset answer with the round the driver's
+    second plan continues after (its last complete one), not their newest; one that no longer
+    holds it, or a run whose driver had no such position, refuses with the reason."""
+    from types import SimpleNamespace
+
+    from phalanx.torch._peer import _answer, _Keeper
+
+    keeper = _Keeper()
+    for slot, step in zip(keeper.slots, (12, 13), strict=True):
+        slot.tag, slot.positions = (0, step), {"dataset/train": {"pass": 0, "consumed": step}}
+    shards = {"train": object()}
+    session = SimpleNamespace(dataset_shards=shards, peer_shards=(12, {"train": object()}))
+    assert _answer(session, keeper) == {"refused": None, "held": [{"tag": [0, 12], "positions": {}}]}  # fmt: skip
+    gone = SimpleNamespace(dataset_shards=shards, peer_shards=(11, shards))
+    assert "no longer holds round 11" in _answer(gone, keeper)["refused"]
+    assert keeper.held() == []  # dropped: the run resumes from the checkpoint
+    unknown = SimpleNamespace(dataset_shards=shards, peer_shards=None)
+    assert "unknown to the driver" in _answer(unknown, _Keeper())["refused"]
