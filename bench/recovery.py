@@ -571,6 +571,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trial-seed", type=int, default=0)
     p.add_argument("--trial-engines", default="local,ray")
     p.add_argument("--trial-workers", default="2,3", help="world sizes, e.g. 2,3")
+    p.add_argument("--trial-data", default="loader", help="loader, dataset (phalanx.data) or both")
 
 
 def workload(meta: Record) -> list[str]:
@@ -695,12 +696,13 @@ def _trial_loop(config: dict[str, Any]) -> list[float]:
     """A small deterministic DDP loop kept through save_state (a checkpoint every TRIAL_EVERY
     steps, and at step ``save_at``, every rank reports every step); each report appended to
     ``<log>/<rank>`` as "attempt step pid restored-from"; ``kill`` = [rank, step, point]
-    SIGKILLs that rank in attempt 0."""
+    SIGKILLs that rank in attempt 0. ``dataset``: the samples come from a phalanx dataset of
+    sample ids (``get_dataset_shard``), each line also holds the step's epoch and ids."""
     import torch
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import TensorDataset
 
     import phalanx
-    from phalanx.torch import load_state, prepare_data_loader, prepare_model, save_state
+    from phalanx.torch import load_state, prepare_model, save_state
 
     torch.set_num_threads(1)
     ctx = phalanx.get_context()
@@ -719,12 +721,12 @@ def _trial_loop(config: dict[str, Any]) -> list[float]:
     data = TensorDataset(
         torch.randn(TRIAL_SIZE, 8, generator=g), torch.randn(TRIAL_SIZE, 1, generator=g)
     )
-    loader = prepare_data_loader(DataLoader(data, batch_size=TRIAL_BATCH, shuffle=True))
+    loader = _trial_data(config, data)
     kill = config.get("kill") or [None, None, None]
     log = open(os.path.join(config["log"], str(rank)), "a", buffering=1)
-    for epoch in range(state["epoch"], TRIAL_EPOCHS):
-        loader.sampler.set_epoch(epoch)
-        for x, y in loader:
+    start = ctx.get_data_position("train").epoch if config.get("dataset") else state["epoch"]
+    for epoch in range(start, TRIAL_EPOCHS):
+        for x, y, ids in loader(epoch):
             here = attempt == 0 and rank == kill[0] and state["step"] + 1 == kill[1]
             if here and kill[2] == "start":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -736,7 +738,7 @@ def _trial_loop(config: dict[str, Any]) -> list[float]:
                 os.kill(os.getpid(), signal.SIGKILL)
             state["step"] += 1
             state["epoch"] = epoch
-            log.write(f"{attempt} {state['step']} {os.getpid()} {kind}\n")
+            log.write(f"{attempt} {state['step']} {os.getpid()} {kind} {epoch} {ids}\n")
             save = state["step"] % TRIAL_EVERY == 0 or state["step"] == config.get("save_at")
             phalanx.report(
                 {"step": state["step"]},
@@ -745,8 +747,40 @@ def _trial_loop(config: dict[str, Any]) -> list[float]:
     return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 
 
+def _trial_data(config: dict[str, Any], data: Any) -> Callable[[int], Any]:
+    """Epoch -> its batches (x, y, sample ids) on this rank: from a prepared DataLoader, or
+    from the phalanx dataset of sample ids (``config["dataset"]``), which indexes ``data``."""
+    from torch.utils.data import DataLoader
+
+    import phalanx
+    from phalanx.torch import prepare_data_loader
+
+    if not config.get("dataset"):
+        loader = prepare_data_loader(DataLoader(data, batch_size=TRIAL_BATCH, shuffle=True))
+
+        def batches(epoch: int) -> Any:
+            loader.sampler.set_epoch(epoch)
+            return ((x, y, "-") for x, y in loader)
+
+        return batches
+    shard = phalanx.get_dataset_shard("train")
+
+    def rows(epoch: int) -> Any:
+        for batch in shard.iter_batches(batch_size=TRIAL_BATCH):
+            ids = [int(i) for i in batch["id"]]
+            yield data.tensors[0][ids], data.tensors[1][ids], ",".join(map(str, ids))
+
+    return rows
+
+
 def _trial_fit(
-    engine: str, workers: int, tmp: Path, name: str, kill: list[Any] | None, save_at: int = 0
+    engine: str,
+    workers: int,
+    tmp: Path,
+    name: str,
+    kill: list[Any] | None,
+    save_at: int = 0,
+    dataset: bool = False,
 ) -> Record:
     import phalanx
     from phalanx.torch import TorchTrainer
@@ -756,7 +790,8 @@ def _trial_fit(
     started = time.perf_counter()
     result = TorchTrainer(
         _trial_loop,
-        train_loop_config={"log": str(log), "kill": kill, "save_at": save_at},
+        train_loop_config={"log": str(log), "kill": kill, "save_at": save_at, "dataset": dataset},
+        datasets={"train": {"id": list(range(TRIAL_SIZE))}} if dataset else None,
         scaling_config=phalanx.ScalingConfig(num_workers=workers, engine=engine),
         run_config=phalanx.RunConfig(
             name=name,
@@ -812,6 +847,15 @@ def _judge(trial: Record, reference: Record, workers: int) -> Record:
     if workers > 2:  # a re-created DDP's bucket order changes the rounding (issue 44)
         restart = trial.get("restart")
         checks["bitwise"] = restart is not None and trial["weights"] == restart["weights"]
+    if trial.get("dataset"):  # the rest of the epoch is split anew: not an unbroken run's steps
+        del checks["bitwise"]
+        kept = [(ln[4], int(i)) for r in range(workers) for ln in lines[r]
+                if ln[0] == "1" or (first is not None and int(ln[1]) < first)
+                for i in ln[5].split(",")]  # fmt: skip
+        checks["every_sample_once"] = all(
+            sorted(i for e, i in kept if e == str(epoch)) == list(range(TRIAL_SIZE))
+            for epoch in range(TRIAL_EPOCHS)
+        )
     return {
         "steps_redone": (completed - first + 1) if first is not None else None,  # 0: none
         "resumed_at": first,
@@ -840,6 +884,7 @@ def run_trials(args: argparse.Namespace) -> None:
         "workers": sizes,
         "steps": {w: _steps(w) for w in sizes},
         "seed": args.trial_seed,
+        "data": args.trial_data,
     }
     trials: list[Record] = []
     for engine in args.trial_engines.split(","):
@@ -849,8 +894,9 @@ def run_trials(args: argparse.Namespace) -> None:
             ray.init(address="local", num_cpus=max(sizes) + 1, include_dashboard=False,
                      log_to_driver=False)  # fmt: skip
         try:
-            for workers in sizes:
-                trials += _trials_of(engine, workers, kills[workers])
+            for data in args.trial_data.split(","):
+                for workers in sizes:
+                    trials += _trials_of(engine, workers, kills[workers], data == "dataset")
         finally:
             if engine == "ray":
                 ray.shutdown()
@@ -869,21 +915,22 @@ def _steps(workers: int) -> int:
     return -(-TRIAL_SIZE // workers // TRIAL_BATCH) * TRIAL_EPOCHS
 
 
-def _trials_of(engine: str, workers: int, kills: list[list[Any]]) -> list[Record]:
-    trials = []
+def _trials_of(engine: str, workers: int, kills: list[list[Any]], dataset: bool) -> list[Record]:
+    trials, data = [], "dataset" if dataset else "loader"
     with tempfile.TemporaryDirectory(prefix=f"phx-trials-{engine}-{workers}-") as d:
-        reference = _trial_fit(engine, workers, Path(d), "reference", None)
+        reference = _trial_fit(engine, workers, Path(d), "reference", None, dataset=dataset)
         for i, kill in enumerate(kills):
-            fit = {**_trial_fit(engine, workers, Path(d), f"trial{i}", kill), "kill": kill}
+            fit = {**_trial_fit(engine, workers, Path(d), f"trial{i}", kill, dataset=dataset),
+                   "kill": kill, "dataset": dataset}  # fmt: skip
             first = min((int(ln[1]) for r in fit["lines"].values() for ln in r if ln[0] == "1"),
                         default=None)  # fmt: skip
-            if workers > 2 and first is not None:
+            if workers > 2 and first is not None and not dataset:
                 fit["restart"] = _restart_at(engine, workers, Path(d), f"restart{i}", first)
             judged = _judge(fit, reference, workers)
-            rec = {"engine": engine, "workers": workers, "trial": i, "kill": kill,
+            rec = {"engine": engine, "workers": workers, "data": data, "trial": i, "kill": kill,
                    "fit_s": fit["fit_s"], "error": fit["error"], **judged}  # fmt: skip
             trials.append(rec)
-            print(f"{engine} {workers} ranks trial {i}: kill rank {kill[0]} step {kill[1]} "
+            print(f"{engine} {workers} ranks {data} trial {i}: kill rank {kill[0]} step {kill[1]} "
                   f"({kill[2]}): {'PASS' if rec['passed'] else 'FAIL'} {judged['checks']}",
                   flush=True)  # fmt: skip
     return trials
@@ -911,23 +958,29 @@ def _trials_report(trials: list[Record], meta: Record) -> list[str]:
         "at the same step from the same state (3 ranks: a checkpoint there, every worker "
         "replaced; a re-created DDP's buckets change the allreduce's rounding)",
         "",
-        "| engine | ranks | passed | steps trained again | failed checks |",
-        "|---|---|---|---|---|",
+        "- data `dataset`: a phalanx dataset of sample ids (`datasets=`, `get_dataset_shard`) "
+        "instead of the DataLoader; bitwise is not asked there (the rest of the epoch is split "
+        "anew over the ranks), every sample once per epoch (the steps kept) is",
+        "",
+        "| engine | ranks | data | passed | steps trained again | failed checks |",
+        "|---|---|---|---|---|---|",
     ]
-    for engine, workers in dict.fromkeys((t["engine"], t["workers"]) for t in trials):
-        mine = [t for t in trials if (t["engine"], t["workers"]) == (engine, workers)]
+    groups = dict.fromkeys((t["engine"], t["workers"], t.get("data", "loader")) for t in trials)
+    for engine, workers, data in groups:
+        mine = [t for t in trials
+                if (t["engine"], t["workers"], t.get("data", "loader")) == (engine, workers, data)]  # fmt: skip
         passed = sum(t["passed"] for t in mine)
         redone = sorted({t["steps_redone"] for t in mine}, key=str)
         failed = sorted({k for t in mine for k, ok in t["checks"].items() if not ok})
         lines.append(
-            f"| {engine} | {workers} | {passed} of {len(mine)} | {redone} | "
+            f"| {engine} | {workers} | {data} | {passed} of {len(mine)} | {redone} | "
             f"{', '.join(failed) or '-'} |"
         )
-    lines += ["", "| engine | ranks | trial | kill (rank, step, point) | steps again | fit s | result |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| engine | ranks | data | trial | kill (rank, step, point) | steps again | fit s | result |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for t in trials:
         bad = [k for k, ok in t["checks"].items() if not ok]
-        lines.append(f"| {t['engine']} | {t['workers']} | {t['trial']} | {tuple(t['kill'])} | {t['steps_redone']} | "
+        lines.append(f"| {t['engine']} | {t['workers']} | {t.get('data', 'loader')} | {t['trial']} | {tuple(t['kill'])} | {t['steps_redone']} | "
                      f"{t['fit_s']:.1f} | {'pass' if t['passed'] else 'FAIL: ' + ', '.join(bad)} |")  # fmt: skip
     return lines
 
