@@ -21,7 +21,7 @@ class DatasetShards:
         self.config = config
         self.preprocessor = preprocessor
         self._attempt_shards: list[dict[str, Any]] = []
-        self._peer: tuple[int, list[dict[str, Any]]] | None = None  # make_shards(peer=round)
+        self._peer: tuple[int, list[dict[str, object]]] | None = None  # make_shards(peer=round)
         self._told_not_resumed: set[str] = set()
 
     def __call__(

@@ -38,13 +38,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed as dist
 
 from phalanx._foundation import env
 from phalanx._internal.worker import session as session_module
-from phalanx._internal.worker.data_position import DATASET_PREFIX, dataset_key
+from phalanx._internal.worker.data_position import DATASET_PREFIX, Tracked, dataset_key
 from phalanx._internal.worker.session import Session
 from phalanx.checkpoint import Checkpoint
 from phalanx.torch import _handover
@@ -291,7 +291,7 @@ def _follow_the_shards(session: Session) -> bool:
     session.dataset_shards.update(peer[1])  # the context holds the same dict
     for name, shard in peer[1].items():
         if callable(getattr(shard, "position_state", None)):
-            session.data_positions.track(dataset_key(name), shard)
+            session.data_positions.track(dataset_key(name), cast(Tracked, shard))
     return True
 
 

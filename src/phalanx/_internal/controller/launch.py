@@ -131,7 +131,7 @@ def peer_record(spec: RunSpec, rounds: ReportRounds) -> tuple[int, Record] | Non
     if not spec.dataset_names or not spec.resume_data_position or last is None:
         return None
     index, positions = last
-    if any(p is None for p in positions):
+    if len(positions) < 2 or any(p is None for p in positions):  # 1 rank: nobody to recover from
         return None
     try:
         record = build_record(positions, spec.dataset_positions.combine)

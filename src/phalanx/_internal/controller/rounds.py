@@ -14,6 +14,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from phalanx._internal.worker.data_position import Snapshot
+
 # A rank this many rounds ahead of a running rank that has reported nothing at all is the
 # rank-0-only pattern (or a rank that lost its way): say so once.
 LAG_WARNING_ROUNDS = 3
@@ -123,7 +125,7 @@ class ReportRounds:
                     self._carried.append(Round(carried, reports, list(self.positions)))
         self.start_round = self.next_round = index
 
-    def previous_complete(self) -> tuple[int, list[dict[str, Any] | None]] | None:
+    def previous_complete(self) -> tuple[int, list[Snapshot | None]] | None:
         """The failed attempt's last complete round (every rank completed its step) and each
         rank's data position at it; None: no failed attempt of this size, or none complete."""
         previous = self._previous

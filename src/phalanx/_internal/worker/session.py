@@ -84,7 +84,7 @@ class SessionSpec:
     data_record: Record | None = None
     # (round, this rank's shards continuing after it): what a recovery to the failed step
     # (``phalanx.torch._peer``) reads instead of ``dataset_shards``; None: no such round
-    peer_shards: tuple[int, dict[str, Any]] | None = None
+    peer_shards: tuple[int, dict[str, object]] | None = None
 
 
 # Recovery to the failed step (issue 44, ``phalanx.torch._peer``): ``checkpoint_providers`` are
