@@ -957,7 +957,6 @@ def _trials_report(trials: list[Record], meta: Record) -> list[str]:
         "final weights bitwise those of an uninterrupted run (2 ranks) or of a run restarted "
         "at the same step from the same state (3 ranks: a checkpoint there, every worker "
         "replaced; a re-created DDP's buckets change the allreduce's rounding)",
-        "",
         "- data `dataset`: a phalanx dataset of sample ids (`datasets=`, `get_dataset_shard`) "
         "instead of the DataLoader; bitwise is not asked there (the rest of the epoch is split "
         "anew over the ranks), every sample once per epoch (the steps kept) is",
