@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -171,3 +172,62 @@ def test_killing_the_driver_leaves_no_worker_alive(tmp_path):
         driver.wait()
         # A worker outliving its driver lives on for good: any bound catches that.
         wait_until(lambda: not any(psutil.pid_exists(p) for p in pids), 10.0, "workers to die")
+
+
+class Continue(train.Callback):
+    """After the failed attempt (its workers parked or stopped): SIGCONT the fork server the
+    killed rank stopped."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def after_exception(self, run_context, worker_exceptions):
+        with open(os.path.join(self.log, "server")) as f:
+            os.kill(int(f.read()), signal.SIGCONT)
+
+
+def test_a_rank_killed_before_its_server_reaps_it_is_lost_and_the_survivor_kept(storage, tmp_path):
+    """The survivor's error from its all-reduce with a killed rank can reach the driver before
+    the fork server has reaped that rank and said so (here the server is held stopped from the
+    kill until the failed attempt was handled): the rank is dead all the same (a zombie), so
+    in-place recovery keeps the survivor's process and replaces only the lost rank; taken as
+    alive, "nobody was lost" replaced both."""
+    from phalanx.torch import TorchTrainer
+
+    def loop(config):
+        import torch
+        import torch.distributed as dist
+
+        ctx = train.get_context()
+        rank, attempt = ctx.get_world_rank(), ctx.get_attempt()
+        with open(os.path.join(config["log"], f"{attempt}-{rank}"), "w") as f:
+            f.write(str(os.getpid()))
+        for step in range(3):
+            if (rank, attempt, step) == (1, 0, 1):
+                with open(os.path.join(config["log"], "server"), "w") as f:
+                    f.write(str(os.getppid()))
+                os.kill(os.getppid(), signal.SIGSTOP)  # no reaping, no exit notice
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.all_reduce(torch.ones(1))
+            train.report({"step": step})
+
+    log = str(tmp_path)
+    result = TorchTrainer(
+        loop,
+        train_loop_config={"log": log},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            name="zombie",
+            storage_path=storage,
+            failure_config=train.FailureConfig(max_failures=1),
+            callbacks=[Continue(log)],
+        ),
+    ).fit()
+    assert result.error is None
+
+    def pid(attempt, rank):
+        with open(os.path.join(log, f"{attempt}-{rank}")) as f:
+            return int(f.read())
+
+    assert pid(1, 0) == pid(0, 0)  # the survivor's process was kept
+    assert pid(1, 1) != pid(0, 1)

@@ -143,6 +143,12 @@ def _is_live(pid: int) -> bool:
     return bool(fields) and fields[0] != b"Z"
 
 
+def is_running(pid: int) -> bool:
+    """Whether ``pid`` still runs (not gone, not a zombie) as ``/proc`` tells it now, before
+    its parent reaped it and said so; True where there is no ``/proc`` (nothing to tell)."""
+    return _is_live(pid) if os.path.isdir(_PROC) else True
+
+
 def _children() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for pid, parent in _parents().items():

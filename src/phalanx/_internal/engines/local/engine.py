@@ -42,7 +42,7 @@ from phalanx._internal.engines.local.resources import check_local_resources, loc
 from phalanx._internal.engines.local.spawn import SpawnServer
 from phalanx._internal.engines.local.start_method import SPAWN, StartMethod, choose_start_method
 from phalanx._internal.engines.messages import Events
-from phalanx._internal.engines.process_tree import kill_descendants
+from phalanx._internal.engines.process_tree import is_running, kill_descendants
 from phalanx._internal.engines.rank_output import RankOutput
 from phalanx._internal.worker.runtime import RemoteException
 from phalanx.config import ScalingConfig
@@ -126,7 +126,15 @@ class LocalProcessEngine(Engine):
         stop the others at once."""
         local = [h for h in handles if isinstance(h, LocalWorkerHandle)]
         spec = self._spec
-        alive = [h for h in local if h.is_alive() and h.broken is None]
+        # A rank killed a moment ago may not have been reaped yet (its exit notice comes from
+        # the fork server): /proc says it is gone or a zombie already, as a survivor's error
+        # from a collective with it can arrive first; taken as alive, "nobody lost" below
+        # would replace every process.
+        alive = [
+            h
+            for h in local
+            if h.is_alive() and h.broken is None and is_running(h.metadata.pid or -1)
+        ]
         if (
             spec is None
             or spec.reset_worker is None
